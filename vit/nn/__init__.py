@@ -1,0 +1,19 @@
+"""Neural-network modules: the attention kernel, Transformer blocks, the ViT and the text model."""
+
+from vit.nn.attention import KVCache, MultiHeadAttention
+from vit.nn.blocks import DecoderBlock, DropPath, EncoderBlock, Mlp
+from vit.nn.vision import MODEL_CONFIGS, PatchEmbed, VisionTransformer, create_model, list_models
+
+__all__ = [
+    "MODEL_CONFIGS",
+    "DecoderBlock",
+    "DropPath",
+    "EncoderBlock",
+    "KVCache",
+    "Mlp",
+    "MultiHeadAttention",
+    "PatchEmbed",
+    "VisionTransformer",
+    "create_model",
+    "list_models",
+]

@@ -1,0 +1,218 @@
+"""Multi-head scaled dot-product attention: the one kernel every Transformer in `vit` uses.
+
+Two paths run through the same weights:
+
+* the fast path calls ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels);
+* the explicit path computes ``softmax(QKᵀ/√d)·V`` and also returns the attention weights,
+  shaped (batch, heads, queries, keys). Ask for it with ``return_attention=True``.
+
+Mask convention (the same as ``torch.nn.MultiheadAttention``): a boolean mask marks with
+``True`` the positions a query may **not** attend to; a float mask is added to the scores.
+A query whose keys are all masked attends to nothing and outputs zeros, never NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass
+class KVCache:
+    """Keys and values kept between decoding steps, each (B, heads, keys, head_dim).
+
+    For self-attention every call appends the new step's keys and values; for
+    cross-attention the first call projects the context and later calls reuse it.
+    """
+
+    k: Tensor | None = None
+    v: Tensor | None = None
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows in place (beam search keeps the surviving beams)."""
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+def causal_mask(num_queries: int, num_keys: int, device: torch.device | None = None) -> Tensor:
+    """Boolean (queries, keys) mask, True above the diagonal aligned to the last key.
+
+    With a KV cache the queries are the last ``num_queries`` positions of the sequence,
+    so query i may see keys up to ``num_keys - num_queries + i``.
+    """
+    offset = num_keys - num_queries
+    q = torch.arange(num_queries, device=device)[:, None]
+    k = torch.arange(num_keys, device=device)[None, :]
+    return k > q + offset
+
+
+def merge_masks(
+    attn_mask: Tensor | None,
+    key_padding_mask: Tensor | None,
+    is_causal: bool,
+    num_queries: int,
+    num_keys: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Tensor | None:
+    """Combine every mask into one additive float mask broadcastable to (B, H, Lq, Lk).
+
+    Returns None when nothing is masked, so the caller can keep the unmasked fast path.
+    """
+    masks = []
+    if attn_mask is not None:
+        if attn_mask.dim() not in (2, 3, 4):
+            raise ValueError(
+                f"attn_mask must have 2 (Lq, Lk), 3 (B*H or B, Lq, Lk) or 4 dims, got shape "
+                f"{tuple(attn_mask.shape)}"
+            )
+        masks.append(attn_mask if attn_mask.dim() != 3 else attn_mask[:, None])
+    if key_padding_mask is not None:
+        if key_padding_mask.dim() != 2 or key_padding_mask.shape[-1] != num_keys:
+            raise ValueError(
+                f"key_padding_mask must be (batch, {num_keys}), got {tuple(key_padding_mask.shape)}"
+            )
+        masks.append(key_padding_mask[:, None, None, :])
+    if is_causal and num_queries > 1:
+        masks.append(causal_mask(num_queries, num_keys, device))
+    if not masks:
+        return None
+
+    merged = None
+    for mask in masks:
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(mask, float("-inf"))
+        else:
+            mask = mask.to(dtype)
+        merged = mask if merged is None else merged + mask
+    return merged
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with timm's parameter layout.
+
+    Self-attention (the default) owns a fused ``qkv`` projection whose rows are
+    [q; k; v], each ``num_heads × head_dim``, as timm and torchvision store it.
+    Cross-attention (``cross=True``) owns separate ``q`` and ``kv`` projections, the
+    latter's rows ordered [k; v]. Both end in an output projection ``proj``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        cross: bool = False,
+        context_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.cross = cross
+        if cross:
+            self.q = nn.Linear(dim, dim, bias=qkv_bias)
+            self.kv = nn.Linear(context_dim or dim, 2 * dim, bias=qkv_bias)
+        else:
+            self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        # (B, L, n*C) -> (n, B, H, L, D)
+        B, L, _ = x.shape
+        return x.reshape(B, L, n, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+
+    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        if self.cross:
+            if context is None:
+                raise ValueError("cross-attention needs a context tensor")
+            q = self._heads(self.q(x), 1)[0]
+            k, v = self._heads(self.kv(context), 2).unbind(0)
+        elif context is None:
+            q, k, v = self._heads(self.qkv(x), 3).unbind(0)
+        else:
+            # Self-attention weights with queries from a subset of the keys' tokens
+            # (e.g. only the cls token in a ViT's last block): split the fused projection.
+            C = x.shape[-1]
+            w, b = self.qkv.weight, self.qkv.bias
+            q = self._heads(F.linear(x, w[:C], None if b is None else b[:C]), 1)[0]
+            k, v = self._heads(F.linear(context, w[C:], None if b is None else b[C:]), 2).unbind(0)
+        return q, k, v
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+        return_attention: bool = False,
+        cache: KVCache | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend from ``x`` (B, Lq, C) to ``context`` (B, Lk, C), or to ``x`` itself.
+
+        Returns the output (B, Lq, C), and with ``return_attention=True`` also the
+        weights (B, H, Lq, Lk). ``cache`` enables incremental decoding.
+        """
+        B, Lq, C = x.shape
+        if cache is not None and self.cross and cache.k is not None:
+            q = self._heads(self.q(x), 1)[0]
+            k, v = cache.k, cache.v
+        else:
+            q, k, v = self._project(x, context)  # each (B, H, L, D)
+            if cache is not None:
+                if not self.cross and cache.k is not None:
+                    k = torch.cat([cache.k, k], dim=2)
+                    v = torch.cat([cache.v, v], dim=2)
+                cache.k, cache.v = k, v
+        Lk = k.shape[2]
+
+        # A plain causal mask over a full square goes to SDPA as a flag, so flash kernels apply.
+        sdpa_causal = (
+            is_causal and attn_mask is None and key_padding_mask is None and Lq == Lk and not return_attention
+        )
+        mask = merge_masks(
+            attn_mask, key_padding_mask, is_causal and not sdpa_causal, Lq, Lk, q.dtype, q.device
+        )
+        fully_masked = None
+        if mask is not None:
+            # A row with every key masked would softmax to NaN: unmask it, then zero its output.
+            fully_masked = torch.isneginf(mask).all(dim=-1, keepdim=True)
+            mask = mask.masked_fill(fully_masked, 0.0)
+
+        if return_attention:
+            scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, Lq, Lk)
+            if mask is not None:
+                scores = scores + mask
+            weights = scores.softmax(dim=-1)
+            if fully_masked is not None:
+                weights = weights.masked_fill(fully_masked, 0.0)
+            out = self.attn_drop(weights) @ v
+        else:
+            out = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=self.attn_drop.p if self.training else 0.0,
+                is_causal=sdpa_causal,
+            )
+            if fully_masked is not None:
+                out = out.masked_fill(fully_masked, 0.0)
+
+        out = out.transpose(1, 2).reshape(B, Lq, C)  # (B, H, Lq, D) -> (B, Lq, C)
+        out = self.proj_drop(self.proj(out))
+        return (out, weights) if return_attention else out
+

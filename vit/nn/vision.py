@@ -1,0 +1,258 @@
+"""The Vision Transformer (Dosovitskiy et al., 2021), with timm's state-dict names.
+
+image (B, 3, 224, 224)
+  -> PatchEmbed: Conv2d(k=s=16)            (B, 196, C)
+  -> prepend cls token, add pos_embed      (B, 197, C)
+  -> EncoderBlock x depth (pre-norm)       (B, 197, C)
+  -> LayerNorm, cls token -> Linear head   (B, num_classes)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vit.nn.blocks import EncoderBlock
+
+# Named configurations; `create_model(name, **overrides)` builds them.
+MODEL_CONFIGS: dict[str, dict[str, Any]] = {
+    "vit_tiny_patch16_224": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
+    "vit_small_patch16_224": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
+    "vit_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
+    "vit_base_patch32_224": dict(patch_size=32, embed_dim=768, depth=12, num_heads=12),
+    "vit_large_patch16_224": dict(patch_size=16, embed_dim=1024, depth=24, num_heads=16),
+    "vit_small_patch16_384": dict(img_size=384, patch_size=16, embed_dim=384, depth=12, num_heads=6),
+    "vit_base_patch16_384": dict(img_size=384, patch_size=16, embed_dim=768, depth=12, num_heads=12),
+    # 32x32 CIFAR, after "Vision Transformer for Small-Size Datasets" (Lee et al., 2021).
+    "vit_cifar_patch4_32": dict(
+        img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=9, num_heads=12, mlp_ratio=2.0
+    ),
+    # scikit-learn's 8x8 grayscale digits: 16 patches of 2x2.
+    "vit_digits_patch2_8": dict(
+        img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=64, depth=4, num_heads=4,
+        mlp_ratio=2.0,
+    ),
+}
+
+
+def _pair(x: int | Sequence[int]) -> tuple[int, int]:
+    return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+
+
+def resample_pos_embed(
+    pos_embed: Tensor, new_grid: tuple[int, int], old_grid: tuple[int, int] | None = None,
+    num_prefix_tokens: int = 1,
+) -> Tensor:
+    """Resize a (1, prefix + H*W, C) position embedding to a new patch grid.
+
+    Bicubic with antialiasing, computed in fp32 (as timm does); prefix tokens are kept.
+    """
+    num_grid = pos_embed.shape[1] - num_prefix_tokens
+    if old_grid is None:
+        side = math.isqrt(num_grid)
+        if side * side != num_grid:
+            raise ValueError(
+                f"cannot infer a square grid from {num_grid} position tokens; pass old_grid"
+            )
+        old_grid = (side, side)
+    if tuple(old_grid) == tuple(new_grid):
+        return pos_embed
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    C = grid.shape[-1]
+    grid = grid.float().reshape(1, *old_grid, C).permute(0, 3, 1, 2)  # (1, C, h, w)
+    grid = F.interpolate(grid, size=new_grid, mode="bicubic", antialias=True, align_corners=False)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, -1, C).to(pos_embed.dtype)  # (1, H*W, C)
+    return torch.cat([prefix, grid], dim=1)
+
+
+class PatchEmbed(nn.Module):
+    """Split an image into non-overlapping patches and project each to ``embed_dim``."""
+
+    def __init__(self, img_size: int | Sequence[int], patch_size: int, in_chans: int, embed_dim: int):
+        super().__init__()
+        self.img_size = _pair(img_size)
+        self.patch_size = _pair(patch_size)
+        for side, p in zip(self.img_size, self.patch_size):
+            if side % p:
+                raise ValueError(
+                    f"img_size {self.img_size} is not divisible by patch_size {self.patch_size}"
+                )
+        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)  # (B, C, h, w) -> (B, h*w, C)
+
+
+class VisionTransformer(nn.Module):
+    """ViT with a cls token, learned position embeddings and pre-norm encoder blocks."""
+
+    num_prefix_tokens = 1  # the cls token
+
+    def __init__(
+        self,
+        *,
+        img_size: int | Sequence[int] = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        global_pool: str = "token",
+        drop_rate: float = 0.0,
+        pos_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        dynamic_img_size: bool = False,
+    ) -> None:
+        super().__init__()
+        if global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+        if depth < 1:
+            raise ValueError(f"depth must be at least 1, got {depth}")
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.embed_dim = self.num_features = embed_dim
+        self.dynamic_img_size = dynamic_img_size
+
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+
+        drop_path = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth rises linearly
+        self.blocks = nn.Sequential(*[
+            EncoderBlock(
+                embed_dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
+                attn_drop=attn_drop_rate, drop_path=drop_path[i],
+            )
+            for i in range(depth)
+        ])
+        # timm's convention: average pooling normalises after pooling, in `fc_norm`.
+        use_fc_norm = global_pool == "avg"
+        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=1e-6)
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """timm's default ('jax'-free) initialisation."""
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.normal_(self.cls_token, std=1e-6)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    @property
+    def img_size(self) -> tuple[int, int]:
+        return self.patch_embed.img_size
+
+    @property
+    def patch_size(self) -> tuple[int, int]:
+        return self.patch_embed.patch_size
+
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed", "cls_token"}
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """Replace the head (e.g. for fine-tuning on another label set)."""
+        if global_pool is not None and global_pool != self.global_pool:
+            raise ValueError("changing global_pool would change the norm layers; build a new model")
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        if num_classes > 0:
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+
+    def patch_grid(self, height: int, width: int) -> tuple[int, int]:
+        """The patch grid for an input of this size, or a clear error if it is not accepted."""
+        ph, pw = self.patch_size
+        if self.dynamic_img_size:
+            if height % ph or width % pw:
+                raise ValueError(
+                    f"input {height}x{width} is not divisible by the patch size {ph}x{pw}"
+                )
+        elif (height, width) != self.img_size:
+            raise ValueError(
+                f"expected a {self.img_size[0]}x{self.img_size[1]} input, got {height}x{width}; "
+                "resize it, or build the model with dynamic_img_size=True"
+            )
+        return height // ph, width // pw
+
+    def embed(self, x: Tensor) -> Tensor:
+        """Image (B, C, H, W) -> tokens (B, 1 + h*w, D) with positions added."""
+        if x.dim() != 4:
+            raise ValueError(f"expected images shaped (batch, channels, height, width), got {tuple(x.shape)}")
+        grid = self.patch_grid(x.shape[-2], x.shape[-1])
+        pos_embed = self.pos_embed
+        if grid != self.patch_embed.grid_size:
+            pos_embed = resample_pos_embed(pos_embed, grid, self.patch_embed.grid_size)
+        x = self.patch_embed(x)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + pos_embed
+        return self.pos_drop(x)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """All tokens after the final norm: (B, 1 + h*w, D)."""
+        return self.norm(self.blocks(self.embed(x)))
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Pool the tokens (cls token or patch average) and classify."""
+        x = x[:, 0] if self.global_pool == "token" else x[:, self.num_prefix_tokens:].mean(dim=1)
+        x = self.head_drop(self.fc_norm(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.embed(x)
+        if self.global_pool == "token":
+            # Only the cls token reaches the head, so the last block computes just its row.
+            x = self.blocks[-1](self.blocks[:-1](x), num_queries=1)
+        else:
+            x = self.blocks(x)
+        return self.forward_head(self.norm(x))
+
+    def forward_attention(
+        self, x: Tensor, layers: Sequence[int] | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Logits and the attention weights of the chosen layers (all by default).
+
+        Weights come from the kernel's explicit path, stacked as
+        (len(layers), B, heads, tokens, tokens). Keeping few layers keeps memory low.
+        """
+        depth = len(self.blocks)
+        wanted = sorted({i % depth for i in (range(depth) if layers is None else layers)})
+        weights = []
+        x = self.embed(x)
+        for i, block in enumerate(self.blocks):
+            if i in wanted:
+                x, w = block(x, return_attention=True)
+                weights.append(w)
+            else:
+                x = block(x)
+        return self.forward_head(self.norm(x)), torch.stack(weights)
+
+
+def list_models() -> list[str]:
+    """Names accepted by `create_model`."""
+    return sorted(MODEL_CONFIGS)
+
+
+def create_model(name: str, **overrides: Any) -> VisionTransformer:
+    """Build a named configuration, e.g. ``create_model("vit_small_patch16_224", num_classes=10)``."""
+    if name not in MODEL_CONFIGS:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(list_models())}")
+    return VisionTransformer(**{**MODEL_CONFIGS[name], **overrides})

@@ -1,0 +1,305 @@
+"""Load real pretrained checkpoints (timm, torchvision, big_vision .npz) into a `VisionTransformer`.
+
+Every format is converted to timm's state-dict names, the names our model uses, then
+adapted to the model: a different head is left freshly initialised, a different patch grid
+resamples ``pos_embed``, a different input channel count is folded. Anything else that does
+not match is an error that lists the missing and unexpected keys, and the model is untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import pickle
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vit.nn.vision import VisionTransformer, resample_pos_embed
+
+log = logging.getLogger(__name__)
+
+PICKLE_SUFFIXES = {".pth", ".pt", ".bin", ".ckpt"}
+SUFFIXES = PICKLE_SUFFIXES | {".safetensors", ".npz"}
+
+
+@dataclass
+class LoadResult:
+    """What `load_pretrained` did beyond copying tensors."""
+
+    source: str
+    head_reset: bool = False
+    pos_embed_resampled: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
+    """Read a checkpoint file into a flat {name: tensor} dict, in the file's own naming."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint file not found: {path}")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path), device="cpu")
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as npz:
+                return {k: torch.from_numpy(np.array(npz[k])) for k in npz.files}
+        if suffix in PICKLE_SUFFIXES:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+            return _unwrap(obj, path)
+    except pickle.UnpicklingError as e:
+        raise ValueError(
+            f"{path}: refused to unpickle (weights_only=True allows tensors and plain containers "
+            f"only): {e}"
+        ) from e
+    except (OSError, RuntimeError, ValueError, zipfile.BadZipFile) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f"{path}: not a readable {suffix} checkpoint ({type(e).__name__}: {e})") from e
+    raise ValueError(
+        f"{path}: unknown checkpoint suffix {suffix!r}; expected one of {', '.join(sorted(SUFFIXES))}"
+    )
+
+
+def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
+    """Find the state dict inside the containers that training scripts save."""
+    for key in ("state_dict", "model", "module", "model_state"):
+        if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise ValueError(f"{path}: expected a state dict of tensors, found {type(obj).__name__}")
+    # Lightning prefixes the model's keys with its attribute name, DDP with 'module.'.
+    for prefix in ("model.", "module."):
+        inner = {k[len(prefix):]: v for k, v in obj.items() if k.startswith(prefix)}
+        if inner and any(k.startswith("blocks.") or k.startswith("encoder.") for k in inner):
+            return inner
+    return obj
+
+
+# ---------------------------------------------------------------------------- converting
+
+
+def convert_torchvision(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """torchvision `VisionTransformer` names -> timm names (same tensor layouts)."""
+    out: dict[str, Tensor] = {}
+    for key, value in sd.items():
+        new = key
+        new = new.replace("class_token", "cls_token")
+        new = new.replace("conv_proj.", "patch_embed.proj.")
+        new = new.replace("encoder.pos_embedding", "pos_embed")
+        new = new.replace("encoder.ln.", "norm.")
+        new = new.replace("heads.head.", "head.")
+        m = re.match(r"encoder\.layers\.encoder_layer_(\d+)\.(.*)", new)
+        if m:
+            i, rest = m.groups()
+            rest = (
+                rest.replace("ln_1.", "norm1.")
+                .replace("ln_2.", "norm2.")
+                .replace("self_attention.in_proj_weight", "attn.qkv.weight")
+                .replace("self_attention.in_proj_bias", "attn.qkv.bias")
+                .replace("self_attention.out_proj.", "attn.proj.")
+                .replace("mlp.0.", "mlp.fc1.")
+                .replace("mlp.3.", "mlp.fc2.")
+                .replace("mlp.linear_1.", "mlp.fc1.")  # torchvision < 0.13 names
+                .replace("mlp.linear_2.", "mlp.fc2.")
+            )
+            new = f"blocks.{i}.{rest}"
+        out[new] = value
+    return out
+
+
+def convert_npz(w: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Original ViT / big_vision Flax names and layouts -> timm names and layouts.
+
+    Flax kernels are (in, out) and attention kernels are split per head:
+    query/key/value (C, heads, head_dim), out (heads, head_dim, C).
+    """
+    prefix = next(
+        (p for p in ("", "opt/target/", "params/", "params/img/") if f"{p}embedding/kernel" in w), None
+    )
+    if prefix is None:
+        raise ValueError("not a ViT .npz: no 'embedding/kernel' array (looked under '', "
+                         "'opt/target/', 'params/', 'params/img/')")
+    big_vision = prefix.startswith("params/") or f"{prefix}pos_embedding" in w
+    stacked = f"{prefix}Transformer/encoderblock/LayerNorm_0/scale" in w
+
+    def get(name: str, idx: int | None = None) -> Tensor:
+        if f"{prefix}{name}" not in w:
+            raise KeyError(f"missing array {prefix}{name!r} in the .npz")
+        t = w[f"{prefix}{name}"].float()
+        return t[idx] if idx is not None else t
+
+    out = {
+        "patch_embed.proj.weight": get("embedding/kernel").permute(3, 2, 0, 1),  # HWIO -> OIHW
+        "patch_embed.proj.bias": get("embedding/bias"),
+        "cls_token": get("cls"),
+        "pos_embed": get("pos_embedding" if big_vision else "Transformer/posembed_input/pos_embedding"),
+        "norm.weight": get("Transformer/encoder_norm/scale"),
+        "norm.bias": get("Transformer/encoder_norm/bias"),
+    }
+    if f"{prefix}head/kernel" in w:
+        out["head.weight"] = get("head/kernel").T
+        out["head.bias"] = get("head/bias")
+    if out["pos_embed"].dim() == 2:
+        out["pos_embed"] = out["pos_embed"][None]
+
+    mha, mlp, ln2 = (0, 0, 1) if big_vision else (1, 3, 2)
+    if stacked:
+        depth = w[f"{prefix}Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
+    else:
+        pattern = re.compile(re.escape(prefix) + r"Transformer/encoderblock_(\d+)/")
+        depth = 1 + max((int(m.group(1)) for k in w if (m := pattern.match(k))), default=-1)
+    for i in range(depth):
+        b, idx = ("Transformer/encoderblock/", i) if stacked else (f"Transformer/encoderblock_{i}/", None)
+        a = f"{b}MultiHeadDotProductAttention_{mha}/"
+        qkv = [get(f"{a}{n}/kernel", idx) for n in ("query", "key", "value")]
+        out |= {
+            f"blocks.{i}.norm1.weight": get(f"{b}LayerNorm_0/scale", idx),
+            f"blocks.{i}.norm1.bias": get(f"{b}LayerNorm_0/bias", idx),
+            f"blocks.{i}.attn.qkv.weight": torch.cat([k.flatten(1).T for k in qkv]),  # (3C, C)
+            f"blocks.{i}.attn.qkv.bias": torch.cat(
+                [get(f"{a}{n}/bias", idx).reshape(-1) for n in ("query", "key", "value")]
+            ),
+            f"blocks.{i}.attn.proj.weight": get(f"{a}out/kernel", idx).flatten(0, 1).T,  # (C, C)
+            f"blocks.{i}.attn.proj.bias": get(f"{a}out/bias", idx),
+            f"blocks.{i}.norm2.weight": get(f"{b}LayerNorm_{ln2}/scale", idx),
+            f"blocks.{i}.norm2.bias": get(f"{b}LayerNorm_{ln2}/bias", idx),
+        }
+        for r in range(2):
+            out[f"blocks.{i}.mlp.fc{r + 1}.weight"] = get(f"{b}MlpBlock_{mlp}/Dense_{r}/kernel", idx).T
+            out[f"blocks.{i}.mlp.fc{r + 1}.bias"] = get(f"{b}MlpBlock_{mlp}/Dense_{r}/bias", idx)
+    return out
+
+
+def to_timm_names(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Detect the checkpoint's naming and convert it to timm's."""
+    if any(k.endswith("embedding/kernel") for k in sd):
+        return convert_npz(sd)
+    if "class_token" in sd or "conv_proj.weight" in sd:
+        return convert_torchvision(sd)
+    return dict(sd)
+
+
+# ---------------------------------------------------------------------------- adapting
+
+
+def _adapt(sd: dict[str, Tensor], model: VisionTransformer, result: LoadResult) -> dict[str, Tensor]:
+    """Fit a timm-named state dict to this model's head, grid and input channels."""
+    own = model.state_dict()
+    sd = dict(sd)
+
+    w = sd.get("patch_embed.proj.weight")
+    target = own["patch_embed.proj.weight"]
+    if w is not None and w.shape[1] != target.shape[1] and w.shape[2:] == target.shape[2:]:
+        if target.shape[1] == 1:  # RGB weights for a grayscale model: sum the channels
+            sd["patch_embed.proj.weight"] = w.sum(dim=1, keepdim=True)
+        elif w.shape[1] == 1:
+            sd["patch_embed.proj.weight"] = w.repeat(1, target.shape[1], 1, 1) / target.shape[1]
+        result.notes.append(f"adapted patch embedding from {w.shape[1]} to {target.shape[1]} input channels")
+
+    pos = sd.get("pos_embed")
+    own_pos = own["pos_embed"]
+    if pos is not None and pos.shape != own_pos.shape and pos.shape[-1] == own_pos.shape[-1]:
+        n_old = pos.shape[1] - model.num_prefix_tokens
+        side = math.isqrt(n_old)
+        if side * side == n_old:
+            sd["pos_embed"] = resample_pos_embed(pos, model.patch_embed.grid_size, (side, side))
+            result.pos_embed_resampled = True
+            result.notes.append(
+                f"resampled pos_embed from a {side}x{side} to a "
+                f"{model.patch_embed.grid_size[0]}x{model.patch_embed.grid_size[1]} patch grid"
+            )
+
+    head_keys = [k for k in sd if k.startswith("head.")]
+    if head_keys and any(k not in own or own[k].shape != sd[k].shape for k in head_keys):
+        n_ckpt = sd["head.weight"].shape[0] if "head.weight" in sd else "?"
+        for k in head_keys:
+            del sd[k]
+        result.head_reset = True
+        result.notes.append(
+            f"checkpoint head has {n_ckpt} classes, model has {model.num_classes}: "
+            "the head stays freshly initialised"
+        )
+    return sd
+
+
+def _check(sd: dict[str, Tensor], model: VisionTransformer, result: LoadResult) -> None:
+    own = model.state_dict()
+    missing = [k for k in own if k not in sd and not (result.head_reset and k.startswith("head."))]
+    unexpected = [k for k in sd if k not in own]
+    wrong = [
+        f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in sd
+        if k in own and sd[k].shape != own[k].shape
+    ]
+    if missing or unexpected or wrong:
+
+        def show(items: list[str]) -> str:
+            return ", ".join(items[:12]) + (f", … ({len(items)} in all)" if len(items) > 12 else "")
+
+        lines = [f"checkpoint {result.source} does not fit this model:"]
+        if missing:
+            lines.append(f"  missing keys: {show(missing)}")
+        if unexpected:
+            lines.append(f"  unexpected keys: {show(unexpected)}")
+        if wrong:
+            lines.append(f"  shape mismatches: {show(wrong)}")
+        lines.append("Check that the model config (patch size, width, depth, pooling) matches it.")
+        raise ValueError("\n".join(lines))
+
+
+# ---------------------------------------------------------------------------- public
+
+
+def _from_timm_hub(name: str) -> dict[str, Tensor]:
+    import timm
+
+    try:
+        return timm.create_model(name, pretrained=True).state_dict()
+    except Exception as e:  # any network or hub failure gets the same advice
+        raise RuntimeError(
+            f"could not fetch timm pretrained weights {name!r} ({type(e).__name__}: {e}). "
+            "Without network access, download the checkpoint on a connected machine and pass "
+            "the local file instead: load_pretrained(model, 'path/to/model.safetensors')"
+        ) from e
+
+
+def load_pretrained(model: VisionTransformer, source: str | os.PathLike) -> LoadResult:
+    """Load a checkpoint file (.safetensors, .pth, .bin, .npz) or a timm pretrained name.
+
+    timm, torchvision and big_vision/original-ViT layouts are recognised. A head of another
+    size stays freshly initialised, another patch grid resamples ``pos_embed``; any other
+    mismatch raises ``ValueError`` before a single weight is changed.
+    """
+    result = LoadResult(source=str(source))
+    path = Path(source)
+    if path.suffix.lower() in SUFFIXES or path.exists() or os.sep in str(source):
+        sd = read_state_dict(path)
+    else:
+        import timm
+
+        if not timm.is_model(str(source).split(".")[0]):
+            raise FileNotFoundError(
+                f"{source!r} is neither a checkpoint file nor a timm pretrained model name"
+            )
+        sd = _from_timm_hub(str(source))
+    sd = _adapt(to_timm_names(sd), model, result)
+    _check(sd, model, result)
+    with torch.no_grad():
+        model.load_state_dict(sd, strict=not result.head_reset)
+    for note in result.notes:
+        log.warning("%s: %s", result.source, note)
+    return result
