@@ -129,7 +129,8 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
         self.pos_drop = nn.Dropout(pos_drop_rate)
 
-        drop_path = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth rises linearly
+        # Stochastic depth rises linearly from 0 to drop_path_rate (plain floats: works on the meta device).
+        drop_path = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.Sequential(*[
             EncoderBlock(
                 embed_dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,

@@ -1,0 +1,197 @@
+"""Real checkpoint formats, written offline from random-weight timm and torchvision models."""
+
+import logging
+
+import numpy as np
+import pytest
+import timm
+import torch
+import torchvision
+from safetensors.torch import save_file
+from timm.models.vision_transformer import _load_weights as timm_load_npz
+
+import vit
+from vit.weights import convert_torchvision, read_state_dict
+
+
+def perturbed_timm(name: str, **kwargs) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = timm.create_model(name, **kwargs).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def write_npz(model: torch.nn.Module, path, big_vision: bool) -> None:
+    """Write a timm ViT in the original-ViT (or big_vision) Flax layout."""
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    C, H = model.embed_dim, model.blocks[0].attn.num_heads
+    D = C // H
+    prefix = "params/" if big_vision else ""
+    mha, mlp, ln2 = (0, 0, 1) if big_vision else (1, 3, 2)
+    w = {
+        "embedding/kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0),  # OIHW -> HWIO
+        "embedding/bias": sd["patch_embed.proj.bias"],
+        "cls": sd["cls_token"],
+        ("pos_embedding" if big_vision else "Transformer/posembed_input/pos_embedding"): sd["pos_embed"],
+        "Transformer/encoder_norm/scale": sd["norm.weight"],
+        "Transformer/encoder_norm/bias": sd["norm.bias"],
+        "head/kernel": sd["head.weight"].T,
+        "head/bias": sd["head.bias"],
+    }
+    for i in range(len(model.blocks)):
+        b, p = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
+        a = f"{b}MultiHeadDotProductAttention_{mha}/"
+        qkv_w, qkv_b = sd[p + "attn.qkv.weight"], sd[p + "attn.qkv.bias"]
+        for j, n in enumerate(("query", "key", "value")):
+            w[f"{a}{n}/kernel"] = qkv_w[j * C : (j + 1) * C].T.reshape(C, H, D)
+            w[f"{a}{n}/bias"] = qkv_b[j * C : (j + 1) * C].reshape(H, D)
+        w[f"{a}out/kernel"] = sd[p + "attn.proj.weight"].T.reshape(H, D, C)
+        w[f"{a}out/bias"] = sd[p + "attn.proj.bias"]
+        w[f"{b}LayerNorm_0/scale"], w[f"{b}LayerNorm_0/bias"] = sd[p + "norm1.weight"], sd[p + "norm1.bias"]
+        w[f"{b}LayerNorm_{ln2}/scale"] = sd[p + "norm2.weight"]
+        w[f"{b}LayerNorm_{ln2}/bias"] = sd[p + "norm2.bias"]
+        for r in range(2):
+            w[f"{b}MlpBlock_{mlp}/Dense_{r}/kernel"] = sd[p + f"mlp.fc{r + 1}.weight"].T
+            w[f"{b}MlpBlock_{mlp}/Dense_{r}/bias"] = sd[p + f"mlp.fc{r + 1}.bias"]
+    np.savez(path, **{prefix + k: v for k, v in w.items()})
+
+
+@pytest.fixture(scope="module")
+def x():
+    torch.manual_seed(1)
+    return torch.randn(2, 3, 224, 224)
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_small_patch16_224"])
+def test_timm_files_load_and_match(name, tmp_path, x):
+    theirs = perturbed_timm(name)
+    sd = theirs.state_dict()
+    files = [tmp_path / "model.safetensors", tmp_path / "model.pth", tmp_path / "pytorch_model.bin"]
+    save_file(sd, files[0])
+    torch.save(sd, files[1])
+    torch.save({"state_dict": {f"module.{k}": v for k, v in sd.items()}}, files[2])
+    with torch.no_grad():
+        expected = theirs(x)
+    for path in files:
+        ours = vit.create_model(name).eval()
+        result = vit.load_pretrained(ours, path)
+        assert not result.head_reset and not result.pos_embed_resampled
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_torchvision_vit_b_16_loads_and_matches(tmp_path, x):
+    torch.manual_seed(2)
+    theirs = torchvision.models.vit_b_16().eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    torch.save(theirs.state_dict(), tmp_path / "vit_b_16.pth")
+    ours = vit.create_model("vit_base_patch16_224").eval()
+    vit.load_pretrained(ours, tmp_path / "vit_b_16.pth")
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
+    assert set(convert_torchvision(theirs.state_dict())) == set(ours.state_dict())
+
+
+@pytest.mark.parametrize("big_vision", [False, True])
+def test_npz_loads_and_matches(big_vision, tmp_path, x):
+    theirs = perturbed_timm("vit_tiny_patch16_224")
+    path = tmp_path / "ViT-Ti_16.npz"
+    write_npz(theirs, path, big_vision)
+    # The file is in the layout timm itself reads: timm's own loader reproduces the weights.
+    check = timm.create_model("vit_tiny_patch16_224").eval()
+    timm_load_npz(check, str(path))
+    for k, v in theirs.state_dict().items():
+        torch.testing.assert_close(check.state_dict()[k], v, msg=k)
+    ours = vit.create_model("vit_tiny_patch16_224").eval()
+    vit.load_pretrained(ours, path)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
+
+
+def test_other_resolution_resamples_pos_embed_like_timm(tmp_path):
+    theirs = perturbed_timm("vit_tiny_patch16_224")
+    path = tmp_path / "model.safetensors"
+    save_file(theirs.state_dict(), path)
+    ours = vit.create_model("vit_tiny_patch16_224", img_size=384).eval()
+    result = vit.load_pretrained(ours, path)
+    assert result.pos_embed_resampled and ours.pos_embed.shape == (1, 577, 192)
+    # timm's own pretrained-loading path resamples the same file the same way
+    reference = timm.create_model(
+        "vit_tiny_patch16_224", img_size=384, pretrained=True, pretrained_cfg_overlay={"file": str(path)}
+    ).eval()
+    x = torch.randn(1, 3, 384, 384)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), reference(x), atol=1e-4, rtol=1e-4)
+
+
+def test_other_head_stays_fresh_and_is_logged(tmp_path, caplog):
+    theirs = perturbed_timm("vit_tiny_patch16_224")
+    torch.save(theirs.state_dict(), tmp_path / "model.pth")
+    ours = vit.create_model("vit_tiny_patch16_224", num_classes=10)
+    fresh_head = ours.head.weight.clone()
+    with caplog.at_level(logging.WARNING, logger="vit.weights"):
+        result = vit.load_pretrained(ours, tmp_path / "model.pth")
+    assert result.head_reset
+    assert "1000 classes" in caplog.text and "freshly initialised" in caplog.text
+    torch.testing.assert_close(ours.head.weight, fresh_head)
+    torch.testing.assert_close(ours.blocks[3].mlp.fc1.weight, theirs.blocks[3].mlp.fc1.weight)
+
+
+def test_grayscale_model_folds_rgb_patch_embedding(tmp_path):
+    theirs = perturbed_timm("vit_tiny_patch16_224")
+    save_file(theirs.state_dict(), tmp_path / "model.safetensors")
+    ours = vit.create_model("vit_tiny_patch16_224", in_chans=1).eval()
+    vit.load_pretrained(ours, tmp_path / "model.safetensors")
+    gray = torch.randn(1, 1, 224, 224)
+    with torch.no_grad():  # a gray image is an RGB image with three equal channels
+        torch.testing.assert_close(ours(gray), theirs(gray.expand(-1, 3, -1, -1)), atol=1e-4, rtol=1e-4)
+
+
+def test_mismatch_lists_keys_and_changes_nothing(tmp_path):
+    theirs = perturbed_timm("vit_tiny_patch16_224")
+    sd = theirs.state_dict()
+    sd["blocks.0.attn.q_norm.weight"] = torch.ones(64)
+    del sd["blocks.1.mlp.fc2.bias"]
+    torch.save(sd, tmp_path / "model.pth")
+    ours = vit.create_model("vit_tiny_patch16_224")
+    before = {k: v.clone() for k, v in ours.state_dict().items()}
+    with pytest.raises(ValueError, match="missing keys: blocks.1.mlp.fc2.bias") as err:
+        vit.load_pretrained(ours, tmp_path / "model.pth")
+    assert "unexpected keys: blocks.0.attn.q_norm.weight" in str(err.value)
+    assert str(tmp_path / "model.pth") in str(err.value)
+    for k, v in ours.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    small = vit.create_model("vit_small_patch16_224")
+    with pytest.raises(ValueError, match="shape mismatches: cls_token"):
+        vit.load_pretrained(small, tmp_path / "model.pth")
+
+
+def test_bad_files_are_clear_errors(tmp_path):
+    model = vit.create_model("vit_tiny_patch16_224")
+    with pytest.raises(FileNotFoundError, match="nowhere.pth"):
+        vit.load_pretrained(model, tmp_path / "nowhere.pth")
+    (tmp_path / "broken.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="broken.safetensors"):
+        vit.load_pretrained(model, tmp_path / "broken.safetensors")
+    (tmp_path / "weights.txt").write_text("hello")
+    with pytest.raises(ValueError, match="unknown checkpoint suffix"):
+        read_state_dict(tmp_path / "weights.txt")
+    # weights_only=True refuses arbitrary pickled objects
+    torch.save({"model": logging.getLogger("x")}, tmp_path / "evil.pth")
+    with pytest.raises(ValueError, match="evil.pth"):
+        vit.load_pretrained(model, tmp_path / "evil.pth")
+    with pytest.raises(FileNotFoundError, match="neither a checkpoint file nor a timm"):
+        vit.load_pretrained(model, "not_a_model_name")
+
+
+def test_timm_name_offline_says_to_pass_a_local_file(monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    model = vit.create_model("vit_tiny_patch16_224")
+    with pytest.raises(RuntimeError, match="pass the local file"):
+        vit.load_pretrained(model, "vit_tiny_patch16_224.augreg_in21k_ft_in1k")

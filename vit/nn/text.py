@@ -1,0 +1,305 @@
+"""The text encoder-decoder Transformer ("Attention Is All You Need", Vaswani et al. 2017).
+
+It runs on the same blocks and the same attention kernel as the ViT:
+
+source ids (B, S) -> TokenEmbedding (×√d + positions)   (B, S, C)
+                  -> EncoderBlock × N, padding mask      (B, S, C)  = memory
+target ids (B, T) -> TokenEmbedding                      (B, T, C)
+                  -> DecoderBlock × N: causal self-attention, cross-attention over memory
+                  -> Linear tied to the target embedding (B, T, vocab)
+
+Decoding (greedy and beam search) keeps a KV cache per attention layer, so each new
+token costs one position of work instead of the whole prefix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from vit.nn.attention import KVCache
+from vit.nn.blocks import DecoderBlock, EncoderBlock
+
+PAD_ID = 0
+
+
+def sinusoidal_positions(num_positions: int, dim: int) -> Tensor:
+    """The paper's fixed encoding: sin on even channels, cos on odd ones, (positions, dim)."""
+    if dim % 2:
+        raise ValueError(f"sinusoidal positions need an even d_model, got {dim}")
+    position = torch.arange(num_positions, dtype=torch.float32)[:, None]
+    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(num_positions, dim)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq)
+    return table
+
+
+class TokenEmbedding(nn.Module):
+    """Token embedding scaled by √dim, plus sinusoidal or learned positions, then dropout."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int,
+        *,
+        max_positions: int = 512,
+        learned_positions: bool = False,
+        drop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.dim = dim
+        self.max_positions = max_positions
+        self.token = nn.Embedding(vocab_size, dim, padding_idx=PAD_ID)
+        # Unit-variance after the √dim scale; the tied output layer then gives logits of moderate size.
+        nn.init.normal_(self.token.weight, std=dim**-0.5)
+        with torch.no_grad():
+            self.token.weight[PAD_ID].zero_()
+        if learned_positions:
+            self.pos = nn.Parameter(torch.zeros(max_positions, dim))
+            nn.init.trunc_normal_(self.pos, std=0.02)
+        else:
+            self.register_buffer("pos", sinusoidal_positions(max_positions, dim), persistent=False)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+        """Embed ids (B, L) that sit at positions start .. start+L-1; returns (B, L, dim)."""
+        end = start + ids.shape[1]
+        if end > self.max_positions:
+            raise ValueError(
+                f"sequence reaches position {end}, beyond max_positions={self.max_positions}; "
+                "raise max_positions or shorten the input"
+            )
+        return self.drop(self.token(ids) * math.sqrt(self.dim) + self.pos[start:end])
+
+
+@dataclass
+class DecoderState:
+    """What incremental decoding carries between steps: the encoder output and the caches."""
+
+    memory: Tensor  # (B, S, C)
+    memory_padding_mask: Tensor | None  # (B, S), True = padding
+    self_caches: list[KVCache] = field(default_factory=list)
+    cross_caches: list[KVCache] = field(default_factory=list)
+    length: int = 0  # target positions already decoded
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search follows the surviving beams)."""
+        self.memory = self.memory.index_select(0, index)
+        if self.memory_padding_mask is not None:
+            self.memory_padding_mask = self.memory_padding_mask.index_select(0, index)
+        for cache in self.self_caches + self.cross_caches:
+            cache.reorder(index)
+
+
+class Seq2SeqTransformer(nn.Module):
+    """Encoder-decoder Transformer for sequence-to-sequence tasks such as translation."""
+
+    def __init__(
+        self,
+        *,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        d_model: int = 512,
+        num_heads: int = 8,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        mlp_ratio: float = 4.0,
+        drop: float = 0.1,
+        attn_drop: float = 0.0,
+        act_layer: type[nn.Module] = nn.ReLU,
+        norm_eps: float = 1e-5,
+        norm_first: bool = True,
+        learned_positions: bool = False,
+        max_positions: int = 512,
+        share_embeddings: bool = False,
+    ) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.norm_first = norm_first
+        embed = dict(max_positions=max_positions, learned_positions=learned_positions, drop=drop)
+        self.src_embed = TokenEmbedding(src_vocab_size, d_model, **embed)
+        self.tgt_embed = TokenEmbedding(tgt_vocab_size, d_model, **embed)
+        if share_embeddings:
+            if src_vocab_size != tgt_vocab_size:
+                raise ValueError(
+                    "share_embeddings needs one vocabulary for both sides, got source size "
+                    f"{src_vocab_size} and target size {tgt_vocab_size}"
+                )
+            self.src_embed.token = self.tgt_embed.token
+
+        block = dict(
+            mlp_ratio=mlp_ratio, drop=drop, attn_drop=attn_drop, act_layer=act_layer,
+            norm_eps=norm_eps, norm_first=norm_first,
+        )
+        self.encoder = nn.ModuleList(
+            EncoderBlock(d_model, num_heads, **block) for _ in range(num_encoder_layers)
+        )
+        self.decoder = nn.ModuleList(
+            DecoderBlock(d_model, num_heads, **block) for _ in range(num_decoder_layers)
+        )
+        # Pre-norm leaves the residual stream unnormalised: close each stack with a LayerNorm.
+        self.encoder_norm = nn.LayerNorm(d_model, eps=norm_eps) if norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d_model, eps=norm_eps) if norm_first else nn.Identity()
+
+        self.head = nn.Linear(d_model, tgt_vocab_size, bias=False)
+        self._init_weights()
+        self.head.weight = self.tgt_embed.token.weight  # tied, as in the paper
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "embed" not in name:
+                nn.init.xavier_uniform_(p)
+
+    # ---- the two stacks -------------------------------------------------------------------
+    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+        """Source ids (B, S) -> memory (B, S, C). Padded positions are masked as keys."""
+        x = self.src_embed(src)
+        for block in self.encoder:
+            x = block(x, key_padding_mask=src_padding_mask)
+        return self.encoder_norm(x)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        memory_padding_mask: Tensor | None = None,
+        *,
+        state: DecoderState | None = None,
+    ) -> Tensor:
+        """Target ids (B, T) -> logits (B, T, vocab), each position seeing only earlier ones.
+
+        With ``state``, ``tgt`` holds only the newest positions; the caches supply the rest.
+        """
+        start = 0 if state is None else state.length
+        x = self.tgt_embed(tgt, start=start)
+        for i, block in enumerate(self.decoder):
+            x = block(
+                x,
+                memory,
+                memory_padding_mask=memory_padding_mask,
+                self_cache=None if state is None else state.self_caches[i],
+                cross_cache=None if state is None else state.cross_caches[i],
+            )
+        if state is not None:
+            state.length += tgt.shape[1]
+        return self.head(self.decoder_norm(x))
+
+    def forward(self, src: Tensor, tgt: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+        """Teacher-forced logits (B, T, vocab) for target inputs ``tgt`` (B, T) given ``src`` (B, S)."""
+        if src_padding_mask is None:
+            src_padding_mask = src.eq(PAD_ID)
+        memory = self.encode(src, src_padding_mask)
+        return self.decode(tgt, memory, src_padding_mask)
+
+    # ---- decoding ---------------------------------------------------------------------------
+    def start_decoding(self, src: Tensor, src_padding_mask: Tensor | None = None) -> DecoderState:
+        """Encode the source once and set up empty caches for incremental decoding."""
+        if src_padding_mask is None:
+            src_padding_mask = src.eq(PAD_ID)
+        memory = self.encode(src, src_padding_mask)
+        n = len(self.decoder)
+        return DecoderState(
+            memory, src_padding_mask, [KVCache() for _ in range(n)], [KVCache() for _ in range(n)]
+        )
+
+    def _next_logits(self, tokens: Tensor, state: DecoderState, use_cache: bool) -> Tensor:
+        """Logits (B, vocab) for the position after ``tokens`` (B, t)."""
+        if use_cache:
+            new = tokens[:, state.length :]  # only what the cache has not seen yet
+            return self.decode(new, state.memory, state.memory_padding_mask, state=state)[:, -1]
+        # Without a cache the whole prefix goes through the decoder again at every step.
+        return self.decode(tokens, state.memory, state.memory_padding_mask)[:, -1]
+
+    def _max_steps(self, src: Tensor, max_len: int | None) -> int:
+        steps = 2 * src.shape[1] + 10 if max_len is None else max_len
+        return min(steps, self.tgt_embed.max_positions - 1)
+
+    @torch.no_grad()
+    def greedy_decode(
+        self,
+        src: Tensor,
+        *,
+        bos_id: int,
+        eos_id: int,
+        max_len: int | None = None,
+        use_cache: bool = True,
+    ) -> Tensor:
+        """Pick the most likely token at each step. Returns (B, L) ids without BOS.
+
+        A finished row ends with EOS and is padded with PAD_ID; decoding stops when every row
+        has produced EOS or after ``max_len`` tokens (default: 2 × source length + 10).
+        """
+        state = self.start_decoding(src)
+        B = src.shape[0]
+        tokens = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
+        finished = torch.zeros(B, dtype=torch.bool, device=src.device)
+        for _ in range(self._max_steps(src, max_len)):
+            logits = self._next_logits(tokens, state, use_cache)
+            next_token = logits.argmax(dim=-1).masked_fill(finished, PAD_ID)
+            tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+            finished |= next_token.eq(eos_id)
+            if finished.all():
+                break
+        return tokens[:, 1:]
+
+    @torch.no_grad()
+    def beam_search(
+        self,
+        src: Tensor,
+        *,
+        bos_id: int,
+        eos_id: int,
+        beam_size: int = 4,
+        length_penalty: float = 0.6,
+        max_len: int | None = None,
+        use_cache: bool = True,
+    ) -> Tensor:
+        """Keep the ``beam_size`` best prefixes per sentence; return the best (B, L) ids without BOS.
+
+        Finished beams stay in the beam with a frozen score. The winner maximises
+        log-probability / ((5 + length) / 6) ** length_penalty (Wu et al., 2016); 0 disables it.
+        """
+        if beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+        B, K, device = src.shape[0], beam_size, src.device
+        state = self.start_decoding(src)
+        state.reorder(torch.arange(B, device=device).repeat_interleave(K))  # (B*K, ...)
+        tokens = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
+        # Only the first beam is live at the start, so the K copies do not pick the same tokens.
+        scores = torch.full((B, K), float("-inf"), device=device)
+        scores[:, 0] = 0.0
+        finished = torch.zeros(B * K, dtype=torch.bool, device=device)
+        lengths = torch.zeros(B * K, device=device)  # generated tokens up to and including EOS
+
+        for _ in range(self._max_steps(src, max_len)):
+            logp = self._next_logits(tokens, state, use_cache).float().log_softmax(dim=-1)  # (B*K, V)
+            V = logp.shape[-1]
+            # A finished beam has one continuation, PAD, at no cost: its score stays frozen.
+            frozen = torch.full_like(logp, float("-inf"))
+            frozen[:, PAD_ID] = 0.0
+            logp = torch.where(finished[:, None], frozen, logp)
+            candidates = scores[:, :, None] + logp.view(B, K, V)  # (B, K, V)
+            scores, flat = candidates.view(B, K * V).topk(K, dim=-1)  # (B, K)
+            beam, next_token = flat // V, flat % V
+            rows = (torch.arange(B, device=device)[:, None] * K + beam).view(-1)  # (B*K,)
+
+            state.reorder(rows)
+            finished, lengths = finished[rows], lengths[rows]
+            next_token = next_token.view(-1)
+            tokens = torch.cat([tokens[rows], next_token[:, None]], dim=1)
+            lengths = lengths + (~finished).float()
+            finished = finished | next_token.eq(eos_id)
+            if finished.all():
+                break
+
+        penalty = ((5.0 + lengths.view(B, K)) / 6.0) ** length_penalty
+        best = (scores / penalty).argmax(dim=-1)  # (B,)
+        rows = torch.arange(B, device=device) * K + best
+        return tokens[rows, 1:]
+
+
+__all__ = ["PAD_ID", "DecoderState", "Seq2SeqTransformer", "TokenEmbedding", "sinusoidal_positions"]
