@@ -159,7 +159,7 @@ def test_mismatch_lists_keys_and_changes_nothing(tmp_path):
     torch.save(sd, tmp_path / "model.pth")
     ours = vit.create_model("vit_tiny_patch16_224")
     before = {k: v.clone() for k, v in ours.state_dict().items()}
-    with pytest.raises(ValueError, match="missing keys: blocks.1.mlp.fc2.bias") as err:
+    with pytest.raises(ValueError, match=r"missing keys: blocks\.1\.mlp\.fc2\.bias") as err:
         vit.load_pretrained(ours, tmp_path / "model.pth")
     assert "unexpected keys: blocks.0.attn.q_norm.weight" in str(err.value)
     assert str(tmp_path / "model.pth") in str(err.value)
@@ -172,17 +172,17 @@ def test_mismatch_lists_keys_and_changes_nothing(tmp_path):
 
 def test_bad_files_are_clear_errors(tmp_path):
     model = vit.create_model("vit_tiny_patch16_224")
-    with pytest.raises(FileNotFoundError, match="nowhere.pth"):
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.pth"):
         vit.load_pretrained(model, tmp_path / "nowhere.pth")
     (tmp_path / "broken.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(ValueError, match="broken.safetensors"):
+    with pytest.raises(ValueError, match=r"broken\.safetensors"):
         vit.load_pretrained(model, tmp_path / "broken.safetensors")
     (tmp_path / "weights.txt").write_text("hello")
     with pytest.raises(ValueError, match="unknown checkpoint suffix"):
         read_state_dict(tmp_path / "weights.txt")
     # weights_only=True refuses arbitrary pickled objects
     torch.save({"model": logging.getLogger("x")}, tmp_path / "evil.pth")
-    with pytest.raises(ValueError, match="evil.pth"):
+    with pytest.raises(ValueError, match=r"evil\.pth"):
         vit.load_pretrained(model, tmp_path / "evil.pth")
     with pytest.raises(FileNotFoundError, match="neither a checkpoint file nor a timm"):
         vit.load_pretrained(model, "not_a_model_name")
