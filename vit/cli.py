@@ -1,13 +1,124 @@
-"""The `vit` command: LightningCLI's fit/validate/test/predict, plus a few helper commands."""
+"""The `vit` command: LightningCLI's fit/validate/test/predict, plus a few helper commands.
+
+    vit fit --config configs/digits.yaml                 train (then test the best checkpoint)
+    vit test --config configs/digits.yaml --ckpt_path best.ckpt
+    vit fit --config configs/digits.yaml --ckpt_path last   resume an interrupted run
+    vit fit --config configs/digits.yaml --config configs/loggers/wandb.yaml
+    vit predict --ckpt best.ckpt images/ a.png --out preds.csv --top_k 5   (see `vit.predict`)
+    vit fit --print_config
+
+Model and data are chosen in subclass mode (``model.class_path``, ``data.class_path``); without a
+config they default to `ImageClassifier` on the bundled `Digits`. The datamodule's attributes named in
+``LINKED_FROM_DATA`` are passed to the model argument of the same name, when both exist.
+"""
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+from pathlib import Path
+from typing import Any
 
 # Commands outside LightningCLI, as "module:function" taking argv; imported only when used,
 # so `vit --help` stays fast.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "attention": "vit.explain.command:main",
+}
+
+# Datamodule attributes linked into the model's __init__ argument of the same name. A link is
+# skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.
+LINKED_FROM_DATA: tuple[str, ...] = ("num_classes", "class_names", "img_size", "in_chans", "mean", "std")
+
+# `vit predict --ckpt ...` is a plain command that needs no config (see vit/predict.py); `vit predict`
+# without --ckpt is LightningCLI's predict over the datamodule.
+PREDICT_FILES = "vit.predict:main"
+
+
+def _build_cli_class() -> type:
+    """Define the LightningCLI subclass lazily, so importing this module stays cheap."""
+    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar, RichProgressBar
+    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+    from lightning.pytorch.loggers import CSVLogger
+
+    class VitCLI(LightningCLI):
+        """LightningCLI with data->model links, default callbacks, a CSV logger and test-after-fit."""
+
+        def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+            for name in LINKED_FROM_DATA:
+                parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+            # The checkpoint callback is configurable as `checkpoint.*` (e.g. another monitor).
+            parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+            parser.set_defaults({
+                "checkpoint.monitor": "val_acc", "checkpoint.mode": "max", "checkpoint.save_last": True,
+                "checkpoint.filename": "best-{epoch}-{step}",
+                "model": {"class_path": "vit.tasks.classify.ImageClassifier"},
+                "data": {"class_path": "vit.data.images.Digits"},
+            })
+            parser.add_argument(
+                "--test_after_fit", type=bool, default=False,
+                help="after `fit`, test the best checkpoint and print the test accuracy",
+            )
+
+        def instantiate_trainer(self, **kwargs: Any) -> Any:
+            cfg = self._get(self.config_init, "trainer", default={})
+            callbacks = list(cfg.get("callbacks") or [])
+            logger = cfg.get("logger")
+            if logger is None or logger is True:  # Lightning would pick TensorBoard; CSV is plainer
+                root = cfg.get("default_root_dir") or os.getcwd()
+                kwargs["logger"] = logger = CSVLogger(save_dir=root)
+            if logger is not False and not any(isinstance(c, LearningRateMonitor) for c in callbacks):
+                callbacks.append(LearningRateMonitor(logging_interval="step"))
+            show_bar = cfg.get("enable_progress_bar") is not False
+            if show_bar and not any(isinstance(c, ProgressBar) for c in callbacks):
+                callbacks.append(RichProgressBar())
+            kwargs["callbacks"] = callbacks
+            return super().instantiate_trainer(**kwargs)
+
+        def before_fit(self) -> None:
+            ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
+            if ckpt_path == "last":
+                # Lightning only warns when there is nothing to resume from; a user asked to resume.
+                found = _last_checkpoint(self.trainer)
+                if found is None:
+                    dirs = [str(cb.dirpath) for cb in self.trainer.checkpoint_callbacks]
+                    raise FileNotFoundError(
+                        f"--ckpt_path last: no last*.ckpt in {', '.join(dirs) or 'any checkpoint folder'}; "
+                        "set `checkpoint.dirpath` to the folder of the interrupted run's checkpoints"
+                    )
+
+        def after_fit(self) -> None:
+            if not self.config[self.subcommand].get("test_after_fit"):
+                return
+            checkpoint = self.trainer.checkpoint_callback
+            best = checkpoint.best_model_path if checkpoint is not None else ""
+            if self.trainer.fast_dev_run or not best:
+                print("test_after_fit: no best checkpoint was saved; testing the final weights")
+                best = None
+            results = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best)
+            acc = results[0].get("test_acc") if results else None
+            if acc is not None:
+                print(f"test accuracy of {best or 'the final weights'}: {acc:.4f}")
+
+    return VitCLI
+
+
+def _last_checkpoint(trainer: Any) -> str | None:
+    """The newest last*.ckpt in the trainer's checkpoint folders, or None."""
+    found: list[Path] = []
+    for cb in trainer.checkpoint_callbacks:
+        if cb.dirpath is not None:  # None: decided at fit start from the logger's new version dir
+            found += [p for p in Path(cb.dirpath).glob("last*.ckpt") if p.is_file()]
+    return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
+
+
+def cli(argv: list[str]) -> Any:
+    """Run LightningCLI with this project's defaults on ``argv`` and return it."""
+    VitCLI = _build_cli_class()
+    return VitCLI(
+        model_class=None, datamodule_class=None, subclass_mode_model=True, subclass_mode_data=True,
+        save_config_kwargs={"overwrite": True}, args=argv,
+    )
 
 
 def main(args: list[str] | None = None) -> None:
@@ -17,9 +128,11 @@ def main(args: list[str] | None = None) -> None:
         module, function = COMMANDS[argv[0]].split(":")
         getattr(importlib.import_module(module), function)(argv[1:])
         return
-    from lightning.pytorch.cli import LightningCLI
-
-    LightningCLI(args=argv)
+    if argv and argv[0] == "predict" and any(a == "--ckpt" or a.startswith("--ckpt=") for a in argv[1:]):
+        module, function = PREDICT_FILES.split(":")
+        getattr(importlib.import_module(module), function)(argv[1:])
+        return
+    cli(argv)
 
 
 if __name__ == "__main__":
