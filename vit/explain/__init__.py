@@ -1,0 +1,39 @@
+"""Where a Vision Transformer looks: attention maps, rollout and overlays.
+
+>>> maps = collect_attention(model, images)          # logits + every layer's weights
+>>> maps.cls_maps()                                  # (layers, B, heads, h, w)
+>>> maps.rollout(head_fusion="mean")                 # (B, h, w)
+>>> fig = plot_attention(image, maps.cls_maps()[:, 0], layers=maps.layers, rollout=maps.rollout()[0])
+"""
+
+from vit.explain.maps import (
+    AttentionMaps,
+    attention_rollout,
+    cls_attention_maps,
+    collect_attention,
+    gradient_rollout,
+    mean_attention_distance,
+    rollout_layer,
+    rollout_map,
+    rollout_matrix,
+    rollout_streaming,
+)
+from vit.explain.plot import normalise_map, overlay, plot_attention, to_display_image, upsample_map
+
+__all__ = [
+    "AttentionMaps",
+    "attention_rollout",
+    "cls_attention_maps",
+    "collect_attention",
+    "gradient_rollout",
+    "mean_attention_distance",
+    "normalise_map",
+    "overlay",
+    "plot_attention",
+    "rollout_layer",
+    "rollout_map",
+    "rollout_matrix",
+    "rollout_streaming",
+    "to_display_image",
+    "upsample_map",
+]
