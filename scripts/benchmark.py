@@ -1,0 +1,170 @@
+"""Throughput of our ViT against timm's, side by side in one process.
+
+For a named config both models are built from the same config dict with the same weights,
+then timed in alternation (ours, timm, timm, ours, ...) so that a noisy, shared machine
+hurts both equally. Each row reports the median images/s of several runs, the median of
+the paired ratios ours/timm, and the achieved GFLOP/s (FLOPs counted by torch).
+
+    python scripts/benchmark.py                                  # vit_small_patch16_224, batch 32
+    python scripts/benchmark.py --model vit_base_patch16_224 --batch-size 16 --runs 9
+    python scripts/benchmark.py --precision bf16 --mode train --json bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import timm
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import vit
+from vit.nn.vision import MODEL_CONFIGS
+
+
+def build_pair(name: str, batch_size: int) -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor]:
+    """Our model and timm's from the same config dict, with identical weights."""
+    config = MODEL_CONFIGS[name]
+    torch.manual_seed(0)
+    theirs = timm.models.vision_transformer.VisionTransformer(**config)
+    ours = vit.create_model(name)
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+    img = ours.img_size
+    images = torch.randn(batch_size, config.get("in_chans", 3), *img)
+    return ours, theirs, images
+
+
+def autocast(precision: str) -> contextlib.AbstractContextManager:
+    if precision == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def make_step(model: torch.nn.Module, images: torch.Tensor, mode: str, precision: str) -> Callable[[], None]:
+    """One inference forward, or one training step (forward, backward, AdamW)."""
+    if mode == "infer":
+        model.eval()
+
+        def step() -> None:
+            with torch.inference_mode(), autocast(precision):
+                model(images)
+
+        return step
+
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    labels = torch.randint(0, model.num_classes, (images.shape[0],))
+
+    def step() -> None:
+        with autocast(precision):
+            loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def count_flops(model: torch.nn.Module, images: torch.Tensor, mode: str, precision: str) -> int:
+    """FLOPs of one step as torch counts them (matmuls, convolutions, attention)."""
+    counter = FlopCounterMode(display=False)
+    with counter, autocast(precision):
+        out = model(images)
+        if mode == "train":
+            out.float().sum().backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def time_it(step: Callable[[], None], iters: int) -> float:
+    start = time.perf_counter()
+    for _ in range(iters):
+        step()
+    return (time.perf_counter() - start) / iters
+
+
+def benchmark_row(name: str, batch_size: int, mode: str, precision: str, runs: int, iters: int,
+                  warmup: int) -> dict:
+    ours, theirs, images = build_pair(name, batch_size)
+    steps = {"ours": make_step(ours, images, mode, precision), "timm": make_step(theirs, images, mode, precision)}
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    seconds: dict[str, list[float]] = {"ours": [], "timm": []}
+    for run in range(runs):
+        order = ("ours", "timm") if run % 2 == 0 else ("timm", "ours")  # alternate who goes first
+        for who in order:
+            seconds[who].append(time_it(steps[who], iters))
+        print(f"  {mode:5s} {precision:4s} run {run + 1}/{runs}: ours {batch_size / seconds['ours'][-1]:8.1f} "
+              f"img/s, timm {batch_size / seconds['timm'][-1]:8.1f} img/s", file=sys.stderr, flush=True)
+    ips = {who: [batch_size / s for s in secs] for who, secs in seconds.items()}
+    ratios = [o / t for o, t in zip(ips["ours"], ips["timm"])]
+    flops = {who: count_flops(m, images, mode, precision) for who, m in (("ours", ours), ("timm", theirs))}
+    median_s = {who: statistics.median(secs) for who, secs in seconds.items()}
+    return {
+        "model": name,
+        "batch_size": batch_size,
+        "mode": mode,
+        "precision": precision,
+        "ours_img_s": statistics.median(ips["ours"]),
+        "timm_img_s": statistics.median(ips["timm"]),
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "ours_gflop_s": flops["ours"] / median_s["ours"] / 1e9,
+        "timm_gflop_s": flops["timm"] / median_s["timm"] / 1e9,
+        "ours_gflop_per_step": flops["ours"] / 1e9,
+        "timm_gflop_per_step": flops["timm"] / 1e9,
+        "runs": runs,
+        "iters_per_run": iters,
+    }
+
+
+def print_table(rows: list[dict]) -> None:
+    header = (f"{'mode':6s} {'precision':9s} {'ours img/s':>11s} {'timm img/s':>11s} {'ours/timm':>10s} "
+              f"{'(min–max)':>13s} {'ours GFLOP/s':>13s} {'timm GFLOP/s':>13s}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        spread = f"{r['ratio_min']:.3f}–{r['ratio_max']:.3f}"
+        print(f"{r['mode']:6s} {r['precision']:9s} {r['ours_img_s']:11.1f} {r['timm_img_s']:11.1f} "
+              f"{r['ratio_median']:10.3f} {spread:>13s} {r['ours_gflop_s']:13.1f} {r['timm_gflop_s']:13.1f}")
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="vit_small_patch16_224", choices=vit.list_models())
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--mode", nargs="+", default=["infer", "train"], choices=["infer", "train"])
+    parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--runs", type=int, default=7, help="timed runs per model; the median is reported")
+    parser.add_argument("--iters", type=int, default=2, help="steps per timed run")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
+    parser.add_argument("--json", default="benchmark.json", help="where to write the results")
+    args = parser.parse_args(argv)
+
+    print(f"{args.model}, batch {args.batch_size}, torch {torch.__version__}, timm {timm.__version__}, "
+          f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}", flush=True)
+    rows = [
+        benchmark_row(args.model, args.batch_size, mode, precision, args.runs, args.iters, args.warmup)
+        for precision in args.precision
+        for mode in args.mode
+    ]
+    print_table(rows)
+    with open(args.json, "w") as f:
+        json.dump({"torch": torch.__version__, "timm": timm.__version__,
+                   "threads": torch.get_num_threads(), "rows": rows}, f, indent=2)
+    print(f"wrote {args.json}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

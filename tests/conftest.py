@@ -1,0 +1,17 @@
+"""Test-wide settings: headless plotting, no network, deterministic seeds."""
+
+import os
+
+# Set before anything imports matplotlib, wandb or huggingface_hub.
+os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # fail fast instead of retrying for a minute offline
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
