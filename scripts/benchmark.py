@@ -94,7 +94,10 @@ def time_it(step: Callable[[], None], iters: int) -> float:
 def benchmark_row(name: str, batch_size: int, mode: str, precision: str, runs: int, iters: int,
                   warmup: int) -> dict:
     ours, theirs, images = build_pair(name, batch_size)
-    steps = {"ours": make_step(ours, images, mode, precision), "timm": make_step(theirs, images, mode, precision)}
+    steps = {
+        "ours": make_step(ours, images, mode, precision),
+        "timm": make_step(theirs, images, mode, precision),
+    }
     for step in steps.values():
         for _ in range(warmup):
             step()
@@ -103,8 +106,9 @@ def benchmark_row(name: str, batch_size: int, mode: str, precision: str, runs: i
         order = ("ours", "timm") if run % 2 == 0 else ("timm", "ours")  # alternate who goes first
         for who in order:
             seconds[who].append(time_it(steps[who], iters))
-        print(f"  {mode:5s} {precision:4s} run {run + 1}/{runs}: ours {batch_size / seconds['ours'][-1]:8.1f} "
-              f"img/s, timm {batch_size / seconds['timm'][-1]:8.1f} img/s", file=sys.stderr, flush=True)
+        ours_ips, timm_ips = batch_size / seconds["ours"][-1], batch_size / seconds["timm"][-1]
+        print(f"  {mode:5s} {precision:4s} run {run + 1}/{runs}: ours {ours_ips:8.1f} img/s, "
+              f"timm {timm_ips:8.1f} img/s", file=sys.stderr, flush=True)
     ips = {who: [batch_size / s for s in secs] for who, secs in seconds.items()}
     ratios = [o / t for o, t in zip(ips["ours"], ips["timm"])]
     flops = {who: count_flops(m, images, mode, precision) for who, m in (("ours", ours), ("timm", theirs))}
@@ -140,7 +144,9 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="vit_small_patch16_224", choices=vit.list_models())
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--mode", nargs="+", default=["infer", "train"], choices=["infer", "train"])

@@ -8,8 +8,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # fail fast instead of retrying fo
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 
 @pytest.fixture(autouse=True)
