@@ -120,6 +120,8 @@ def test_wrong_image_size_is_a_clear_error():
 def test_unknown_model_name_lists_known_ones():
     with pytest.raises(ValueError, match="vit_small_patch16_224"):
         vit.create_model("vit_huge_patch99")
+    with pytest.raises(ValueError, match=r"unknown option.*drop_pth_rate.*drop_path_rate"):
+        vit.create_model("vit_tiny_patch16_224", drop_pth_rate=0.1)
     assert set(vit.list_models()) == set(MODEL_CONFIGS)
     for name in ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224",
                  "vit_large_patch16_224", "vit_base_patch32_224"]:

@@ -9,6 +9,7 @@ image (B, 3, 224, 224)
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -256,4 +257,10 @@ def create_model(name: str, **overrides: Any) -> VisionTransformer:
     """Build a named configuration, e.g. ``create_model("vit_small_patch16_224", num_classes=10)``."""
     if name not in MODEL_CONFIGS:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(list_models())}")
+    accepted = inspect.signature(VisionTransformer).parameters
+    unknown = sorted(set(overrides) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {', '.join(unknown)} for {name}; accepted: {', '.join(accepted)}"
+        )
     return VisionTransformer(**{**MODEL_CONFIGS[name], **overrides})
