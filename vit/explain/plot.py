@@ -34,11 +34,17 @@ def normalise_map(heat: Tensor | np.ndarray) -> np.ndarray:
 
 
 def to_display_image(
-    image: Tensor | np.ndarray, mean: Sequence[float] | None = None, std: Sequence[float] | None = None
+    image: Tensor | np.ndarray,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    *,
+    min_side: int | None = None,
 ) -> np.ndarray:
     """An image as float (H, W, 3) in [0, 1] for plotting; undoes mean/std normalisation if given.
 
     Accepts a tensor (C, H, W) or an array (H, W), (H, W, C) with values in [0, 1] or [0, 255].
+    ``min_side`` repeats pixels (nearest neighbour) until the short side reaches it, so a small
+    input such as an 8x8 digit gets a smooth heat map over visible square pixels.
     """
     if isinstance(image, Tensor):
         if image.dim() != 3:
@@ -57,6 +63,9 @@ def to_display_image(
         raise ValueError(f"expected a grayscale or RGB image, got shape {array.shape}")
     if array.shape[-1] == 1:
         array = np.repeat(array, 3, axis=-1)
+    if min_side is not None and min(array.shape[:2]) < min_side:
+        factor = -(-min_side // min(array.shape[:2]))  # ceiling division
+        array = array.repeat(factor, axis=0).repeat(factor, axis=1)
     return np.clip(array, 0.0, 1.0)
 
 

@@ -1,0 +1,56 @@
+"""notebooks/attention_maps.ipynb runs top to bottom, offline, and draws its figures."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from ipykernel.kernelspec import write_kernel_spec
+from jupyter_client.kernelspec import KernelSpecManager
+from nbclient import NotebookClient
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "attention_maps.ipynb"
+
+
+def test_notebook_is_committed_without_outputs():
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(notebook)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert code, "the notebook has no code cells"
+    assert all(not cell.outputs and cell.execution_count is None for cell in code)
+
+
+@pytest.fixture
+def python3_kernel(tmp_path, monkeypatch):
+    """A "python3" kernel spec that runs this interpreter, whatever the machine has installed."""
+    spec_dir = tmp_path / "jupyter" / "kernels" / "python3"
+    spec_dir.parent.mkdir(parents=True)
+    write_kernel_spec(str(spec_dir))  # argv: [sys.executable, "-m", "ipykernel_launcher", ...]
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))  # searched before system dirs
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    assert spec.argv[0] == sys.executable
+    return "python3"
+
+
+def test_attention_notebook_executes_and_draws_its_figures(tmp_path, monkeypatch, python3_kernel):
+    monkeypatch.setenv("VIT_NOTEBOOK_FAST", "1")  # fewer training steps; same code path
+    monkeypatch.delenv("VIT_ATTENTION_CKPT", raising=False)
+    work = tmp_path / "run"
+    work.mkdir()
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(
+        notebook, kernel_name=python3_kernel, timeout=300, resources={"metadata": {"path": str(work)}}
+    )
+    client.execute()  # raises CellExecutionError, with the cell and traceback, if any cell fails
+
+    outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
+    assert not [out for out in outputs if out.output_type == "error"]
+    figures = [out for out in outputs if "image/png" in out.get("data", {})]
+    # digit layers x heads, digit rollouts, 2 photo grids, random vs trained, distance, rollout by depth
+    assert len(figures) >= 7, f"expected at least 7 figures, got {len(figures)}"
+    printed = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
+    assert "test accuracy on 397 held-out digits" in printed
+    assert "china.jpg: P(china)" in printed and "flower.jpg: P(china)" in printed
+    assert not list(work.iterdir()), "the notebook should not write files"
