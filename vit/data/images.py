@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -21,6 +22,8 @@ from lightning.pytorch import LightningDataModule
 from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
+from torchvision.datasets import CIFAR10 as CIFAR10Dataset
+from torchvision.datasets import CIFAR100 as CIFAR100Dataset
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +92,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
         if img.mode == "F" and arr.max(initial=0) <= 1.0:
             top = 1.0
         arr = np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8)
-        return Image.fromarray(arr, mode="L").convert("RGB")
+        return Image.fromarray(arr).convert("RGB")  # 2-D uint8 -> "L"
     if img.mode == "P" and "transparency" in img.info:
         img = img.convert("RGBA")  # as PIL recommends for palette images with transparency
     return img.convert("RGB")
@@ -332,8 +335,8 @@ class _DigitsSet(Dataset):
 class Digits(ImageDataModule):
     """scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes, no download).
 
-    The split is fixed by ``split_seed`` (default 0) and stratified by class: 20% test
-    (360 images), 10% validation (180), the remaining 70% (1,257) for training. Pixels 0..16
+    The split is fixed by ``split_seed`` (default 0) and stratified by class (rounded per class):
+    20% test (359 images), 10% validation (179), the remaining 70% (1,259) for training. Pixels 0..16
     are scaled to 0..1 and normalised with the dataset's mean/std. Training augmentation is a
     small random affine (``max_shift`` pixels, ``max_rotation`` degrees, ``scale_range``).
     """
@@ -392,6 +395,30 @@ class Digits(ImageDataModule):
         self.test_set = make(test_idx, None)
 
 
+class _PresentCIFAR10(CIFAR10Dataset):
+    """torchvision's CIFAR-10, accepting files that are present without their md5 check (a re-packed
+    or partial copy); a damaged file still fails when it is unpickled."""
+
+    def _check_integrity(self) -> bool:
+        folder = Path(self.root) / self.base_folder
+        return all((folder / name).is_file() for name, _ in self.train_list + self.test_list)
+
+    def _load_meta(self) -> None:
+        path = Path(self.root) / self.base_folder / self.meta["filename"]
+        if not path.is_file():
+            raise RuntimeError(f"metadata file {path} not found")
+        with open(path, "rb") as f:
+            self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+
+
+class _PresentCIFAR100(CIFAR100Dataset):
+    """torchvision's CIFAR-100, with the same presence-only check as `_PresentCIFAR10`."""
+
+    _check_integrity = _PresentCIFAR10._check_integrity
+    _load_meta = _PresentCIFAR10._load_meta
+
+
 class CIFAR(ImageDataModule):
     """CIFAR-10 or CIFAR-100 in torchvision's on-disk format (``root/cifar-10-batches-py`` or
     ``root/cifar-100-python``). Downloads when ``download`` is true; the validation split is
@@ -447,9 +474,7 @@ class CIFAR(ImageDataModule):
         return ["train", "test", "meta"]
 
     def _dataset(self, train: bool, download: bool) -> Dataset:
-        from torchvision.datasets import CIFAR10, CIFAR100
-
-        cls = CIFAR10 if self.variant == 10 else CIFAR100
+        cls = _PresentCIFAR10 if self.variant == 10 else _PresentCIFAR100
         try:
             return cls(str(self.root), train=train, download=download)
         except (RuntimeError, OSError) as e:  # torchvision: "Dataset not found"; URLError when offline
@@ -461,6 +486,11 @@ class CIFAR(ImageDataModule):
                 f"CIFAR-{self.variant} not found in {self.folder} (missing: {', '.join(missing) or 'none'}; "
                 f"expected {', '.join(self.expected_files)}). {hint}"
                 f"put the extracted python version of CIFAR-{self.variant} there. ({type(e).__name__}: {e})"
+            ) from e
+        except (pickle.UnpicklingError, EOFError, KeyError, ValueError) as e:
+            raise ValueError(
+                f"{self.folder}: a CIFAR-{self.variant} file is damaged or not in the python pickle format "
+                f"({type(e).__name__}: {e}); delete the folder and download it again"
             ) from e
 
     def prepare_data(self) -> None:

@@ -88,6 +88,7 @@ class ImageClassifier(LightningModule):
         pretrained: weights for ``vit.load_pretrained`` (a file or timm name); a new head is fine.
         class_names: names of the classes, stored in the checkpoint (linked from the datamodule).
         mean, std: normalisation the data used, stored in the checkpoint (linked from the datamodule).
+        crop_pct: evaluation centre-crop fraction the data used, stored in the checkpoint (linked).
         lr: peak learning rate of the last layer group (the head).
         weight_decay: AdamW decoupled weight decay (not applied to biases, norms and embeddings).
         betas: AdamW betas.
@@ -113,6 +114,7 @@ class ImageClassifier(LightningModule):
         class_names: list[str] | None = None,
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
+        crop_pct: float = 1.0,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -151,6 +153,7 @@ class ImageClassifier(LightningModule):
         self.class_names = list(class_names) if class_names else [str(i) for i in range(num_classes)]
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
+        self.crop_pct = float(crop_pct)
 
         self.mixup = None
         if mixup_alpha > 0 or cutmix_alpha > 0:
@@ -306,6 +309,7 @@ class ImageClassifier(LightningModule):
             "in_chans": self.in_chans,
             "mean": list(self.mean),
             "std": list(self.std),
+            "crop_pct": self.crop_pct,
             "ema": self.model_ema is not None,
         }
 
@@ -347,8 +351,8 @@ def load_classifier(
     """Rebuild a trained classifier from a Lightning checkpoint alone, in eval mode.
 
     The result's ``.model`` is the VisionTransformer holding the evaluated weights (the EMA weights
-    when training used EMA); ``.class_names``, ``.img_size`` (H, W), ``.in_chans``, ``.mean`` and
-    ``.std`` say how to prepare its input.
+    when training used EMA); ``.class_names``, ``.img_size`` (H, W), ``.in_chans``, ``.mean``,
+    ``.std`` and ``.crop_pct`` say how to prepare its input.
     """
     path = Path(ckpt_path)
     if not path.is_file():
@@ -365,6 +369,7 @@ def load_classifier(
     classifier = ImageClassifier(
         model=meta["model_name"], num_classes=num_classes, model_kwargs=config,
         class_names=meta["class_names"], mean=meta["mean"], std=meta["std"],
+        crop_pct=meta.get("crop_pct", 1.0),
         ema_decay=0.0 if meta.get("ema") else None,
     )
     classifier.load_state_dict(checkpoint["state_dict"])

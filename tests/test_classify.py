@@ -1,0 +1,175 @@
+"""ImageClassifier: parameter groups, schedule, losses, EMA, metrics and the checkpoint."""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from vit.tasks.classify import ImageClassifier, layer_id, load_classifier, param_groups, warmup_cosine
+
+TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
+
+
+def tiny(**kwargs) -> ImageClassifier:
+    return ImageClassifier(model="vit_digits_patch2_8", model_kwargs=dict(TINY), **kwargs)
+
+
+def loader(n: int = 24, classes: int = 10, batch: int = 8, seed: int = 0) -> DataLoader:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 1, 8, 8, generator=g)
+    y = torch.arange(n) % classes
+    return DataLoader(TensorDataset(x, y), batch_size=batch)
+
+
+def trainer(tmp_path, **kwargs) -> L.Trainer:
+    defaults = dict(default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
+                    logger=False, enable_checkpointing=False, num_sanity_val_steps=0)
+    return L.Trainer(**{**defaults, **kwargs})
+
+
+def test_param_groups_decay_and_layer_scales():
+    model = tiny().model
+    groups = param_groups(model, lr=1.0, weight_decay=0.05, layer_decay=0.5)
+    names = {id(p): n for n, p in model.named_parameters()}
+    seen = set()
+    for g in groups:
+        for p in g["params"]:
+            name = names[id(p)]
+            seen.add(name)
+            no_decay = p.ndim <= 1 or name in ("pos_embed", "cls_token")
+            assert g["weight_decay"] == (0.0 if no_decay else 0.05), name
+            assert g["lr"] == pytest.approx(0.5 ** (2 + 1 - layer_id(name, 2))), name
+    assert seen == set(names.values())
+    assert layer_id("patch_embed.proj.weight", 2) == 0 and layer_id("cls_token", 2) == 0
+    assert layer_id("blocks.1.attn.qkv.weight", 2) == 2 and layer_id("head.weight", 2) == 3
+    # without layer decay, every group has the base lr
+    assert {g["lr"] for g in param_groups(model, 0.1, 0.05)} == {0.1}
+
+
+def test_warmup_then_cosine():
+    assert warmup_cosine(0, 10, 100, 0.0) == pytest.approx(0.1)
+    assert warmup_cosine(9, 10, 100, 0.0) == pytest.approx(1.0)
+    assert warmup_cosine(10, 10, 100, 0.0) == pytest.approx(1.0)
+    assert warmup_cosine(55, 10, 100, 0.0) == pytest.approx(0.5)
+    assert warmup_cosine(100, 10, 100, 0.1) == pytest.approx(0.1)
+
+
+def test_schedule_keeps_layer_decay_per_step(tmp_path):
+    model = tiny(lr=0.01, layer_decay=0.5, warmup_steps=4, min_lr=0.0)
+    t = trainer(tmp_path, max_steps=6)
+    t.fit(model, loader())
+    opt = t.optimizers[0]
+    factor = warmup_cosine(6, 4, 6, 0.0)  # LambdaLR has stepped 6 times
+    for g in opt.param_groups:
+        layer = int(g["name"].split("_")[0].removeprefix("layer"))
+        assert g["lr"] == pytest.approx(0.01 * 0.5 ** (3 - layer) * factor, abs=1e-12), g["name"]
+    # warm-up in epochs: 3 batches per epoch, 1 warm-up epoch of 3 epochs -> 3 warm-up steps of 9
+    lrs = []
+
+    class RecordLr(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    model = tiny(lr=0.01, warmup_epochs=1, min_lr=0.0)
+    trainer(tmp_path, max_epochs=3, callbacks=[RecordLr()]).fit(model, loader())
+    assert lrs == pytest.approx([0.01 * warmup_cosine(i, 3, 9, 0.0) for i in range(9)])
+    assert lrs[:3] == pytest.approx([0.01 / 3, 0.02 / 3, 0.01])
+
+
+def test_losses_label_smoothing_and_mixup():
+    model = tiny(label_smoothing=0.1)
+    assert isinstance(model.train_loss, torch.nn.CrossEntropyLoss) and model.train_loss.label_smoothing == 0.1
+    from timm.loss import SoftTargetCrossEntropy
+
+    model = tiny(mixup_alpha=0.8, cutmix_alpha=1.0)
+    assert isinstance(model.train_loss, SoftTargetCrossEntropy)
+    assert model.mixup.mixup_alpha == 0.8 and model.mixup.cutmix_alpha == 1.0
+
+
+def test_mixup_training_runs_with_odd_batches(tmp_path):
+    model = tiny(mixup_alpha=0.8, cutmix_alpha=1.0)
+    t = trainer(tmp_path, max_steps=3)
+    t.fit(model, loader(n=21, batch=7))
+    assert t.global_step == 3 and torch.isfinite(t.callback_metrics["train_loss"])
+
+
+def test_ema_is_used_for_eval_and_checkpointed(tmp_path):
+    model = tiny(ema_decay=0.5, lr=0.01)
+    t = trainer(tmp_path, max_steps=4)
+    t.fit(model, loader())
+    x = torch.randn(3, 1, 8, 8)
+    model.eval()
+    ema_out, raw_out = model(x), model.model(x)
+    torch.testing.assert_close(ema_out, model.model_ema.module(x))
+    assert not torch.allclose(ema_out, raw_out)
+    path = tmp_path / "ema.ckpt"
+    t.save_checkpoint(path)
+    assert any(k.startswith("model_ema.") for k in torch.load(path, weights_only=False)["state_dict"])
+    loaded = load_classifier(path)
+    assert loaded.model_ema is None
+    torch.testing.assert_close(loaded.model(x), ema_out)
+
+
+def test_metrics_match_a_hand_count_and_confusion_png(tmp_path):
+    model = tiny()
+    data = loader(n=40)
+    t = trainer(tmp_path, max_steps=1, logger=L.pytorch.loggers.CSVLogger(tmp_path))
+    t.fit(model, data)
+    result = t.test(model, data, verbose=False)[0]
+    model.eval()
+    with torch.no_grad():
+        logits = torch.cat([model(x) for x, _ in data])
+    y = torch.cat([y for _, y in data])
+    pred = logits.argmax(-1)
+    assert result["test_acc"] == pytest.approx((pred == y).float().mean().item())
+    top5 = logits.topk(5, dim=-1).indices
+    assert result["test_acc_top5"] == pytest.approx((top5 == y[:, None]).any(-1).float().mean().item())
+    confusion = model.last_confusion_matrix
+    assert confusion.sum() == 40
+    for c in range(10):
+        assert confusion[c, c] == ((pred == c) & (y == c)).sum()
+        assert result[f"test_acc_class/{c}"] == pytest.approx(((pred == c) & (y == c)).sum().item() / 4)
+    png = tmp_path / "lightning_logs" / "version_0" / "confusion_matrix.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # fewer than 5 classes: no top-5 metric
+    assert not tiny(num_classes=3).top5
+
+
+def test_nan_loss_is_an_error(tmp_path):
+    model = tiny()
+    x = torch.full((8, 1, 8, 8), math.nan)
+    with pytest.raises(FloatingPointError, match="loss is nan"):
+        trainer(tmp_path, max_steps=1).fit(model, DataLoader(TensorDataset(x, torch.zeros(8).long()), 8))
+
+
+def test_checkpoint_alone_rebuilds_the_classifier(tmp_path):
+    names = [f"class{i}" for i in range(10)]
+    model = tiny(class_names=names, mean=[0.3], std=[0.4], in_chans=1, img_size=8, crop_pct=0.9)
+    t = trainer(tmp_path, max_steps=1)
+    t.fit(model, loader())
+    path = tmp_path / "a.ckpt"
+    t.save_checkpoint(path)
+    loaded = load_classifier(path)
+    assert not loaded.training
+    assert loaded.class_names == names and loaded.img_size == (8, 8) and loaded.in_chans == 1
+    assert loaded.mean == (0.3,) and loaded.std == (0.4,) and loaded.crop_pct == 0.9
+    assert len(loaded.model.blocks) == 2 and loaded.model.embed_dim == 32
+    x = torch.randn(2, 1, 8, 8)
+    torch.testing.assert_close(loaded.model(x), model.eval().model(x))
+
+    torch.save({"state_dict": {}}, tmp_path / "other.ckpt")
+    with pytest.raises(ValueError, match="not an ImageClassifier checkpoint"):
+        load_classifier(tmp_path / "other.ckpt")
+    with pytest.raises(FileNotFoundError, match=r"missing\.ckpt"):
+        load_classifier(tmp_path / "missing.ckpt")
+
+
+def test_bad_arguments_are_clear():
+    with pytest.raises(ValueError, match="unknown model 'vit_nope'"):
+        ImageClassifier(model="vit_nope")
+    with pytest.raises(ValueError, match="3 class_names for num_classes=10"):
+        ImageClassifier(class_names=["a", "b", "c"])
