@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -384,20 +385,40 @@ def test_vit_attention_writes_a_png_per_image(tmp_path, digits_checkpoint, capsy
     printed = capsys.readouterr().out
     assert results[0]["top_k"][0]["name"] in printed and "photo.png" in printed
 
+    # The same classes and probabilities as `vit predict`, which prepares images the same way.
+    from vit.predict import predict_files
+    from vit.tasks.classify import load_classifier
+
+    predicted = predict_files(load_classifier(digits_checkpoint), [rgb, gray], top_k=3)
+    for ours, theirs in zip(results, predicted):
+        assert [p["name"] for p in ours["top_k"]] == theirs["classes"]
+        np.testing.assert_allclose([p["probability"] for p in ours["top_k"]], theirs["probs"], atol=1e-5)
+
 
 def test_vit_attention_choices_and_native_size(tmp_path, digits_checkpoint):
     from vit.explain.command import main
 
-    image = tmp_path / "wide.png"
+    folder = tmp_path / "images"
+    folder.mkdir()
+    image = folder / "wide.png"
     Image.fromarray((np.random.default_rng(0).random((10, 17)) * 255).astype(np.uint8)).save(image)
     main([
         "--ckpt", str(digits_checkpoint), str(image), str(image), "--out", str(tmp_path / "a"),
         "--layer", "-1", "--head", "0", "2", "--rollout", "grad", "--target-class", "seven", "--native-size",
     ])
     assert (tmp_path / "a" / "wide.png").is_file() and (tmp_path / "a" / "wide_2.png").is_file()
-    main(["--ckpt", str(digits_checkpoint), str(image), "--out", str(tmp_path / "b"), "--head", "mean",
-          "--rollout", "none"])
-    assert (tmp_path / "b" / "wide.png").is_file()
+    # A folder is searched for images; underscores work as in `vit predict`.
+    results = main(["--ckpt", str(digits_checkpoint), str(folder), "--out", str(tmp_path / "b"), "--head",
+                    "mean", "--rollout", "none", "--top_k", "2"])
+    assert [r["png"] for r in results] == [str(tmp_path / "b" / "wide.png")]
+    assert len(results[0]["top_k"]) == 2
+
+
+def test_output_names_never_collide():
+    from vit.explain.command import _output_names
+
+    paths = [Path("a/x.png"), Path("b/x.png"), Path("x_2.png"), Path("c/x.jpg")]
+    assert _output_names(paths) == ["x", "x_2", "x_2_2", "x_3"]
 
 
 def test_vit_attention_reports_bad_inputs(tmp_path, digits_checkpoint):
@@ -405,12 +426,15 @@ def test_vit_attention_reports_bad_inputs(tmp_path, digits_checkpoint):
 
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"not a jpeg at all")
-    with pytest.raises(ValueError, match=r"broken\.jpg: not an image"):
+    with pytest.raises(OSError, match=r"cannot read image .*broken\.jpg"):
         main(["--ckpt", str(digits_checkpoint), str(broken), "--out", str(tmp_path)])
-    with pytest.raises(FileNotFoundError, match=r"missing\.png"):
+    with pytest.raises(FileNotFoundError, match=r"no such image file or folder: .*missing\.png"):
         main(["--ckpt", str(digits_checkpoint), str(tmp_path / "missing.png"), "--out", str(tmp_path)])
     image = tmp_path / "ok.png"
     Image.new("L", (8, 8)).save(image)
+    with pytest.raises(OSError, match="broken"):  # a bad file stops the run before anything is written
+        main(["--ckpt", str(digits_checkpoint), str(image), str(broken), "--out", str(tmp_path / "none")])
+    assert not (tmp_path / "none").exists()
     with pytest.raises(ValueError, match="--head 7: the model has 4 heads"):
         main(["--ckpt", str(digits_checkpoint), str(image), "--out", str(tmp_path), "--head", "7"])
     with pytest.raises(ValueError, match="--target-class 'cat'"):

@@ -1,16 +1,17 @@
 """`vit attention`: draw where a trained classifier looks, for each image, and print its top classes.
 
-    vit attention --ckpt model.ckpt cat.jpg dog.png --out maps/
+    vit attention --ckpt model.ckpt cat.jpg dog.png photos/ --out maps/
 
 writes ``maps/cat.png`` (layers x heads of cls-to-patch overlays, plus the rollout overlay),
-and ``maps/predictions.json`` with the top-k classes of every image.
+and ``maps/predictions.json`` with the top-k classes of every image. Images are prepared as
+`vit predict` prepares them (the checkpoint's size, centre crop, mean and std), so both
+commands report the same classes; ``--native-size`` keeps each image's own size instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +19,16 @@ from pathlib import Path
 import numpy as np
 import torch
 from matplotlib.figure import Figure
-from PIL import Image, UnidentifiedImageError
 from torch import Tensor
+from torchvision.transforms import v2
 
+# Imported only when the command runs (vit.cli imports commands lazily): these pull in Lightning.
+from vit.data.images import load_image
 from vit.explain.maps import collect_attention, gradient_rollout, rollout_streaming
-from vit.explain.plot import plot_attention
+from vit.explain.plot import plot_attention, to_display_image
 from vit.nn.vision import VisionTransformer
-
-log = logging.getLogger(__name__)
+from vit.predict import eval_transform, list_images
+from vit.tasks.classify import ImageClassifier, load_classifier
 
 ROLLOUTS = ("mean", "max", "min", "grad", "none")
 DISPLAY_SIDE = 224  # small inputs (8x8 digits) are drawn larger, with visible pixels
@@ -45,7 +48,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         prog="vit attention",
         description="Write attention-map overlays and the top-k classes for each image.",
     )
-    parser.add_argument("images", nargs="+", type=Path, help="image files (any format Pillow reads)")
+    parser.add_argument("images", nargs="+", type=Path, help="image files, or folders searched recursively")
     parser.add_argument("--ckpt", required=True, type=Path, help="checkpoint written by `vit fit`")
     parser.add_argument("--out", type=Path, default=Path("attention_maps"), help="output folder")
     parser.add_argument(
@@ -60,18 +63,20 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--rollout", choices=ROLLOUTS, default="mean",
         help="attention rollout fusing heads by mean/max/min, gradient-weighted ('grad'), or none",
     )
+    # Multi-word options take dashes or underscores (`vit predict` and LightningCLI use underscores).
     parser.add_argument(
-        "--discard-ratio", type=float, default=0.0, help="rollout: drop this share of each row"
+        "--discard-ratio", "--discard_ratio", type=float, default=0.0,
+        help="rollout: drop this share of each row's lowest weights",
     )
     parser.add_argument(
-        "--target-class", default=None,
+        "--target-class", "--target_class", default=None,
         help="--rollout grad: class name or index (default: the predicted one)",
     )
-    parser.add_argument("--top-k", type=int, default=5, help="how many classes to report")
+    parser.add_argument("--top-k", "--top_k", type=int, default=5, help="how many classes to report")
     parser.add_argument(
-        "--native-size", action="store_true",
-        help="keep each image's own size (rounded to the patch size) instead of resizing to the "
-        "model's; memory grows with the square of the number of patches",
+        "--native-size", "--native_size", action="store_true",
+        help="keep each image's own size (rounded down to the patch size) instead of the checkpoint's "
+        "resize and crop; memory grows with the square of the number of patches",
     )
     parser.add_argument("--alpha", type=float, default=0.5, help="opacity of the heat map")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
@@ -116,45 +121,25 @@ def _target_index(target: str | None, class_names: Sequence[str]) -> int | None:
     return index
 
 
-def load_image(
-    path: Path,
-    *,
-    in_chans: int,
-    size: tuple[int, int] | None,
-    patch_size: tuple[int, int],
-    mean: Sequence[float],
-    std: Sequence[float],
+def prepare_image(
+    path: Path, classifier: ImageClassifier, *, native_size: bool = False
 ) -> PreparedImage:
-    """Read an image, convert it to the model's channels, resize and normalise it.
+    """Read an image in the model's mode (L or RGB) and normalise it with the checkpoint's mean/std.
 
-    ``size=None`` keeps the image's own size, rounded down to a multiple of the patch size.
+    By default it is resized and centre-cropped exactly as `vit predict` does; with
+    ``native_size`` it keeps its own size, rounded down to a multiple of the patch size.
     """
-    if not path.is_file():
-        raise FileNotFoundError(f"image not found: {path}")
-    try:
-        with Image.open(path) as raw:
-            image = raw.convert({1: "L", 3: "RGB"}[in_chans])
-    except UnidentifiedImageError:
-        raise ValueError(f"{path}: not an image Pillow can read (corrupt or unknown format)") from None
-    except KeyError:
-        raise ValueError(
-            f"the model takes {in_chans} channels; only 1 (L) or 3 (RGB) are supported"
-        ) from None
-    if size is None:
-        ph, pw = patch_size
-        size = (max(ph, image.height // ph * ph), max(pw, image.width // pw * pw))
-    if (image.height, image.width) != tuple(size):
-        image = image.resize((size[1], size[0]), Image.Resampling.BICUBIC)
-
-    pixels = np.asarray(image, dtype=np.float32) / 255.0  # (H, W) or (H, W, 3)
-    if pixels.ndim == 2:
-        pixels = pixels[..., None]
-    tensor = torch.from_numpy(pixels).permute(2, 0, 1)  # (H, W, C) -> (C, H, W)
-    tensor = (tensor - torch.tensor(mean).view(-1, 1, 1)) / torch.tensor(std).view(-1, 1, 1)
-
-    scale = max(1, DISPLAY_SIDE // min(size))
-    display = image.resize((size[1] * scale, size[0] * scale), Image.Resampling.NEAREST).convert("RGB")
-    return PreparedImage(tensor=tensor[None], display=np.asarray(display, dtype=np.float32) / 255.0)
+    image = load_image(path, mode="L" if classifier.in_chans == 1 else "RGB")  # errors name the file
+    if native_size:
+        ph, pw = classifier.model.patch_size
+        size = [max(ph, image.height // ph * ph), max(pw, image.width // pw * pw)]
+        pixels = v2.functional.to_dtype(v2.functional.to_image(image), torch.float32, scale=True)
+        pixels = v2.functional.resize(pixels, size, antialias=True)  # (C, H, W) in [0, 1]
+        tensor = v2.functional.normalize(pixels, list(classifier.mean), list(classifier.std))
+    else:
+        tensor = eval_transform(classifier)(image)  # (C, H, W), normalised
+    display = to_display_image(tensor, classifier.mean, classifier.std, min_side=DISPLAY_SIDE)
+    return PreparedImage(tensor=tensor[None], display=display)
 
 
 def explain_image(
@@ -204,20 +189,20 @@ def explain_image(
 
 
 def _output_names(images: Sequence[Path]) -> list[str]:
-    # Two inputs called a/x.jpg and b/x.jpg must not overwrite each other's PNG.
-    names, seen = [], {}
+    """A distinct PNG name per input: a/x.jpg and b/x.jpg must not overwrite each other."""
+    names: list[str] = []
     for path in images:
-        stem = path.stem
-        seen[stem] = seen.get(stem, 0) + 1
-        names.append(stem if seen[stem] == 1 else f"{stem}_{seen[stem]}")
+        name, n = path.stem, 2
+        while name in names:
+            name, n = f"{path.stem}_{n}", n + 1
+        names.append(name)
     return names
 
 
-def main(argv: Sequence[str]) -> None:
-    """Run `vit attention` with the given arguments (without the command name)."""
-    from vit.tasks.classify import load_classifier  # Lightning is slow to import: only when run
-
+def main(argv: Sequence[str]) -> list[dict]:
+    """Run `vit attention` with the given arguments (without the command name); returns the results."""
     args = parse_args(argv)
+    files = list_images(args.images)  # fails on a missing file before any work
     classifier = load_classifier(args.ckpt, map_location=args.device)
     model = classifier.model
     depth, num_heads = len(model.blocks), model.blocks[0].attn.num_heads
@@ -229,17 +214,15 @@ def main(argv: Sequence[str]) -> None:
     target = _target_index(args.target_class, classifier.class_names)
     if args.native_size:
         model.dynamic_img_size = True  # position embeddings are resampled to each image's grid
+    # Decode every image first, so a bad file stops the command before it writes anything.
+    prepared = [prepare_image(path, classifier, native_size=args.native_size) for path in files]
 
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
-    for path, name in zip(args.images, _output_names(args.images)):
-        prepared = load_image(
-            path, in_chans=classifier.in_chans, size=None if args.native_size else classifier.img_size,
-            patch_size=model.patch_size, mean=classifier.mean, std=classifier.std,
-        )
-        prepared.tensor = prepared.tensor.to(args.device)
+    for path, name, image in zip(files, _output_names(files), prepared):
+        image.tensor = image.tensor.to(args.device)
         fig, predictions = explain_image(
-            model, prepared, class_names=classifier.class_names, layers=args.layer, heads=heads,
+            model, image, class_names=classifier.class_names, layers=args.layer, heads=heads,
             rollout=args.rollout, discard_ratio=args.discard_ratio, target=target, top_k=args.top_k,
             alpha=args.alpha, title=path.name,
         )
@@ -252,3 +235,4 @@ def main(argv: Sequence[str]) -> None:
     summary = args.out / "predictions.json"
     summary.write_text(json.dumps(results, indent=2))
     print(f"wrote {len(results)} figure(s) and {summary}")
+    return results
