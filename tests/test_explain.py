@@ -224,6 +224,8 @@ def test_gradient_rollout_depends_on_the_target_class():
     torch.testing.assert_close(predicted, predicted_explicitly)
     with pytest.raises(ValueError, match="out of range for 5 classes"):
         gradient_rollout(model, images, target=5)
+    with pytest.raises(ValueError, match="3 classes for 2 images"):
+        gradient_rollout(model, images, target=[1, 2, 3])
 
 
 def test_gradient_rollout_keeps_only_positive_relevance():

@@ -273,7 +273,10 @@ def gradient_rollout(
         B, num_classes = logits.shape
         if target is None:
             target = logits.argmax(dim=-1)
-        target = torch.as_tensor(target, device=logits.device).long().expand(B)
+        target = torch.as_tensor(target, device=logits.device).long().flatten()
+        if target.numel() not in (1, B):
+            raise ValueError(f"target gives {target.numel()} classes for {B} images; give 1 or {B}")
+        target = target.expand(B)
         if (target < 0).any() or (target >= num_classes).any():
             raise ValueError(f"target class out of range for {num_classes} classes: {target.tolist()}")
         logits.gather(1, target[:, None]).sum().backward()
