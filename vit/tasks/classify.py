@@ -61,7 +61,8 @@ def param_groups(
         if key not in groups:
             groups[key] = {
                 "params": [], "lr": lr * scale, "weight_decay": 0.0 if no_decay else weight_decay,
-                "name": f"layer{layer}_{'no_decay' if no_decay else 'decay'}",
+                "name": (f"layer{layer}_" if layer_decay is not None else "")
+                + ("no_decay" if no_decay else "decay"),
             }
         groups[key]["params"].append(p)
     return [groups[k] for k in sorted(groups)]
