@@ -1,0 +1,279 @@
+"""The text Transformer: masks, reference layers, positions, cached and beam decoding."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from vit.nn.attention import MultiHeadAttention
+from vit.nn.blocks import DecoderBlock, EncoderBlock
+from vit.nn.text import PAD_ID, Seq2SeqTransformer, sinusoidal_positions
+from vit.nn.vision import VisionTransformer
+
+BOS, EOS = 2, 3
+
+
+def tiny_model(**overrides) -> Seq2SeqTransformer:
+    torch.manual_seed(0)
+    kwargs = dict(
+        src_vocab_size=23, tgt_vocab_size=29, d_model=32, num_heads=4, num_encoder_layers=2,
+        num_decoder_layers=2, mlp_ratio=2.0, drop=0.0, max_positions=64,
+    )
+    kwargs.update(overrides)
+    return Seq2SeqTransformer(**kwargs).eval()
+
+
+def padded_batch() -> torch.Tensor:
+    # Three sources of lengths 7, 4 and 1, right-padded with PAD_ID.
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, 23, (3, 7), generator=g)
+    src[1, 4:] = PAD_ID
+    src[2, 1:] = PAD_ID
+    return src
+
+
+def test_every_attention_layer_is_the_vit_kernel():
+    model = tiny_model()
+    vit = VisionTransformer(img_size=8, patch_size=4, in_chans=1, num_classes=2, embed_dim=32, depth=1,
+                            num_heads=4)
+    attentions = [m for m in model.modules() if isinstance(m, nn.MultiheadAttention | MultiHeadAttention)]
+    # Per encoder block one self-attention; per decoder block a self- and a cross-attention.
+    assert len(attentions) == 2 + 2 * 2
+    assert {type(m) for m in attentions} == {type(vit.blocks[0].attn)} == {MultiHeadAttention}
+    assert all(type(b) is EncoderBlock for b in model.encoder)
+    assert type(vit.blocks[0]) is EncoderBlock  # the encoder block is literally the ViT's
+
+
+def test_padded_source_tokens_change_nothing():
+    model = tiny_model()
+    src = padded_batch()
+    mask = src.eq(PAD_ID)
+    tgt = torch.randint(4, 29, (3, 5))
+    reference = model(src, tgt, mask)
+    garbage = src.masked_fill(mask, 17)  # different ids at the padded positions, same mask
+    torch.testing.assert_close(model(garbage, tgt, mask), reference, atol=1e-6, rtol=0)
+    # ... while a real source token does change the output (the check above can fail).
+    changed = src.clone()
+    changed[1, 2] = 5 if src[1, 2] != 5 else 6
+    assert not torch.allclose(model(changed, tgt, mask)[1], reference[1], atol=1e-4)
+
+
+def test_future_target_tokens_change_no_earlier_output():
+    model = tiny_model()
+    src = padded_batch()
+    tgt = torch.randint(4, 29, (3, 6))
+    reference = model(src, tgt)
+    j = 3
+    future = tgt.clone()
+    future[:, j:] = torch.randint(4, 29, (3, 6 - j))
+    out = model(src, future)
+    torch.testing.assert_close(out[:, :j], reference[:, :j], atol=1e-6, rtol=0)
+    assert not torch.allclose(out[:, j:], reference[:, j:], atol=1e-4)
+
+
+def copy_encoder_weights(ours: EncoderBlock, ref: nn.TransformerEncoderLayer) -> None:
+    with torch.no_grad():
+        ours.attn.qkv.weight.copy_(ref.self_attn.in_proj_weight)  # rows [q; k; v] in both
+        ours.attn.qkv.bias.copy_(ref.self_attn.in_proj_bias)
+        ours.attn.proj.load_state_dict(ref.self_attn.out_proj.state_dict())
+        ours.mlp.fc1.load_state_dict(ref.linear1.state_dict())
+        ours.mlp.fc2.load_state_dict(ref.linear2.state_dict())
+        ours.norm1.load_state_dict(ref.norm1.state_dict())
+        ours.norm2.load_state_dict(ref.norm2.state_dict())
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_encoder_block_matches_torch_transformer_encoder_layer(norm_first):
+    torch.manual_seed(0)
+    ref = nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, norm_first=norm_first, batch_first=True)
+    ours = EncoderBlock(64, 4, mlp_ratio=2.0, act_layer=nn.ReLU, norm_eps=1e-5, norm_first=norm_first)
+    copy_encoder_weights(ours, ref)
+    with torch.no_grad():  # LayerNorms that are not the identity, so a swapped norm shows
+        for norm in (ref.norm1, ref.norm2):
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+        ours.norm1.load_state_dict(ref.norm1.state_dict())
+        ours.norm2.load_state_dict(ref.norm2.state_dict())
+    ref.eval(), ours.eval()
+    x = torch.randn(3, 7, 64)
+    torch.testing.assert_close(ours(x), ref(x), atol=1e-5, rtol=0)
+
+    padding = padded_batch().eq(PAD_ID)
+    keep = ~padding  # torch's fast path writes zeros at padded positions: compare the real tokens
+    torch.testing.assert_close(
+        ours(x, key_padding_mask=padding)[keep], ref(x, src_key_padding_mask=padding)[keep], atol=1e-5, rtol=0
+    )
+
+
+def test_decoder_block_matches_torch_transformer_decoder_layer():
+    torch.manual_seed(0)
+    ref = nn.TransformerDecoderLayer(32, 4, dim_feedforward=64, norm_first=True, batch_first=True).eval()
+    ours = DecoderBlock(32, 4, mlp_ratio=2.0, act_layer=nn.ReLU, norm_eps=1e-5).eval()
+    C = 32
+    with torch.no_grad():
+        ours.attn.qkv.weight.copy_(ref.self_attn.in_proj_weight)
+        ours.attn.qkv.bias.copy_(ref.self_attn.in_proj_bias)
+        ours.attn.proj.load_state_dict(ref.self_attn.out_proj.state_dict())
+        w, b = ref.multihead_attn.in_proj_weight, ref.multihead_attn.in_proj_bias
+        ours.cross_attn.q.weight.copy_(w[:C]), ours.cross_attn.q.bias.copy_(b[:C])
+        ours.cross_attn.kv.weight.copy_(w[C:]), ours.cross_attn.kv.bias.copy_(b[C:])
+        ours.cross_attn.proj.load_state_dict(ref.multihead_attn.out_proj.state_dict())
+        ours.mlp.fc1.load_state_dict(ref.linear1.state_dict())
+        ours.mlp.fc2.load_state_dict(ref.linear2.state_dict())
+        for i in (1, 2, 3):
+            getattr(ours, f"norm{i}").load_state_dict(getattr(ref, f"norm{i}").state_dict())
+    x, memory = torch.randn(3, 5, C), torch.randn(3, 7, C)
+    memory_padding = padded_batch().eq(PAD_ID)
+    expected = ref(x, memory, tgt_mask=nn.Transformer.generate_square_subsequent_mask(5), tgt_is_causal=True,
+                   memory_key_padding_mask=memory_padding)
+    out = ours(x, memory, memory_padding_mask=memory_padding)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+
+
+def test_sinusoidal_positions_follow_the_paper():
+    table = sinusoidal_positions(50, 16)
+    for pos, i in [(0, 0), (3, 1), (17, 5), (49, 7)]:
+        angle = pos / 10000 ** (2 * i / 16)
+        assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+        assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_embeddings_are_scaled_and_tied():
+    model = tiny_model()
+    ids = torch.tensor([[5, 6, 7]])
+    expected = model.tgt_embed.token(ids) * math.sqrt(32) + sinusoidal_positions(3, 32)
+    torch.testing.assert_close(model.tgt_embed(ids), expected)
+    assert model.head.weight is model.tgt_embed.token.weight
+    assert model.src_embed.token is not model.tgt_embed.token
+
+    shared = tiny_model(src_vocab_size=29, share_embeddings=True)
+    assert shared.src_embed.token.weight is shared.tgt_embed.token.weight is shared.head.weight
+    with pytest.raises(ValueError, match="one vocabulary"):
+        tiny_model(share_embeddings=True)  # 23 source vs 29 target ids
+
+
+def test_learned_positions_and_post_norm_options():
+    model = tiny_model(learned_positions=True, norm_first=False)
+    assert isinstance(model.tgt_embed.pos, nn.Parameter)
+    assert not any(b.norm_first for b in [*model.encoder, *model.decoder])
+    src, tgt = padded_batch(), torch.randint(4, 29, (3, 5))
+    out = model(src, tgt)
+    out.sum().backward()
+    assert out.shape == (3, 5, 29)
+    assert model.tgt_embed.pos.grad is not None and model.tgt_embed.pos.grad[:5].abs().sum() > 0
+    with pytest.raises(ValueError, match="max_positions"):
+        model(src, torch.randint(4, 29, (3, 65)))
+
+
+def test_cached_decoding_matches_full_recomputation():
+    model = tiny_model()
+    src = padded_batch()
+    state = model.start_decoding(src)
+    tokens = torch.full((3, 1), BOS)
+    for _ in range(8):  # step by step with the cache ...
+        step_logits = model.decode(tokens[:, -1:], state.memory, state.memory_padding_mask, state=state)
+        full_logits = model.decode(tokens, state.memory, state.memory_padding_mask)  # ... and without
+        torch.testing.assert_close(step_logits[:, -1], full_logits[:, -1], atol=1e-5, rtol=0)
+        tokens = torch.cat([tokens, torch.randint(4, 29, (3, 1))], dim=1)
+
+    kwargs = dict(bos_id=BOS, eos_id=EOS, max_len=12)
+    greedy = model.greedy_decode(src, **kwargs)
+    assert torch.equal(greedy, model.greedy_decode(src, use_cache=False, **kwargs))
+    beam = model.beam_search(src, beam_size=3, **kwargs)
+    assert torch.equal(beam, model.beam_search(src, beam_size=3, use_cache=False, **kwargs))
+
+
+def test_beam_of_one_is_greedy():
+    model = tiny_model()
+    src = padded_batch()
+    for max_len in (1, 5, 20):
+        greedy = model.greedy_decode(src, bos_id=BOS, eos_id=EOS, max_len=max_len)
+        beam = model.beam_search(src, bos_id=BOS, eos_id=EOS, beam_size=1, max_len=max_len)
+        assert torch.equal(beam, greedy)
+
+
+class LengthScript(Seq2SeqTransformer):
+    """Decodes by a script instead of the network: token 4 once per source token, then EOS."""
+
+    def _next_logits(self, tokens, state, use_cache):
+        generated = tokens.shape[1] - 1
+        source_len = (~state.memory_padding_mask).sum(dim=1)  # rows follow the beams' reordering
+        logits = torch.full((tokens.shape[0], 29), -5.0)
+        logits[:, 4] = 0.0
+        logits[:, EOS] = torch.where(generated >= source_len, 5.0, -5.0)
+        return logits
+
+
+class TrapScript(Seq2SeqTransformer):
+    """A case where the greedy first step is a trap (probabilities in the comments)."""
+
+    def _next_logits(self, tokens, state, use_cache):
+        probs = torch.full((tokens.shape[0], 29), 1e-9)
+        for row, prefix in enumerate(tokens[:, 1:].tolist()):
+            if prefix == []:
+                probs[row, 4], probs[row, 5] = 0.6, 0.4  # A, B
+            elif prefix == [4]:
+                probs[row, 4], probs[row, 5], probs[row, EOS] = 0.36, 0.34, 0.3
+            elif prefix == [5]:
+                probs[row, EOS], probs[row, 4], probs[row, 5] = 0.9, 0.05, 0.05
+            else:
+                probs[row, EOS] = 1.0
+        return probs.log()
+
+
+def scripted(cls: type[Seq2SeqTransformer]) -> Seq2SeqTransformer:
+    torch.manual_seed(0)
+    return cls(src_vocab_size=23, tgt_vocab_size=29, d_model=16, num_heads=2, num_encoder_layers=1,
+               num_decoder_layers=1, max_positions=64).eval()
+
+
+def test_decoding_stops_at_eos_per_row_and_pads_after_it():
+    model = scripted(LengthScript)
+    src = padded_batch()  # 7, 4 and 1 real tokens
+    expected = torch.tensor([[4] * 7 + [EOS], [4] * 4 + [EOS] + [PAD_ID] * 3, [4, EOS] + [PAD_ID] * 6])
+    assert torch.equal(model.greedy_decode(src, bos_id=BOS, eos_id=EOS, max_len=30), expected)
+    assert torch.equal(model.beam_search(src, bos_id=BOS, eos_id=EOS, beam_size=3, max_len=30), expected)
+    # max_len cuts decoding short when EOS does not come in time.
+    assert torch.equal(model.greedy_decode(src, bos_id=BOS, eos_id=EOS, max_len=3), expected[:, :3])
+
+
+def test_beam_search_escapes_the_greedy_trap_and_applies_the_length_penalty():
+    model = scripted(TrapScript)
+    src = padded_batch()[:1]
+    greedy = model.greedy_decode(src, bos_id=BOS, eos_id=EOS)
+    assert greedy.tolist() == [[4, 4, EOS]]  # p = 0.6 * 0.36 = 0.216
+    beam = model.beam_search(src, bos_id=BOS, eos_id=EOS, beam_size=2, length_penalty=0.0)
+    assert beam.tolist() == [[5, EOS, PAD_ID]]  # p = 0.4 * 0.9 = 0.36
+    # A strong length penalty ((5 + len) / 6) ** 4 prefers the longer hypothesis kept in the beam.
+    long = model.beam_search(src, bos_id=BOS, eos_id=EOS, beam_size=2, length_penalty=4.0)
+    assert long.tolist() == [[4, 4, EOS]]
+
+
+def test_beam_search_handles_a_batch_like_single_sentences():
+    model = tiny_model()
+    src = padded_batch()
+    kwargs = dict(bos_id=BOS, eos_id=EOS, beam_size=4, length_penalty=0.6, max_len=10)
+    batch = model.beam_search(src, **kwargs)
+    for i in range(3):
+        alone = model.beam_search(src[i : i + 1, : int(src[i].ne(PAD_ID).sum())], **kwargs)[0]
+        assert torch.equal(batch[i, : alone.shape[0]], alone) and batch[i, alone.shape[0] :].eq(PAD_ID).all()
+
+
+def sequence_log_prob(model: Seq2SeqTransformer, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Log-probability of each decoded row up to and including its EOS."""
+    tgt_in = torch.cat([torch.full((out.shape[0], 1), BOS), out[:, :-1]], dim=1)
+    logp = model(src, tgt_in).log_softmax(-1).gather(-1, out[..., None])[..., 0]
+    return (logp * out.ne(PAD_ID)).sum(dim=1)
+
+
+def test_wider_beam_finds_more_likely_sequences():
+    model = tiny_model()
+    src = torch.randint(4, 23, (32, 6))
+    kwargs = dict(bos_id=BOS, eos_id=EOS, max_len=8)
+    greedy = sequence_log_prob(model, src, model.greedy_decode(src, **kwargs))
+    beam = sequence_log_prob(model, src, model.beam_search(src, beam_size=5, length_penalty=0.0, **kwargs))
+    assert (beam >= greedy - 1e-4).float().mean() > 0.9  # beam search is a heuristic: "almost always"
+    assert beam.mean() > greedy.mean()
