@@ -24,12 +24,14 @@ from typing import Any
 # so `vit --help` stays fast.
 COMMANDS: dict[str, str] = {
     "attention": "vit.explain.command:main",
+    "translate": "vit.tasks.translate:translate_command",
 }
 
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
 # skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.
 LINKED_FROM_DATA: tuple[str, ...] = (
     "num_classes", "class_names", "img_size", "in_chans", "mean", "std", "crop_pct",
+    "tokenizers",
 )
 
 # `vit predict --ckpt ...` is a plain command that needs no config (see vit/predict.py); `vit predict`
@@ -64,18 +66,33 @@ def _build_cli_class() -> type:
 
         def instantiate_trainer(self, **kwargs: Any) -> Any:
             cfg = self._get(self.config_init, "trainer", default={})
-            callbacks = list(cfg.get("callbacks") or [])
+            own = list(cfg.get("callbacks") or [])
+            extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
+            if any(isinstance(c, ModelCheckpoint) for c in own):
+                # The config brings its own checkpointing (e.g. another metric); ours would duplicate it.
+                extra = [c for c in extra if not isinstance(c, ModelCheckpoint)]
+            for best in [c for c in extra if isinstance(c, ModelCheckpoint) and c.save_last]:
+                # Since Lightning 2.6, save_last writes last.ckpt only when a top-k checkpoint is saved
+                # at the same step, so an epoch without a better val metric would not be resumable.
+                # A second, metric-free checkpoint rewrites last.ckpt after every epoch (or every
+                # `every_n_train_steps`), which is what `--ckpt_path last` should resume from.
+                best.save_last = False
+                extra.append(ModelCheckpoint(
+                    dirpath=best.dirpath, filename=ModelCheckpoint.CHECKPOINT_NAME_LAST, monitor=None,
+                    save_top_k=1, enable_version_counter=False,
+                    every_n_train_steps=best._every_n_train_steps or None,
+                ))
             logger = cfg.get("logger")
             if logger is None or logger is True:  # Lightning would pick TensorBoard; CSV is plainer
                 root = cfg.get("default_root_dir") or os.getcwd()
                 kwargs["logger"] = logger = CSVLogger(save_dir=root)
+            callbacks = own + extra
             if logger is not False and not any(isinstance(c, LearningRateMonitor) for c in callbacks):
-                callbacks.append(LearningRateMonitor(logging_interval="step"))
+                extra.append(LearningRateMonitor(logging_interval="step"))
             show_bar = cfg.get("enable_progress_bar") is not False
             if show_bar and not any(isinstance(c, ProgressBar) for c in callbacks):
-                callbacks.append(RichProgressBar())
-            kwargs["callbacks"] = callbacks
-            return super().instantiate_trainer(**kwargs)
+                extra.append(RichProgressBar())
+            return self._instantiate_trainer({**cfg, **kwargs}, extra)
 
         def before_fit(self) -> None:
             ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
