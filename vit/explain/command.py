@@ -50,7 +50,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("images", nargs="+", type=Path, help="image files, or folders searched recursively")
     parser.add_argument("--ckpt", required=True, type=Path, help="checkpoint written by `vit fit`")
-    parser.add_argument("--out", type=Path, default=Path("attention_maps"), help="output folder")
+    parser.add_argument(
+        "--out", type=Path, default=Path("attention_maps"), help="output folder (default: %(default)s)"
+    )
     parser.add_argument(
         "--layer", nargs="+", type=int, default=None,
         help="layers to draw (0-based, negative from the end); default: all",
