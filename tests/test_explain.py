@@ -95,6 +95,24 @@ def test_layer_subset_keeps_only_those_layers():
         collect_attention(model, images, layers=[3])
 
 
+def test_only_the_chosen_layers_take_the_explicit_path():
+    # Memory: the other layers stay on SDPA, which never builds the (N, N) weights.
+    model = tiny_model(depth=4)
+    explicit = []
+
+    def record(layer):
+        def hook(module, args, kwargs, out):
+            if kwargs.get("return_attention"):
+                explicit.append(layer)
+
+        return hook
+
+    for i, block in enumerate(model.blocks):
+        block.attn.register_forward_hook(record(i), with_kwargs=True)
+    collect_attention(model, torch.randn(1, 1, 8, 8), layers=[-1, 1])
+    assert explicit == [1, 3]
+
+
 def test_bad_images_are_refused_with_the_expected_shape():
     model = tiny_model()
     with pytest.raises(ValueError, match="1-channel"):
