@@ -129,6 +129,28 @@ def test_dynamic_image_size_gives_maps_on_the_new_grid():
     assert maps.rollout().shape == (1, 6, 8)
 
 
+@pytest.mark.parametrize(
+    "name", ["vit_digits_patch2_8", "vit_cifar_patch4_32", "vit_tiny_patch16_224", "vit_base_patch32_224",
+             "vit_small_patch16_384"],
+)
+def test_maps_for_named_models(name):
+    # One block of each (the number of layers does not change the shapes); the big ones differ only in width.
+    torch.manual_seed(0)
+    model = vit.create_model(name, depth=1).eval()
+    images = torch.randn(1, model.patch_embed.proj.in_channels, *model.img_size)
+    maps = collect_attention(model, images)
+    assert maps.cls_maps().shape == (1, 1, model.blocks[0].attn.num_heads, *model.patch_embed.grid_size)
+    assert maps.rollout().shape == (1, *model.patch_embed.grid_size)
+
+
+def test_average_pooled_model_maps_follow_the_patches():
+    model = tiny_model(global_pool="avg")
+    maps = collect_attention(model, torch.randn(2, 1, 8, 8))
+    torch.testing.assert_close(maps.cls_maps().flatten(-2), maps.weights[..., 1:, 1:].mean(dim=-2))
+    product = rollout_matrix([rollout_layer(w) for w in maps.weights])
+    torch.testing.assert_close(maps.rollout().flatten(-2), product[:, 1:, 1:].mean(dim=-2))
+
+
 def test_model_mode_is_restored_and_dropout_is_off_while_explaining():
     model = tiny_model(attn_drop_rate=0.5).train()
     images = torch.randn(2, 1, 8, 8)
