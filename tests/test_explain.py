@@ -456,6 +456,22 @@ def test_vit_attention_choices_and_native_size(tmp_path, digits_checkpoint):
     assert len(results[0]["top_k"]) == 2
 
 
+def test_vit_attention_on_an_rgb_model_takes_grayscale_and_native_sizes(tmp_path):
+    from vit.explain.command import main
+
+    ckpt = tmp_path / "rgb.ckpt"
+    write_checkpoint(
+        ckpt, model_name="vit_cifar_patch4_32", num_classes=3, class_names=["cat", "dog", "fox"],
+        model_kwargs=dict(embed_dim=32, depth=1, num_heads=4),
+    )
+    gray = tmp_path / "gray.png"
+    Image.fromarray((np.random.default_rng(0).random((50, 70)) * 255).astype(np.uint8)).save(gray)
+    results = main(["--ckpt", str(ckpt), str(gray), "--out", str(tmp_path / "out"), "--native-size"])
+    assert {p["name"] for p in results[0]["top_k"]} == {"cat", "dog", "fox"}
+    with Image.open(results[0]["png"]) as png:
+        assert png.mode in ("RGB", "RGBA")
+
+
 def test_output_names_never_collide():
     from vit.explain.command import _output_names
 
