@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections import Counter
@@ -172,7 +173,8 @@ class BPETokenizer(Tokenizer):
         return self.model.decode(ids)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "lowercase": self.lowercase, "json": self.model.to_str()}
+        # The tokenizers package's JSON, as a nested dict: config parsers leave nested values alone.
+        return {"kind": self.kind, "lowercase": self.lowercase, "tokenizer": json.loads(self.model.to_str())}
 
 
 def build_tokenizer(
@@ -198,7 +200,8 @@ def tokenizer_from_dict(state: dict[str, Any]) -> Tokenizer:
     if kind == "bpe":
         from tokenizers import Tokenizer as HFTokenizer
 
-        return BPETokenizer(HFTokenizer.from_str(state["json"]), lowercase=bool(state.get("lowercase")))
+        model = HFTokenizer.from_str(json.dumps(state["tokenizer"]))
+        return BPETokenizer(model, lowercase=bool(state.get("lowercase")))
     raise ValueError(f"unknown tokenizer kind {kind!r} in saved state; expected one of {TOKENIZER_KINDS}")
 
 
