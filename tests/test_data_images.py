@@ -48,6 +48,14 @@ def test_digits_split_sizes_batches_and_metadata():
     # training images are augmented (shifted/rotated), so two draws differ
     a, b = dm.train_set[0][0], dm.train_set[0][0]
     assert not torch.equal(a, b)
+    # upsampled digits keep the split and their mean brightness
+    big = Digits(img_size=16, augment=False)
+    big.setup("fit")
+    x16 = big.val_set[0][0]
+    assert x16.shape == (1, 16, 16) and big.img_size == 16
+    assert x16.mean().item() == pytest.approx(dm.val_set[0][0].mean().item(), abs=0.1)
+    with pytest.raises(ValueError, match="at least the native 8"):
+        Digits(img_size=4)
 
 
 @pytest.mark.parametrize("mode", ["L", "P", "RGBA", "CMYK", "I;16", "1", "LA"])

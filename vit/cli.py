@@ -63,6 +63,17 @@ def _build_cli_class() -> type:
                 "--test_after_fit", type=bool, default=False,
                 help="after `fit`, test the best checkpoint and print the test accuracy",
             )
+            parser.add_argument(
+                "--num_threads", type=int | None, default=None,
+                help="CPU threads for torch (default: torch's choice); 1 suits tiny models on busy machines",
+            )
+
+        def before_instantiate_classes(self) -> None:
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            if config.get("num_threads"):
+                import torch
+
+                torch.set_num_threads(config["num_threads"])
 
         def instantiate_trainer(self, **kwargs: Any) -> Any:
             cfg = self._get(self.config_init, "trainer", default={})
@@ -131,12 +142,20 @@ def _last_checkpoint(trainer: Any) -> str | None:
     return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
 
 
-def cli(argv: list[str]) -> Any:
-    """Run LightningCLI with this project's defaults on ``argv`` and return it."""
+DESCRIPTION = (
+    "vit: train and evaluate Vision Transformers. Subcommands fit/validate/test/predict take YAML "
+    "configs (see configs/). Also: `vit predict --ckpt CKPT IMAGES... --out preds.csv` classifies "
+    "image files with a checkpoint alone; other commands: {others}."
+)
+
+
+def cli(argv: list[str] | None = None) -> Any:
+    """Run LightningCLI with this project's defaults on ``argv`` (default: sys.argv) and return it."""
     VitCLI = _build_cli_class()
     return VitCLI(
         model_class=None, datamodule_class=None, subclass_mode_model=True, subclass_mode_data=True,
         save_config_kwargs={"overwrite": True}, args=argv,
+        parser_kwargs={"description": DESCRIPTION.format(others=", ".join(sorted(COMMANDS)) or "none")},
     )
 
 
@@ -151,7 +170,7 @@ def main(args: list[str] | None = None) -> None:
         module, function = PREDICT_FILES.split(":")
         getattr(importlib.import_module(module), function)(argv[1:])
         return
-    cli(argv)
+    cli(None if args is None else argv)  # None: LightningCLI reads sys.argv itself
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
 from PIL import Image
 from torch import Tensor
@@ -337,8 +338,9 @@ class Digits(ImageDataModule):
 
     The split is fixed by ``split_seed`` (default 0) and stratified by class (rounded per class):
     20% test (359 images), 10% validation (179), the remaining 70% (1,259) for training. Pixels 0..16
-    are scaled to 0..1 and normalised with the dataset's mean/std. Training augmentation is a
-    small random affine (``max_shift`` pixels, ``max_rotation`` degrees, ``scale_range``).
+    are scaled to 0..1 and normalised with the dataset's mean/std; ``img_size`` > 8 upsamples them
+    (bilinear). Training augmentation is a small random affine (``max_shift`` whole pixels at
+    ``img_size``, ``max_rotation`` degrees, ``scale_range``).
     """
 
     in_chans = 1
@@ -347,6 +349,7 @@ class Digits(ImageDataModule):
         self,
         batch_size: int = 64,
         num_workers: int = 0,
+        img_size: int = 8,
         val_fraction: float = 0.1,
         test_fraction: float = 0.2,
         split_seed: int = 0,
@@ -356,9 +359,11 @@ class Digits(ImageDataModule):
         scale_range: tuple[float, float] = (0.9, 1.1),
     ) -> None:
         super().__init__(
-            batch_size=batch_size, num_workers=num_workers, img_size=8, mean=DIGITS_MEAN, std=DIGITS_STD,
-            hflip=0.0, crop_pct=1.0, seed=split_seed,
+            batch_size=batch_size, num_workers=num_workers, img_size=img_size, mean=DIGITS_MEAN,
+            std=DIGITS_STD, hflip=0.0, crop_pct=1.0, seed=split_seed,
         )
+        if img_size < 8:
+            raise ValueError(f"Digits img_size must be at least the native 8, got {img_size}")
         if not 0 < val_fraction < 1 or not 0 < test_fraction < 1 or val_fraction + test_fraction >= 1:
             raise ValueError(
                 f"val_fraction ({val_fraction}) and test_fraction ({test_fraction}) must be in (0, 1) "
@@ -376,6 +381,10 @@ class Digits(ImageDataModule):
 
         digits = load_digits()
         images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8)
+        if self.img_size != 8:
+            # Upsampled once (bilinear): each patch of a larger grid then sees its neighbours' pixels.
+            images = F.interpolate(images, size=(self.img_size, self.img_size), mode="bilinear",
+                                   align_corners=False)  # (N, 1, S, S)
         labels = torch.tensor(digits.target, dtype=torch.int64)
         train_idx, val_idx, test_idx = stratified_split(
             digits.target, [self.val_fraction, self.test_fraction], self.split_seed
@@ -384,7 +393,7 @@ class Digits(ImageDataModule):
         if self.augment:
             from torchvision.transforms import v2
 
-            shift = self.max_shift / 8.0  # RandomAffine takes the shift as a fraction of the side
+            shift = self.max_shift / self.img_size  # RandomAffine takes the shift as a fraction of the side
             augment = v2.RandomAffine(
                 degrees=self.max_rotation, translate=(shift, shift), scale=self.scale_range,
                 interpolation=v2.InterpolationMode.BILINEAR,

@@ -274,10 +274,8 @@ class ImageClassifier(LightningModule):
         return self(x).softmax(dim=-1)
 
     def _log_dir(self) -> str | None:
-        trainer = self.trainer
-        if trainer.logger is not None and trainer.logger.log_dir:
-            return trainer.logger.log_dir
-        return trainer.default_root_dir
+        # The logger's run folder (CSV/TensorBoard version dir), else its save dir or default_root_dir.
+        return self.trainer.log_dir
 
     # --- optimiser -------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:
