@@ -193,3 +193,35 @@ def test_links_are_skipped_when_model_or_data_lacks_the_name(tmp_path):
                "--model.model_kwargs={depth: 1, embed_dim: 16, num_heads: 2, in_chans: 4, img_size: 1, "
                "patch_size: 1}"])
     assert run.model.model.num_classes == 10
+
+
+@pytest.mark.parametrize("recipe", ["cifar10_vit", "cifar100_vit", "imagenet_vit_small", "imagenet_vit_base"])
+def test_gpu_recipes_run_one_step_on_cpu(recipe, tmp_path):
+    from _images import write_cifar10, write_cifar100
+
+    if recipe.startswith("cifar10_"):
+        write_cifar10(tmp_path)
+        data = ["--data.init_args.download=false", "--data.init_args.val_size=20"]
+    elif recipe.startswith("cifar100"):
+        write_cifar100(tmp_path)
+        data = ["--data.init_args.download=false", "--data.init_args.val_size=100"]
+    else:
+        for split in ("train", "val"):
+            write_class_folders(tmp_path / split, ["n01", "n02"], per_class=2, size=40)
+        data = []
+    run = cli([
+        "fit", "--config", str(CONFIGS / f"{recipe}.yaml"), f"--data.init_args.root={tmp_path}", *data,
+        "--data.init_args.batch_size=2", "--data.init_args.num_workers=0",
+        "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto",
+        "--trainer.precision=32-true", "--trainer.max_steps=1", "--trainer.limit_val_batches=1",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        f"--trainer.logger.init_args.save_dir={tmp_path}/logs", f"--checkpoint.dirpath={tmp_path}/ckpt",
+        "--test_after_fit=false", "--model.init_args.model_kwargs={depth: 1, drop_path_rate: 0.1}",
+    ])
+    model = run.model
+    assert run.trainer.global_step == 1
+    assert model.mixup is not None and model.hparams.label_smoothing == 0.1
+    expected_classes = {"cifar10_vit": 10, "cifar100_vit": 100}.get(recipe, 2)
+    assert model.model.num_classes == expected_classes
+    if recipe.startswith("imagenet"):
+        assert model.model_ema is not None and model.img_size == (224, 224)
