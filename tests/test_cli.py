@@ -225,3 +225,30 @@ def test_gpu_recipes_run_one_step_on_cpu(recipe, tmp_path):
     assert model.model.num_classes == expected_classes
     if recipe.startswith("imagenet"):
         assert model.model_ema is not None and model.img_size == (224, 224)
+
+
+def test_predict_on_image_files_matches_the_datamodule_inputs(fitted, tmp_path):
+    """PNG files of the test digits, prepared from the checkpoint alone, get the same classes as the
+    datamodule's own tensors (same size, interpolation and normalisation)."""
+    from vit.data import Digits
+    from vit.predict import list_images, predict_files
+
+    best = str(sorted((fitted / "ckpt").glob("best-*.ckpt"))[0])
+    classifier = load_classifier(best)
+    assert classifier.img_size == (16, 16) and classifier.interpolation == "bilinear"
+    data = Digits(img_size=16)
+    data.setup("test")
+    from sklearn.datasets import load_digits
+
+    from vit.data.images import stratified_split
+
+    digits = load_digits()
+    test_idx = stratified_split(digits.target, [0.1, 0.2], seed=0)[2][:60]
+    for k, i in enumerate(test_idx):
+        pixels = np.clip(digits.images[i] * 16, 0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(tmp_path / f"{k:03d}.png")
+    rows = predict_files(classifier, list_images([tmp_path]), top_k=1)
+    with torch.no_grad():
+        expected = classifier(torch.stack([data.test_set[k][0] for k in range(60)])).argmax(-1)
+    agree = np.mean([r["classes"][0] == str(int(e)) for r, e in zip(rows, expected)])
+    assert agree >= 0.95

@@ -30,7 +30,7 @@ COMMANDS: dict[str, str] = {
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
 # skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.
 LINKED_FROM_DATA: tuple[str, ...] = (
-    "num_classes", "class_names", "img_size", "in_chans", "mean", "std", "crop_pct",
+    "num_classes", "class_names", "img_size", "in_chans", "mean", "std", "crop_pct", "interpolation",
     "tokenizers",
 )
 

@@ -44,14 +44,15 @@ def list_images(inputs: Sequence[str | Path]) -> list[Path]:
 
 
 def eval_transform(classifier: ImageClassifier, crop_pct: float | None = None) -> Callable:
-    """The checkpoint's evaluation transform: resize, centre crop (its crop_pct), normalise (timm)."""
+    """The checkpoint's evaluation transform: resize (its interpolation), centre crop (its crop_pct),
+    normalise (timm)."""
     from timm.data import create_transform
 
     crop_pct = classifier.crop_pct if crop_pct is None else crop_pct
     h, w = classifier.img_size
     return create_transform(
         input_size=(classifier.in_chans, h, w), is_training=False, crop_pct=crop_pct,
-        interpolation="bicubic", mean=classifier.mean, std=classifier.std,
+        interpolation=classifier.interpolation, mean=classifier.mean, std=classifier.std,
     )
 
 

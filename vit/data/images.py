@@ -360,7 +360,7 @@ class Digits(ImageDataModule):
     ) -> None:
         super().__init__(
             batch_size=batch_size, num_workers=num_workers, img_size=img_size, mean=DIGITS_MEAN,
-            std=DIGITS_STD, hflip=0.0, crop_pct=1.0, seed=split_seed,
+            std=DIGITS_STD, hflip=0.0, crop_pct=1.0, interpolation="bilinear", seed=split_seed,
         )
         if img_size < 8:
             raise ValueError(f"Digits img_size must be at least the native 8, got {img_size}")

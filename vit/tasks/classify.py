@@ -90,6 +90,7 @@ class ImageClassifier(LightningModule):
         class_names: names of the classes, stored in the checkpoint (linked from the datamodule).
         mean, std: normalisation the data used, stored in the checkpoint (linked from the datamodule).
         crop_pct: evaluation centre-crop fraction the data used, stored in the checkpoint (linked).
+        interpolation: resize interpolation the data used, stored in the checkpoint (linked).
         lr: peak learning rate of the last layer group (the head).
         weight_decay: AdamW decoupled weight decay (not applied to biases, norms and embeddings).
         betas: AdamW betas.
@@ -116,6 +117,7 @@ class ImageClassifier(LightningModule):
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         crop_pct: float = 1.0,
+        interpolation: str = "bicubic",
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -155,6 +157,7 @@ class ImageClassifier(LightningModule):
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
         self.crop_pct = float(crop_pct)
+        self.interpolation = interpolation
 
         self.mixup = None
         if mixup_alpha > 0 or cutmix_alpha > 0:
@@ -309,6 +312,7 @@ class ImageClassifier(LightningModule):
             "mean": list(self.mean),
             "std": list(self.std),
             "crop_pct": self.crop_pct,
+            "interpolation": self.interpolation,
             "ema": self.model_ema is not None,
         }
 
@@ -351,7 +355,7 @@ def load_classifier(
 
     The result's ``.model`` is the VisionTransformer holding the evaluated weights (the EMA weights
     when training used EMA); ``.class_names``, ``.img_size`` (H, W), ``.in_chans``, ``.mean``,
-    ``.std`` and ``.crop_pct`` say how to prepare its input.
+    ``.std``, ``.crop_pct`` and ``.interpolation`` say how to prepare its input.
     """
     path = Path(ckpt_path)
     if not path.is_file():
@@ -368,7 +372,7 @@ def load_classifier(
     classifier = ImageClassifier(
         model=meta["model_name"], num_classes=num_classes, model_kwargs=config,
         class_names=meta["class_names"], mean=meta["mean"], std=meta["std"],
-        crop_pct=meta.get("crop_pct", 1.0),
+        crop_pct=meta.get("crop_pct", 1.0), interpolation=meta.get("interpolation", "bicubic"),
         ema_decay=0.0 if meta.get("ema") else None,
     )
     classifier.load_state_dict(checkpoint["state_dict"])
