@@ -178,6 +178,9 @@ class ImageClassifier(LightningModule):
             from timm.utils import ModelEmaV3
 
             self.model_ema = ModelEmaV3(self.model, decay=ema_decay)
+            # timm leaves the copy in eval mode; Lightning switches modes for val/test/predict anyway,
+            # and a train-mode copy avoids its "modules in eval mode at the start of training" warning.
+            self.model_ema.train()
 
         # "micro": the fraction of images classified right (torchmetrics defaults to a class mean).
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
