@@ -252,3 +252,10 @@ def test_predict_on_image_files_matches_the_datamodule_inputs(fitted, tmp_path):
         expected = classifier(torch.stack([data.test_set[k][0] for k in range(60)])).argmax(-1)
     agree = np.mean([r["classes"][0] == str(int(e)) for r, e in zip(rows, expected)])
     assert agree >= 0.95
+
+
+def test_tensorboard_logger_config_writes_events(tmp_path):
+    args = short_run(tmp_path, "--config", str(CONFIGS / "loggers" / "tensorboard.yaml"), steps=2)
+    main(["fit", *args, "--test_after_fit=false"])
+    runs = list((tmp_path / "logs").rglob("events.out.tfevents.*"))
+    assert runs and (runs[0].parent / "config.yaml").is_file()

@@ -88,7 +88,8 @@ class ImageClassifier(LightningModule):
         model_kwargs: other ``VisionTransformer`` overrides, e.g. ``{drop_path_rate: 0.1}``.
         pretrained: weights for ``vit.load_pretrained`` (a file or timm name); a new head is fine.
         class_names: names of the classes, stored in the checkpoint (linked from the datamodule).
-        mean, std: normalisation the data used, stored in the checkpoint (linked from the datamodule).
+        mean, std: normalisation the data used, stored in the checkpoint (linked from the datamodule);
+            ``None``: ImageNet's for 3 channels, 0.5 otherwise.
         crop_pct: evaluation centre-crop fraction the data used, stored in the checkpoint (linked).
         interpolation: resize interpolation the data used, stored in the checkpoint (linked).
         lr: peak learning rate of the last layer group (the head).
@@ -114,8 +115,8 @@ class ImageClassifier(LightningModule):
         model_kwargs: dict[str, Any] | None = None,
         pretrained: str | None = None,
         class_names: list[str] | None = None,
-        mean: Sequence[float] = IMAGENET_MEAN,
-        std: Sequence[float] = IMAGENET_STD,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
         crop_pct: float = 1.0,
         interpolation: str = "bicubic",
         lr: float = 1e-3,
@@ -154,6 +155,15 @@ class ImageClassifier(LightningModule):
 
         self.model_name = model
         self.class_names = list(class_names) if class_names else [str(i) for i in range(num_classes)]
+        chans = self.in_chans
+        if mean is None:
+            mean = IMAGENET_MEAN if chans == 3 else (0.5,) * chans
+        if std is None:
+            std = IMAGENET_STD if chans == 3 else (0.5,) * chans
+        if len(mean) != chans or len(std) != chans:
+            raise ValueError(
+                f"mean {list(mean)} and std {list(std)} need one value per input channel ({chans})"
+            )
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
         self.crop_pct = float(crop_pct)
