@@ -33,9 +33,14 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
     "vit_cifar_patch4_32": dict(
         img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=9, num_heads=12, mlp_ratio=2.0
     ),
-    # scikit-learn's 8x8 grayscale digits: 16 patches of 2x2.
+    # scikit-learn's 8x8 grayscale digits: 16 patches of 2x2 ...
     "vit_digits_patch2_8": dict(
         img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=64, depth=4, num_heads=4,
+        mlp_ratio=2.0,
+    ),
+    # ... or upsampled to 16x16: still 16 patches, each 4x4 (configs/digits.yaml).
+    "vit_digits_patch4_16": dict(
+        img_size=16, patch_size=4, in_chans=1, num_classes=10, embed_dim=64, depth=4, num_heads=4,
         mlp_ratio=2.0,
     ),
 }
