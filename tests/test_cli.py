@@ -173,13 +173,28 @@ def test_print_config_and_links_from_an_image_folder(tmp_path, capsys):
     run = cli([
         "fit", "--data=vit.data.ImageFolder", f"--data.root={root}", "--data.img_size=16",
         "--data.num_workers=0", "--data.batch_size=4", "--data.val_fraction=0.25",
-        "--model.model=vit_tiny_patch16_224", "--model.model_kwargs={depth: 1, patch_size: 8}",
+        "--model=vit.tasks.ImageClassifier", "--model.model=vit_tiny_patch16_224",
+        "--model.model_kwargs={depth: 1, patch_size: 8}",
         f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
     ])
     model = run.model
     assert model.model.head.out_features == 3 and model.class_names == ["circle", "square", "star"]
     assert model.img_size == (16, 16) and model.in_chans == 3 and model.crop_pct == 0.875
+
+
+def test_another_model_class_keeps_its_own_defaults(tmp_path, capsys):
+    """No classifier defaults (lr, weight decay, betas) leak into a model chosen by class_path."""
+    config = tmp_path / "translate.yaml"
+    config.write_text(
+        "model:\n  class_path: vit.tasks.translate.Translator\n"
+        "data:\n  class_path: vit.data.text.SyntheticTranslationDataModule\n"
+    )
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--print_config"])
+    printed = capsys.readouterr().out
+    model = printed[printed.index("model:"):printed.index("data:")]
+    assert "lr: null" in model and "weight_decay: 0.0" in model and "- 0.98" in model
 
 
 def test_links_are_skipped_when_model_or_data_lacks_the_name(tmp_path):

@@ -5,11 +5,12 @@
     vit fit --config configs/digits.yaml --ckpt_path last   resume an interrupted run
     vit fit --config configs/digits.yaml --config configs/loggers/wandb.yaml
     vit predict --ckpt best.ckpt images/ a.png --out preds.csv --top_k 5   (see `vit.predict`)
-    vit fit --print_config
+    vit fit --config configs/digits.yaml --print_config
 
-Model and data are chosen in subclass mode (``model.class_path``, ``data.class_path``); without a
-config they default to `ImageClassifier` on the bundled `Digits`. The datamodule's attributes named in
-``LINKED_FROM_DATA`` are passed to the model argument of the same name, when both exist.
+Model and data are chosen in subclass mode (``model.class_path``, ``data.class_path``), usually by
+a config from configs/, or e.g. ``--model vit.tasks.ImageClassifier --data vit.data.Digits``.
+The datamodule's attributes named in ``LINKED_FROM_DATA`` are passed to the model argument of the
+same name, when both exist.
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ def _build_cli_class() -> type:
             parser.set_defaults({
                 "checkpoint.monitor": "val_acc", "checkpoint.mode": "max", "checkpoint.save_last": True,
                 "checkpoint.filename": "best-{epoch}-{step}",
-                "model": {"class_path": "vit.tasks.classify.ImageClassifier"},
-                "data": {"class_path": "vit.data.images.Digits"},
             })
+            # No default model or data class: jsonargparse carries a default class's init_args
+            # over to another class with the same argument names (lr, weight_decay, ...), which
+            # would silently change e.g. a Translator's optimiser. A config names both.
             parser.add_argument(
                 "--test_after_fit", type=bool, default=False,
                 help="after `fit`, test the best checkpoint and print the test accuracy",
@@ -126,9 +128,13 @@ def _build_cli_class() -> type:
                 print("test_after_fit: no best checkpoint was saved; testing the final weights")
                 best = None
             results = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best)
-            acc = results[0].get("test_acc") if results else None
-            if acc is not None:
-                print(f"test accuracy of {best or 'the final weights'}: {acc:.4f}")
+            # Report the test counterpart of the metric the checkpoint was chosen by.
+            monitor = (checkpoint.monitor if checkpoint is not None else None) or "val_acc"
+            key = "test_" + monitor.removeprefix("val_")
+            value = results[0].get(key) if results else None
+            if value is not None:
+                name = "accuracy" if key == "test_acc" else key
+                print(f"test {name} of {best or 'the final weights'}: {value:.4f}")
 
     return VitCLI
 
