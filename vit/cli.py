@@ -133,7 +133,7 @@ def _build_cli_class() -> type:
             key = "test_" + monitor.removeprefix("val_")
             value = results[0].get(key) if results else None
             if value is not None:
-                name = "accuracy" if key == "test_acc" else key
+                name = "accuracy" if key == "test_acc" else key.removeprefix("test_").replace("_", " ")
                 print(f"test {name} of {best or 'the final weights'}: {value:.4f}")
 
     return VitCLI
