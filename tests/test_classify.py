@@ -99,6 +99,9 @@ def test_mixup_training_runs_with_odd_batches(tmp_path):
 
 def test_ema_is_used_for_eval_and_checkpointed(tmp_path):
     model = tiny(ema_decay=0.5, lr=0.01)
+    # updated by averaging only: no gradients, so DDP has no unused trainable parameters
+    assert not any(p.requires_grad for p in model.model_ema.parameters())
+    assert all(p.requires_grad for p in model.model.parameters())
     t = trainer(tmp_path, max_steps=4)
     t.fit(model, loader())
     x = torch.randn(3, 1, 8, 8)

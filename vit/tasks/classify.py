@@ -188,6 +188,9 @@ class ImageClassifier(LightningModule):
             from timm.utils import ModelEmaV3
 
             self.model_ema = ModelEmaV3(self.model, decay=ema_decay)
+            # The copy follows the weights by averaging, never by gradients: freeze it, or DDP
+            # fails on parameters that require grad but take no part in the loss.
+            self.model_ema.requires_grad_(False)
             # timm leaves the copy in eval mode; Lightning switches modes for val/test/predict anyway,
             # and a train-mode copy avoids its "modules in eval mode at the start of training" warning.
             self.model_ema.train()
