@@ -274,3 +274,15 @@ def test_tensorboard_logger_config_writes_events(tmp_path):
     main(["fit", *args, "--test_after_fit=false"])
     runs = list((tmp_path / "logs").rglob("events.out.tfevents.*"))
     assert runs and (runs[0].parent / "config.yaml").is_file()
+
+
+def test_ddp_on_two_cpu_processes_with_ema(tmp_path):
+    """The DDP path (gloo on CPU): every trainable parameter takes part in the loss."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "vit.cli", "fit", *short_run(tmp_path), "--trainer.strategy=ddp",
+           "--trainer.devices=2", "--trainer.max_steps=2", "--test_after_fit=false"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "ckpt" / "last.ckpt").is_file()
