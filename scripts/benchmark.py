@@ -8,6 +8,7 @@ the paired ratios ours/timm, and the achieved GFLOP/s (FLOPs counted by torch).
     python scripts/benchmark.py                                  # vit_small_patch16_224, batch 32
     python scripts/benchmark.py --model vit_base_patch16_224 --batch-size 16 --runs 9
     python scripts/benchmark.py --precision bf16 --mode train --json bench.json
+    python scripts/benchmark.py --device cuda --model vit_base_patch16_224 --batch-size 256 --compile
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import vit
 from vit.nn.vision import MODEL_CONFIGS
 
 
-def build_pair(name: str, batch_size: int) -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor]:
+def build_pair(
+    name: str, batch_size: int, device: str = "cpu"
+) -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor]:
     """Our model and timm's from the same config dict, with identical weights."""
     config = MODEL_CONFIGS[name]
     torch.manual_seed(0)
@@ -38,13 +41,13 @@ def build_pair(name: str, batch_size: int) -> tuple[torch.nn.Module, torch.nn.Mo
     ours = vit.create_model(name)
     ours.load_state_dict(theirs.state_dict(), strict=True)
     img = ours.img_size
-    images = torch.randn(batch_size, config.get("in_chans", 3), *img)
-    return ours, theirs, images
+    images = torch.randn(batch_size, config.get("in_chans", 3), *img, device=device)
+    return ours.to(device), theirs.to(device), images
 
 
-def autocast(precision: str) -> contextlib.AbstractContextManager:
+def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager:
     if precision == "bf16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
+        return torch.autocast(device_type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -54,17 +57,17 @@ def make_step(model: torch.nn.Module, images: torch.Tensor, mode: str, precision
         model.eval()
 
         def step() -> None:
-            with torch.inference_mode(), autocast(precision):
+            with torch.inference_mode(), autocast(precision, images.device.type):
                 model(images)
 
         return step
 
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    labels = torch.randint(0, model.num_classes, (images.shape[0],))
+    labels = torch.randint(0, model.num_classes, (images.shape[0],), device=images.device)
 
     def step() -> None:
-        with autocast(precision):
+        with autocast(precision, images.device.type):
             loss = F.cross_entropy(model(images), labels)
         loss.backward()
         optimizer.step()
@@ -76,7 +79,7 @@ def make_step(model: torch.nn.Module, images: torch.Tensor, mode: str, precision
 def count_flops(model: torch.nn.Module, images: torch.Tensor, mode: str, precision: str) -> int:
     """FLOPs of one step as torch counts them (matmuls, convolutions, attention)."""
     counter = FlopCounterMode(display=False)
-    with counter, autocast(precision):
+    with counter, autocast(precision, images.device.type):
         out = model(images)
         if mode == "train":
             out.float().sum().backward()
@@ -84,19 +87,28 @@ def count_flops(model: torch.nn.Module, images: torch.Tensor, mode: str, precisi
     return counter.get_total_flops()
 
 
-def time_it(step: Callable[[], None], iters: int) -> float:
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":  # kernels run asynchronously: wait for them before reading the clock
+        torch.cuda.synchronize(device)
+
+
+def time_it(step: Callable[[], None], iters: int, device: torch.device) -> float:
+    sync(device)
     start = time.perf_counter()
     for _ in range(iters):
         step()
+    sync(device)
     return (time.perf_counter() - start) / iters
 
 
 def benchmark_row(name: str, batch_size: int, mode: str, precision: str, runs: int, iters: int,
-                  warmup: int) -> dict:
-    ours, theirs, images = build_pair(name, batch_size)
+                  warmup: int, device: str = "cpu", compile: bool = False) -> dict:
+    ours, theirs, images = build_pair(name, batch_size, device)
+    # With --compile both models are compiled alike; the warm-up pays the compile time.
+    wrap = torch.compile if compile else (lambda m: m)
     steps = {
-        "ours": make_step(ours, images, mode, precision),
-        "timm": make_step(theirs, images, mode, precision),
+        "ours": make_step(wrap(ours), images, mode, precision),
+        "timm": make_step(wrap(theirs), images, mode, precision),
     }
     for step in steps.values():
         for _ in range(warmup):
@@ -105,7 +117,7 @@ def benchmark_row(name: str, batch_size: int, mode: str, precision: str, runs: i
     for run in range(runs):
         order = ("ours", "timm") if run % 2 == 0 else ("timm", "ours")  # alternate who goes first
         for who in order:
-            seconds[who].append(time_it(steps[who], iters))
+            seconds[who].append(time_it(steps[who], iters, images.device))
         ours_ips, timm_ips = batch_size / seconds["ours"][-1], batch_size / seconds["timm"][-1]
         print(f"  {mode:5s} {precision:4s} run {run + 1}/{runs}: ours {ours_ips:8.1f} img/s, "
               f"timm {timm_ips:8.1f} img/s", file=sys.stderr, flush=True)
@@ -129,6 +141,8 @@ def benchmark_row(name: str, batch_size: int, mode: str, precision: str, runs: i
         "timm_gflop_per_step": flops["timm"] / 1e9,
         "runs": runs,
         "iters_per_run": iters,
+        "device": str(images.device),
+        "compiled": compile,
     }
 
 
@@ -155,12 +169,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--iters", type=int, default=2, help="steps per timed run")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
     parser.add_argument("--json", default="benchmark.json", help="where to write the results")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--compile", action="store_true", help="torch.compile both models")
     args = parser.parse_args(argv)
 
-    print(f"{args.model}, batch {args.batch_size}, torch {torch.__version__}, timm {timm.__version__}, "
-          f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}", flush=True)
+    print(f"{args.model}, batch {args.batch_size}, {args.device}, torch {torch.__version__}, "
+          f"timm {timm.__version__}, {torch.get_num_threads()} threads, "
+          f"{platform.processor() or platform.machine()}", flush=True)
     rows = [
-        benchmark_row(args.model, args.batch_size, mode, precision, args.runs, args.iters, args.warmup)
+        benchmark_row(args.model, args.batch_size, mode, precision, args.runs, args.iters,
+                      max(args.warmup, 1 if args.compile else 0), args.device, args.compile)
         for precision in args.precision
         for mode in args.mode
     ]

@@ -1,0 +1,129 @@
+"""One prepared run of the GPU path, for a machine with a CUDA GPU (sized for a few minutes on an H100/H200).
+
+It checks and measures, in order:
+  1. the attention kernel on the GPU in bf16: the flash SDPA backend accepts our tensors, and the fast
+     path agrees with the explicit path that returns the weights;
+  2. throughput of our ViT against timm's (scripts/benchmark.py), eager fp32 and bf16, then bf16 with
+     torch.compile on both;
+  3. a Lightning fit of the digits classifier with precision bf16-mixed under the DDP strategy.
+Everything it measures goes to --out/gpu_check.json (and the benchmark JSONs beside it).
+
+    python scripts/gpu_check.py --out gpu_check                        # on the GPU machine
+    python scripts/gpu_check.py --device cpu --quick --out /tmp/check  # a CPU smoke run of the same code
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from vit.nn.attention import MultiHeadAttention
+
+HERE = Path(__file__).resolve().parent
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("benchmark", HERE / "benchmark.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_attention(device: str) -> dict:
+    """Flash SDPA runs our layout, and agrees with the explicit path (bf16 on GPU, fp32 on CPU)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    attn = MultiHeadAttention(768, 12).to(device, dtype).eval()
+    x = torch.randn(8, 197, 768, device=device, dtype=dtype)
+    with torch.no_grad():
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # raises if flash cannot take these inputs
+            fast = attn(x)
+            causal = attn(x, is_causal=True)
+        explicit, _ = attn(x, return_attention=True)
+        explicit_causal, _ = attn(x, is_causal=True, return_attention=True)
+    return {
+        "flash_sdpa": "ok",
+        "dtype": str(dtype),
+        "max_abs_diff_fast_vs_explicit": (fast - explicit).abs().max().item(),
+        "max_abs_diff_causal": (causal - explicit_causal).abs().max().item(),
+    }
+
+
+def lightning_fit(device: str, quick: bool, out: Path) -> dict:
+    """Digits classifier through Lightning: bf16-mixed precision, DDP strategy, one device."""
+    from lightning.pytorch import Trainer, seed_everything
+
+    from vit.data.images import Digits
+    from vit.tasks.classify import ImageClassifier
+
+    seed_everything(0)
+    gpu = device.startswith("cuda")
+    data = Digits(img_size=16, batch_size=64, num_workers=2)
+    model = ImageClassifier(
+        model="vit_digits_patch4_16", num_classes=data.num_classes, class_names=data.class_names,
+        mean=data.mean, std=data.std, lr=4e-3, warmup_epochs=1, ema_decay=0.995,
+    )
+    epochs = 1 if quick else 30
+    trainer = Trainer(
+        accelerator="gpu" if gpu else "cpu", devices=1, strategy="ddp", precision="bf16-mixed",
+        max_epochs=epochs, default_root_dir=str(out / "lightning"), enable_progress_bar=False,
+        logger=False, enable_checkpointing=False,
+    )
+    start = time.perf_counter()
+    trainer.fit(model, datamodule=data)
+    seconds = time.perf_counter() - start
+    result = trainer.test(model, datamodule=data, verbose=False)[0]
+    return {
+        "epochs": epochs,
+        "fit_seconds": seconds,
+        "train_images_per_s": epochs * len(data.train_set) / seconds,
+        "test_acc": result["test_acc"],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--model", default="vit_base_patch16_224")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of every step")
+    parser.add_argument("--out", default="gpu_check")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"torch": torch.__version__, "device": args.device}
+    if args.device.startswith("cuda"):
+        report["gpu"] = torch.cuda.get_device_name(args.device)
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 rows use TF32 tensor cores, as users would
+        torch.backends.cudnn.allow_tf32 = True
+
+    report["attention"] = check_attention(args.device)
+    print("attention:", report["attention"], flush=True)
+
+    benchmark = load_benchmark()
+    model, batch = ("vit_digits_patch4_16", 8) if args.quick else (args.model, args.batch_size)
+    runs = ["--runs", "1", "--iters", "1", "--warmup", "0"] if args.quick else ["--runs", "5", "--iters", "5"]
+    common = ["--model", model, "--batch-size", str(batch), "--device", args.device, *runs]
+    report["eager"] = benchmark.main([*common, "--json", str(out / "bench_eager.json")])
+    if not args.quick:
+        report["compiled"] = benchmark.main(
+            [*common, "--precision", "bf16", "--compile", "--json", str(out / "bench_compile.json")]
+        )
+
+    report["lightning"] = lightning_fit(args.device, args.quick, out)
+    print("lightning:", report["lightning"], flush=True)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
+    print(f"wrote {out / 'gpu_check.json'}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
