@@ -256,7 +256,7 @@ class ImageClassifier(LightningModule):
         x, y = batch
         logits = self(x)
         loss = self.eval_loss(logits, y)
-        self.log(f"{stage}_loss", loss, prog_bar=stage == "val")
+        self.log(f"{stage}_loss", loss, prog_bar=stage == "val", sync_dist=True)  # mean over ranks
         acc = getattr(self, f"{stage}_acc")
         acc(logits, y)
         self.log(f"{stage}_acc", acc, prog_bar=True)
@@ -275,9 +275,10 @@ class ImageClassifier(LightningModule):
         self.test_confusion.update(logits, batch[1])
 
     def on_test_epoch_end(self) -> None:
-        per_class = self.test_class_acc.compute()
+        per_class = self.test_class_acc.compute()  # already global: torchmetrics syncs ranks on compute
         for name, acc in zip(self.class_names, per_class.tolist()):
-            self.log(f"test_acc_class/{name}", acc)
+            # averaging equal values across ranks changes nothing, and tells Lightning it is synced
+            self.log(f"test_acc_class/{name}", acc, sync_dist=True)
         confusion = self.test_confusion.compute().cpu()
         self.test_class_acc.reset()
         self.test_confusion.reset()

@@ -175,7 +175,7 @@ class Translator(L.LightningModule):
     def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
         B = batch["src"].shape[0]
         logits = self(batch["src"], batch["tgt_in"], batch["src_padding_mask"])
-        self.log(f"{stage}_loss", self._loss(logits, batch["tgt_out"]), batch_size=B)
+        self.log(f"{stage}_loss", self._loss(logits, batch["tgt_out"]), batch_size=B, sync_dist=True)
         metrics = self.metrics[stage]
         metrics["token_acc"].update(logits.argmax(-1), batch["tgt_out"])
 
