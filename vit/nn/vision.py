@@ -227,7 +227,10 @@ class VisionTransformer(nn.Module):
         x = self.embed(x)
         if self.global_pool == "token":
             # Only the cls token reaches the head, so the last block computes just its row.
-            x = self.blocks[-1](self.blocks[:-1](x), num_queries=1)
+            *blocks, last = self.blocks
+            for block in blocks:
+                x = block(x)
+            x = last(x, num_queries=1)
         else:
             x = self.blocks(x)
         return self.forward_head(self.norm(x))
