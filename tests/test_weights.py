@@ -82,6 +82,18 @@ def test_timm_files_load_and_match(name, tmp_path, x):
             torch.testing.assert_close(ours(x), expected, atol=1e-4, rtol=1e-4)
 
 
+def test_lightning_checkpoint_prefers_the_ema_weights(tmp_path):
+    raw = vit.create_model("vit_digits_patch2_8")
+    ema = vit.create_model("vit_digits_patch2_8")
+    state = {f"model.{k}": v for k, v in raw.state_dict().items()}
+    state |= {f"model_ema.module.{k}": v for k, v in ema.state_dict().items()}
+    torch.save({"state_dict": state, "epoch": 3}, tmp_path / "run.ckpt")
+    loaded = vit.create_model("vit_digits_patch2_8")
+    vit.load_pretrained(loaded, tmp_path / "run.ckpt")
+    for k, v in loaded.state_dict().items():
+        assert torch.equal(v, ema.state_dict()[k]), k
+
+
 def test_torchvision_vit_b_16_loads_and_matches(tmp_path, x):
     torch.manual_seed(2)
     theirs = torchvision.models.vit_b_16().eval()

@@ -78,8 +78,9 @@ def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
             break
     if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
         raise ValueError(f"{path}: expected a state dict of tensors, found {type(obj).__name__}")
-    # Lightning prefixes the model's keys with its attribute name, DDP with 'module.'.
-    for prefix in ("model.", "module."):
+    # Lightning prefixes the model's keys with its attribute name, DDP with 'module.'. A `vit fit`
+    # checkpoint with EMA holds both copies; the EMA weights are the ones it validated and tested.
+    for prefix in ("model_ema.module.", "model.", "module."):
         inner = {k[len(prefix):]: v for k, v in obj.items() if k.startswith(prefix)}
         if inner and any(k.startswith("blocks.") or k.startswith("encoder.") for k in inner):
             return inner
