@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from vit.data.images import is_image_file, load_image
+from vit.data.images import is_image_file, load_image, make_eval_transform
 from vit.tasks.classify import ImageClassifier, load_classifier
 
 
@@ -46,13 +46,10 @@ def list_images(inputs: Sequence[str | Path]) -> list[Path]:
 def eval_transform(classifier: ImageClassifier, crop_pct: float | None = None) -> Callable:
     """The checkpoint's evaluation transform: resize (its interpolation), centre crop (its crop_pct),
     normalise (timm)."""
-    from timm.data import create_transform
-
-    crop_pct = classifier.crop_pct if crop_pct is None else crop_pct
-    h, w = classifier.img_size
-    return create_transform(
-        input_size=(classifier.in_chans, h, w), is_training=False, crop_pct=crop_pct,
-        interpolation=classifier.interpolation, mean=classifier.mean, std=classifier.std,
+    return make_eval_transform(
+        classifier.in_chans, tuple(classifier.img_size),
+        classifier.crop_pct if crop_pct is None else crop_pct,
+        classifier.interpolation, classifier.mean, classifier.std,
     )
 
 
@@ -70,9 +67,12 @@ class _Files(Dataset):
 @torch.no_grad()
 def predict_files(
     classifier: ImageClassifier, files: Sequence[Path], top_k: int = 5, batch_size: int = 64,
-    crop_pct: float = 1.0,
+    crop_pct: float | None = None,
 ) -> list[dict]:
-    """Top-k predictions per file: ``{"path", "classes": [...], "probs": [...]}``."""
+    """Top-k predictions per file: ``{"path", "classes": [...], "probs": [...]}``.
+
+    ``crop_pct=None`` uses the centre crop the checkpoint was evaluated with.
+    """
     top_k = min(top_k, len(classifier.class_names))
     mode = "L" if classifier.in_chans == 1 else "RGB"
     loader = DataLoader(_Files(files, eval_transform(classifier, crop_pct), mode), batch_size=batch_size)
