@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule
 from PIL import Image
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import CIFAR10 as CIFAR10Dataset
@@ -28,8 +29,8 @@ from torchvision.datasets import CIFAR100 as CIFAR100Dataset
 
 log = logging.getLogger(__name__)
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGENET_MEAN = IMAGENET_DEFAULT_MEAN
+IMAGENET_STD = IMAGENET_DEFAULT_STD
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
 # Mean and std of the digits' pixels scaled to 0..1 (all 1,797 images).
@@ -204,6 +205,22 @@ def scan_class_folders(
     return samples
 
 
+def make_eval_transform(
+    in_chans: int, size: tuple[int, int], crop_pct: float, interpolation: str,
+    mean: Sequence[float], std: Sequence[float],
+) -> Callable:
+    """timm's evaluation transform: resize to ``size / crop_pct``, centre crop ``size``, normalise.
+
+    Shared by the DataModules and by prediction from a checkpoint, so both see the same inputs.
+    """
+    from timm.data import create_transform
+
+    return create_transform(
+        input_size=(in_chans, *size), is_training=False, crop_pct=crop_pct,
+        interpolation=interpolation, mean=mean, std=std,
+    )
+
+
 class ImageDataModule(LightningDataModule):
     """Shared options and loaders; subclasses build ``train_set``, ``val_set``, ``test_set``.
 
@@ -285,11 +302,9 @@ class ImageDataModule(LightningDataModule):
 
     def eval_transform(self) -> Callable:
         """timm's evaluation transform: resize, centre crop (crop_pct), normalise."""
-        from timm.data import create_transform
-
-        return create_transform(
-            input_size=(self.in_chans, self.img_size, self.img_size), is_training=False,
-            crop_pct=self.crop_pct, interpolation=self.interpolation, mean=self.mean, std=self.std,
+        return make_eval_transform(
+            self.in_chans, (self.img_size, self.img_size), self.crop_pct, self.interpolation,
+            self.mean, self.std,
         )
 
     def _loader(self, dataset: Dataset | None, name: str, train: bool = False) -> DataLoader:
@@ -315,7 +330,7 @@ class ImageDataModule(LightningDataModule):
 
 
 class _DigitsSet(Dataset):
-    """Digits as (1, 8, 8) tensors in 0..1, with optional small random shifts/rotations."""
+    """Digits as (1, S, S) tensors in 0..1 (S = img_size), with optional small random shifts/rotations."""
 
     def __init__(self, images: Tensor, labels: Tensor, mean: Sequence[float], std: Sequence[float],
                  augment: Callable | None = None) -> None:

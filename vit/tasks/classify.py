@@ -19,6 +19,7 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from vit.data.images import IMAGENET_MEAN, IMAGENET_STD
 from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, create_model
 from vit.weights import load_pretrained
 
@@ -27,8 +28,6 @@ log = logging.getLogger(__name__)
 # Checkpoint key holding what prediction needs; see `ImageClassifier.on_save_checkpoint`.
 CHECKPOINT_KEY = "vit_classifier"
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def layer_id(name: str, depth: int) -> int:
@@ -377,7 +376,8 @@ def load_classifier(
     path = Path(ckpt_path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    checkpoint = torch.load(path, map_location=map_location, weights_only=False)
+    # weights_only: a checkpoint is data (tensors, numbers, strings), never code to run.
+    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     if not isinstance(checkpoint, dict) or CHECKPOINT_KEY not in checkpoint:
         raise ValueError(
             f"{path}: not an ImageClassifier checkpoint (no {CHECKPOINT_KEY!r} entry); "
