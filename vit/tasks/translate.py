@@ -217,10 +217,10 @@ def load_translator(ckpt: str | Path, map_location: str = "cpu") -> Translator:
     path = Path(ckpt)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} not found")
-    hparams = torch.load(path, map_location="cpu", weights_only=False).get("hyper_parameters", {})
+    hparams = torch.load(path, map_location="cpu", weights_only=True).get("hyper_parameters", {})
     if "tokenizers" not in hparams:
         raise ValueError(f"{path} is not a Translator checkpoint: its hyperparameters hold no tokenizers")
-    return Translator.load_from_checkpoint(path, map_location=map_location)
+    return Translator.load_from_checkpoint(path, map_location=map_location, weights_only=True)
 
 
 def translate_command(argv: list[str]) -> None:
