@@ -205,6 +205,35 @@ def scan_class_folders(
     return samples
 
 
+def _posterize(img: Image.Image, bits_to_keep: int, **kwargs: Any) -> Image.Image:
+    """timm's posterize op, also for 0 bits kept: an all-black image, as Pillow < 13 returned."""
+    if bits_to_keep < 1:
+        return img.point(lambda _: 0)
+    from timm.data.auto_augment import posterize
+
+    return posterize(img, bits_to_keep, **kwargs)
+
+
+def guard_posterize(transform: Callable) -> Callable:
+    """Let timm's AutoAugment/RandAugment/AugMix posterize keep 0 bits, in place; returns ``transform``.
+
+    timm (1.0.31) maps the top magnitude of "PosterizeIncreasing" (and the bottom of "Posterize") to
+    0 bits kept, meaning a black image. Pillow 13.0 made ``ImageOps.posterize`` refuse bits < 1, so
+    about 0.1-0.4% of RandAugment draws raised ValueError and killed training in its first epoch.
+    Swapping the op in our own transforms keeps timm's augmentation exactly as it was with
+    Pillow <= 12, without pinning Pillow or patching timm for other users in the process.
+    """
+    from timm.data import auto_augment
+
+    for t in getattr(transform, "transforms", [transform]):
+        ops = list(getattr(t, "ops", []))  # RandAugment, AugMixAugment
+        ops += [op for sub_policy in getattr(t, "policy", []) for op in sub_policy]  # AutoAugment
+        for op in ops:
+            if getattr(op, "aug_fn", None) is auto_augment.posterize:
+                op.aug_fn = _posterize
+    return transform
+
+
 def make_eval_transform(
     in_chans: int, size: tuple[int, int], crop_pct: float, interpolation: str,
     mean: Sequence[float], std: Sequence[float],
@@ -293,12 +322,12 @@ class ImageDataModule(LightningDataModule):
         """timm's training transform built from this DataModule's options."""
         from timm.data import create_transform
 
-        return create_transform(
+        return guard_posterize(create_transform(
             input_size=(self.in_chans, self.img_size, self.img_size), is_training=True,
             scale=self.scale, hflip=self.hflip, color_jitter=self.color_jitter or None,
             auto_augment=self.auto_augment, re_prob=self.re_prob, re_mode="pixel",
             interpolation=self.interpolation, mean=self.mean, std=self.std,
-        )
+        ))
 
     def eval_transform(self) -> Callable:
         """timm's evaluation transform: resize, centre crop (crop_pct), normalise."""

@@ -1,0 +1,103 @@
+"""Training augmentation never crashes: every timm op at its extreme magnitudes, and a soak per recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from _images import write_cifar10, write_cifar100, write_class_folders
+from PIL import Image
+from timm.data import create_transform
+
+from vit.data.images import guard_posterize
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+POLICIES = ["rand-m9-mstd0.5-inc1", "rand-m9-mstd0.5", "original", "v0", "augmix-m5-w4-d2"]
+
+
+def augment_ops(policy: str) -> list:
+    """The timm AugmentOps inside the guarded training transform of ``policy``."""
+    transform = guard_posterize(create_transform(32, is_training=True, auto_augment=policy))
+    ops = []
+    for t in transform.transforms:
+        ops += list(getattr(t, "ops", []))
+        ops += [op for sub_policy in getattr(t, "policy", []) for op in sub_policy]
+    assert ops, f"no augmentation ops found for {policy}"
+    return ops
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_augment_op_survives_its_extreme_magnitudes(policy):
+    """Each op at magnitude 0 and 10, on colour and grayscale-sourced RGB images (our loaders hand timm
+    RGB only): a new Pillow or timm that rejects an argument at the edge of its range fails here, not
+    hours into a run."""
+    rng = np.random.default_rng(0)
+    rgb = Image.fromarray(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8))
+    images = [rgb, rgb.convert("L").convert("RGB"), rgb.convert("RGBA").convert("RGB")]
+    for op in augment_ops(policy):
+        op.prob, op.magnitude_std = 1.0, 0.0
+        for magnitude in (0, 10):
+            op.magnitude = magnitude
+            for image in images:
+                out = op(image)
+                assert out.size == image.size and out.mode == image.mode, op.name
+
+
+def test_posterize_keeping_zero_bits_is_a_black_image_as_timm_means():
+    """timm's PosterizeIncreasing at the top magnitude keeps 0 bits (Pillow >= 13 refuses 0 bits)."""
+    op = next(op for op in augment_ops("rand-m9-mstd0.5-inc1") if op.name == "PosterizeIncreasing")
+    op.prob, op.magnitude_std, op.magnitude = 1.0, 0.0, 10
+    image = Image.fromarray(np.full((8, 8, 3), 200, np.uint8))
+    assert np.asarray(op(image)).max() == 0
+    op.magnitude = 5  # 2 bits kept: 200 = 0b11001000 -> 0b11000000
+    assert (np.asarray(op(image)) == 192).all()
+
+
+def image_recipes() -> list[Path]:
+    """Every config whose DataModule trains on images through timm's transforms."""
+    found = []
+    for path in sorted(CONFIGS.rglob("*.yaml")):
+        data = (yaml.safe_load(path.read_text()) or {}).get("data") or {}
+        if str(data.get("class_path", "")).rsplit(".", 1)[-1] in ("CIFAR", "ImageFolder", "ImageNet"):
+            found.append(path)
+    return found
+
+
+def build_datamodule(config: Path, root: Path):
+    """The recipe's DataModule, parsed from its own YAML as `vit fit` parses it, on a synthetic root."""
+    from jsonargparse import ArgumentParser
+    from lightning.pytorch import LightningDataModule
+
+    data = yaml.safe_load(config.read_text())["data"]
+    data = {"class_path": data["class_path"], "init_args": dict(data.get("init_args") or {})}
+    is_cifar = data["class_path"].endswith("CIFAR")
+    if is_cifar:
+        variant = data["init_args"].get("variant", 10)
+        (write_cifar10 if variant == 10 else write_cifar100)(root)
+        data["init_args"].update(download=False, val_size=20 if variant == 10 else 100)
+    else:
+        for split in ("train", "val"):
+            # 48x48 sources in RGB, grayscale and RGBA: each becomes RGB before the transform
+            write_class_folders(root / split, ["a", "b"], per_class=6, modes=("RGB", "L", "RGBA"), size=48)
+    data["init_args"].update(root=str(root), num_workers=0)
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(LightningDataModule, "data")
+    return parser.instantiate_classes(parser.parse_object({"data": data})).data
+
+
+@pytest.mark.parametrize("config", image_recipes(), ids=lambda p: p.stem)
+def test_recipe_training_transform_survives_3000_random_images(config, tmp_path):
+    dm = build_datamodule(config, tmp_path)
+    transform = dm.train_transform()
+    rng = np.random.default_rng(0)
+    for i in range(3000):
+        pixels = rng.integers(0, 256, (48, 48, 3), dtype=np.uint8)
+        image = Image.fromarray(pixels)
+        if i % 3 == 1:
+            image = image.convert("L").convert("RGB")
+        elif i % 3 == 2:
+            image = image.convert("RGBA").convert("RGB")
+        out = transform(image)
+        assert out.shape == (3, dm.img_size, dm.img_size)
