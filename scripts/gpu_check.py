@@ -59,7 +59,7 @@ def lightning_fit(device: str, quick: bool, out: Path) -> dict:
     """Digits classifier through Lightning: bf16-mixed precision, DDP strategy, one device."""
     from lightning.pytorch import Trainer, seed_everything
 
-    from vit.data.images import Digits
+    from vit.data.digits import Digits
     from vit.tasks.classify import ImageClassifier
 
     seed_everything(0)

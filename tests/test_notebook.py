@@ -35,6 +35,7 @@ def python3_kernel(tmp_path, monkeypatch):
     return "python3"
 
 
+@pytest.mark.slow
 def test_attention_notebook_executes_and_draws_its_figures(tmp_path, monkeypatch, python3_kernel):
     monkeypatch.setenv("VIT_NOTEBOOK_FAST", "1")  # fewer training steps; same code path
     monkeypatch.delenv("VIT_ATTENTION_CKPT", raising=False)

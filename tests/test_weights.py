@@ -64,6 +64,7 @@ def x():
     return torch.randn(2, 3, 224, 224)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_small_patch16_224"])
 def test_timm_files_load_and_match(name, tmp_path, x):
     theirs = perturbed_timm(name)
@@ -94,6 +95,7 @@ def test_lightning_checkpoint_prefers_the_ema_weights(tmp_path):
         assert torch.equal(v, ema.state_dict()[k]), k
 
 
+@pytest.mark.slow
 def test_torchvision_vit_b_16_loads_and_matches(tmp_path, x):
     torch.manual_seed(2)
     theirs = torchvision.models.vit_b_16().eval()

@@ -1,32 +1,30 @@
-"""The `vit` command: LightningCLI's fit/validate/test/predict, plus a few helper commands.
+"""LightningCLI for `vit fit | validate | test | predict`, on Lightning's public API only.
 
     vit fit --config configs/digits.yaml                 train (then test the best checkpoint)
-    vit test --config configs/digits.yaml --ckpt_path best.ckpt
     vit fit --config configs/digits.yaml --ckpt_path last   resume an interrupted run
+    vit test --config configs/digits.yaml --ckpt_path best.ckpt
     vit fit --config configs/digits.yaml --config configs/loggers/wandb.yaml
-    vit predict --ckpt best.ckpt images/ a.png --out preds.csv --top_k 5   (see `vit.predict`)
     vit fit --config configs/digits.yaml --print_config
 
 Model and data are chosen in subclass mode (``model.class_path``, ``data.class_path``), usually by
-a config from configs/, or e.g. ``--model vit.tasks.ImageClassifier --data vit.data.Digits``.
-The datamodule's attributes named in ``LINKED_FROM_DATA`` are passed to the model argument of the
-same name, when both exist.
+a config from configs/. The datamodule's attributes named in ``LINKED_FROM_DATA`` are passed to the
+model argument of the same name, when both exist. What this adds to LightningCLI: a best checkpoint
+(``checkpoint.*``) and a ``last.ckpt`` rewritten every epoch, a CSV logger by default, an LR monitor
+and a progress bar, ``--test_after_fit`` and ``--num_threads``.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
-# Commands outside LightningCLI, as "module:function" taking argv; imported only when used,
-# so `vit --help` stays fast.
-COMMANDS: dict[str, str] = {
-    "attention": "vit.explain.command:main",
-    "translate": "vit.tasks.translate:translate_command",
-}
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar, RichProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger
+
+from vit.training import LastCheckpoint
 
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
 # skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.
@@ -35,111 +33,103 @@ LINKED_FROM_DATA: tuple[str, ...] = (
     "tokenizers",
 )
 
-# `vit predict --ckpt ...` is a plain command that needs no config (see vit/predict.py); `vit predict`
-# without --ckpt is LightningCLI's predict over the datamodule.
-PREDICT_FILES = "vit.predict:main"
+DESCRIPTION = (
+    "vit: train and evaluate Vision Transformers. Subcommands fit/validate/test/predict take YAML "
+    "recipes (see configs/). `vit --help` lists the other commands (predict --ckpt, attention, translate)."
+)
 
 
-def _build_cli_class() -> type:
-    """Define the LightningCLI subclass lazily, so importing this module stays cheap."""
-    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar, RichProgressBar
-    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-    from lightning.pytorch.loggers import CSVLogger
+class VitCLI(LightningCLI):
+    """LightningCLI with data->model links, best and last checkpoints, default loggers and test-after-fit."""
 
-    class VitCLI(LightningCLI):
-        """LightningCLI with data->model links, default callbacks, a CSV logger and test-after-fit."""
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        for name in LINKED_FROM_DATA:
+            parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+        # The best checkpoint, configurable as `checkpoint.*` (another monitor, a fixed folder, ...).
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({
+            "checkpoint.monitor": "val_acc", "checkpoint.mode": "max", "checkpoint.filename": "best-{epoch}-{step}",
+        })
+        # last.ckpt, rewritten whatever the metric says (Lightning 2.6's save_last only follows top-k
+        # saves), in the same folder and at the same interval as the best checkpoint.
+        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+        parser.link_arguments("checkpoint.dirpath", "last_checkpoint.dirpath")
+        parser.link_arguments("checkpoint.every_n_train_steps", "last_checkpoint.every_n_train_steps")
+        # No default model or data class: jsonargparse carries a default class's init_args
+        # over to another class with the same argument names (lr, weight_decay, ...), which
+        # would silently change e.g. a Translator's optimiser. A config names both.
+        parser.add_argument(
+            "--test_after_fit", type=bool, default=False,
+            help="after `fit`, test the best checkpoint and print the test accuracy",
+        )
+        parser.add_argument(
+            "--num_threads", type=int | None, default=None,
+            help="CPU threads for torch (default: torch's choice); 1 suits tiny models on busy machines",
+        )
 
-        def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-            for name in LINKED_FROM_DATA:
-                parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
-            # The checkpoint callback is configurable as `checkpoint.*` (e.g. another monitor).
-            parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-            parser.set_defaults({
-                "checkpoint.monitor": "val_acc", "checkpoint.mode": "max", "checkpoint.save_last": True,
-                "checkpoint.filename": "best-{epoch}-{step}",
-            })
-            # No default model or data class: jsonargparse carries a default class's init_args
-            # over to another class with the same argument names (lr, weight_decay, ...), which
-            # would silently change e.g. a Translator's optimiser. A config names both.
-            parser.add_argument(
-                "--test_after_fit", type=bool, default=False,
-                help="after `fit`, test the best checkpoint and print the test accuracy",
-            )
-            parser.add_argument(
-                "--num_threads", type=int | None, default=None,
-                help="CPU threads for torch (default: torch's choice); 1 suits tiny models on busy machines",
-            )
+    def _subcommand_config(self, config: Any) -> Any:
+        return config[self.subcommand] if self.subcommand else config
 
-        def before_instantiate_classes(self) -> None:
-            config = self.config[self.subcommand] if self.subcommand else self.config
-            if config.get("num_threads"):
-                import torch
+    def before_instantiate_classes(self) -> None:
+        config = self._subcommand_config(self.config)
+        if config.get("num_threads"):
+            import torch
 
-                torch.set_num_threads(config["num_threads"])
+            torch.set_num_threads(config["num_threads"])
+        init_args = config.get("model", {}).get("init_args") or {}
+        if config.get("ckpt_path") and init_args.get("pretrained"):
+            init_args["pretrained"] = None  # the checkpoint holds the weights; the original file may be gone
 
-        def instantiate_trainer(self, **kwargs: Any) -> Any:
-            cfg = self._get(self.config_init, "trainer", default={})
-            own = list(cfg.get("callbacks") or [])
-            extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
-            if any(isinstance(c, ModelCheckpoint) for c in own):
-                # The config brings its own checkpointing (e.g. another metric); ours would duplicate it.
-                extra = [c for c in extra if not isinstance(c, ModelCheckpoint)]
-            for best in [c for c in extra if isinstance(c, ModelCheckpoint) and c.save_last]:
-                # Since Lightning 2.6, save_last writes last.ckpt only when a top-k checkpoint is saved
-                # at the same step, so an epoch without a better val metric would not be resumable.
-                # A second, metric-free checkpoint rewrites last.ckpt after every epoch (or every
-                # `every_n_train_steps`), which is what `--ckpt_path last` should resume from.
-                best.save_last = False
-                extra.append(ModelCheckpoint(
-                    dirpath=best.dirpath, filename=ModelCheckpoint.CHECKPOINT_NAME_LAST, monitor=None,
-                    save_top_k=1, enable_version_counter=False,
-                    every_n_train_steps=best._every_n_train_steps or None,
-                ))
-            logger = cfg.get("logger")
-            if logger is None or logger is True:  # Lightning would pick TensorBoard; CSV is plainer
-                root = cfg.get("default_root_dir") or os.getcwd()
-                kwargs["logger"] = logger = CSVLogger(save_dir=root)
-            callbacks = own + extra
-            if logger is not False and not any(isinstance(c, LearningRateMonitor) for c in callbacks):
-                extra.append(LearningRateMonitor(logging_interval="step"))
-            show_bar = cfg.get("enable_progress_bar") is not False
-            if show_bar and not any(isinstance(c, ProgressBar) for c in callbacks):
-                extra.append(RichProgressBar())
-            return self._instantiate_trainer({**cfg, **kwargs}, extra)
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        trainer_config = self._subcommand_config(self.config_init).get("trainer") or {}
+        callbacks = list(trainer_config.get("callbacks") or [])
+        logger = trainer_config.get("logger")
+        if logger is None or logger is True:  # Lightning would pick TensorBoard; CSV is plainer
+            root = trainer_config.get("default_root_dir") or os.getcwd()
+            kwargs["logger"] = logger = CSVLogger(save_dir=root)
+        if logger is not False and not any(isinstance(c, LearningRateMonitor) for c in callbacks):
+            callbacks.append(LearningRateMonitor(logging_interval="step"))
+        show_bar = trainer_config.get("enable_progress_bar") is not False
+        if show_bar and not any(isinstance(c, ProgressBar) for c in callbacks):
+            callbacks.append(RichProgressBar())
+        return super().instantiate_trainer(callbacks=callbacks, **kwargs)
 
-        def before_fit(self) -> None:
-            ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
-            if ckpt_path == "last":
-                # Lightning only warns when there is nothing to resume from; a user asked to resume.
-                found = _last_checkpoint(self.trainer)
-                if found is None:
-                    dirs = [str(cb.dirpath) for cb in self.trainer.checkpoint_callbacks]
-                    raise FileNotFoundError(
-                        f"--ckpt_path last: no last*.ckpt in {', '.join(dirs) or 'any checkpoint folder'}; "
-                        "set `checkpoint.dirpath` to the folder of the interrupted run's checkpoints"
-                    )
+    @property
+    def best_checkpoint(self) -> ModelCheckpoint | None:
+        """The callback that keeps the best checkpoint by ``checkpoint.monitor``."""
+        return self._subcommand_config(self.config_init).get("checkpoint")
 
-        def after_fit(self) -> None:
-            if not self.config[self.subcommand].get("test_after_fit"):
-                return
-            checkpoint = self.trainer.checkpoint_callback
-            best = checkpoint.best_model_path if checkpoint is not None else ""
-            if self.trainer.fast_dev_run or not best:
-                print("test_after_fit: no best checkpoint was saved; testing the final weights")
-                best = None
-            results = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best)
-            # Report the test counterpart of the metric the checkpoint was chosen by.
-            monitor = (checkpoint.monitor if checkpoint is not None else None) or "val_acc"
-            key = "test_" + monitor.removeprefix("val_")
-            value = results[0].get(key) if results else None
-            if value is not None:
-                name = "accuracy" if key == "test_acc" else key.removeprefix("test_").replace("_", " ")
-                print(f"test {name} of {best or 'the final weights'}: {value:.4f}")
+    def before_fit(self) -> None:
+        config = self._subcommand_config(self.config_init)
+        if config.get("ckpt_path") == "last":
+            # Lightning only warns when there is nothing to resume from; a user asked to resume.
+            found = last_checkpoint(self.trainer)
+            if found is None:
+                dirs = [str(cb.dirpath) for cb in self.trainer.checkpoint_callbacks]
+                raise FileNotFoundError(
+                    f"--ckpt_path last: no last*.ckpt in {', '.join(dirs) or 'any checkpoint folder'}; "
+                    "set `checkpoint.dirpath` to the folder of the interrupted run's checkpoints"
+                )
 
-    return VitCLI
+    def after_fit(self) -> None:
+        if not self._subcommand_config(self.config).get("test_after_fit"):
+            return
+        checkpoint = self.best_checkpoint
+        best = checkpoint.best_model_path if checkpoint is not None else ""
+        if self.trainer.fast_dev_run or not best:
+            print("test_after_fit: no best checkpoint was saved; testing the final weights")
+            best = None
+        results = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best)
+        # Report the test counterpart of the metric the checkpoint was chosen by.
+        monitor = (checkpoint.monitor if checkpoint is not None else None) or "val_acc"
+        key = "test_" + monitor.removeprefix("val_")
+        value = results[0].get(key) if results else None
+        if value is not None:
+            name = "accuracy" if key == "test_acc" else key.removeprefix("test_").replace("_", " ")
+            print(f"test {name} of {best or 'the final weights'}: {value:.4f}")
 
 
-def _last_checkpoint(trainer: Any) -> str | None:
+def last_checkpoint(trainer: Trainer) -> str | None:
     """The newest last*.ckpt in the trainer's checkpoint folders, or None."""
     found: list[Path] = []
     for cb in trainer.checkpoint_callbacks:
@@ -148,36 +138,9 @@ def _last_checkpoint(trainer: Any) -> str | None:
     return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
 
 
-DESCRIPTION = (
-    "vit: train and evaluate Vision Transformers. Subcommands fit/validate/test/predict take YAML "
-    "configs (see configs/). Also: `vit predict --ckpt CKPT IMAGES... --out preds.csv` classifies "
-    "image files with a checkpoint alone; other commands: {others}."
-)
-
-
-def cli(argv: list[str] | None = None) -> Any:
-    """Run LightningCLI with this project's defaults on ``argv`` (default: sys.argv) and return it."""
-    VitCLI = _build_cli_class()
+def cli(argv: list[str] | None = None, **kwargs: Any) -> VitCLI:
+    """Run the `vit` LightningCLI on ``argv`` (default: the command line) and return it."""
     return VitCLI(
         model_class=None, datamodule_class=None, subclass_mode_model=True, subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True}, args=argv,
-        parser_kwargs={"description": DESCRIPTION.format(others=", ".join(sorted(COMMANDS)) or "none")},
+        save_config_kwargs={"overwrite": True}, args=argv, parser_kwargs={"description": DESCRIPTION}, **kwargs,
     )
-
-
-def main(args: list[str] | None = None) -> None:
-    """Entry point of the `vit` console script."""
-    argv = sys.argv[1:] if args is None else list(args)
-    if argv and argv[0] in COMMANDS:
-        module, function = COMMANDS[argv[0]].split(":")
-        getattr(importlib.import_module(module), function)(argv[1:])
-        return
-    if argv and argv[0] == "predict" and any(a == "--ckpt" or a.startswith("--ckpt=") for a in argv[1:]):
-        module, function = PREDICT_FILES.split(":")
-        getattr(importlib.import_module(module), function)(argv[1:])
-        return
-    cli(None if args is None else argv)  # None: LightningCLI reads sys.argv itself
-
-
-if __name__ == "__main__":
-    main()

@@ -185,15 +185,6 @@ class AttentionMaps:
         return probs.topk(min(k, probs.shape[-1]), dim=-1)
 
 
-def _normalise_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
-    if layers is None:
-        return list(range(depth))
-    for i in layers:
-        if not -depth <= i < depth:
-            raise ValueError(f"layer {i} does not exist: the model has {depth} layers (0..{depth - 1})")
-    return sorted({i % depth for i in layers})
-
-
 @torch.no_grad()
 def collect_attention(
     model: VisionTransformer, images: Tensor, layers: Sequence[int] | None = None
@@ -204,12 +195,11 @@ def collect_attention(
     keeps memory low at high resolution). The model runs in eval mode.
     """
     grid = _check_images(model, images)
-    depth = len(model.blocks)
-    chosen = _normalise_layers(layers, depth)
+    chosen = model.layer_indices(layers)
     with _eval_mode(model):
         logits, weights = model.forward_attention(images, layers=chosen)
     return AttentionMaps(
-        logits=logits, weights=weights, layers=chosen, depth=depth, grid=grid,
+        logits=logits, weights=weights, layers=chosen, depth=len(model.blocks), grid=grid,
         num_prefix_tokens=model.num_prefix_tokens, global_pool=model.global_pool,
     )
 
@@ -218,11 +208,10 @@ def _forward_layerwise(
     model: VisionTransformer, images: Tensor, on_weights: Callable[[Tensor], None]
 ) -> Tensor:
     """Logits, handing each block's weights (B, H, N, N) to ``on_weights`` as soon as they exist."""
-    x = model.embed(images)
-    for block in model.blocks:
-        x, weights = block(x, return_attention=True)
-        on_weights(weights)
-    return model.forward_head(model.norm(x))
+    tokens = model.forward_blocks(
+        model.embed(images), attention_layers=range(len(model.blocks)), on_attention=lambda _, w: on_weights(w)
+    )
+    return model.forward_head(tokens)
 
 
 @torch.no_grad()

@@ -103,30 +103,30 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(
         self,
-        dim: int,
+        embed_dim: int,
         num_heads: int = 8,
         *,
         qkv_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
         cross: bool = False,
         context_dim: int | None = None,
     ) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        self.head_dim = embed_dim // num_heads
         self.scale = self.head_dim**-0.5
         self.cross = cross
         if cross:
-            self.q = nn.Linear(dim, dim, bias=qkv_bias)
-            self.kv = nn.Linear(context_dim or dim, 2 * dim, bias=qkv_bias)
+            self.q = nn.Linear(embed_dim, embed_dim, bias=qkv_bias)
+            self.kv = nn.Linear(context_dim or embed_dim, 2 * embed_dim, bias=qkv_bias)
         else:
-            self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
+            self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop_rate)
+        self.proj = nn.Linear(embed_dim, embed_dim)
+        self.proj_drop = nn.Dropout(proj_drop_rate)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         # (B, L, n*C) -> (n, B, H, L, D)

@@ -1,6 +1,16 @@
-"""Transformer building blocks shared by the ViT and the text Transformer."""
+"""Transformer building blocks shared by the ViT and the text Transformer.
+
+Every block is a stack of residual branches. Pre-norm blocks (ViT, GPT-2) normalise each branch's input:
+    x = x + attn(norm1(x));  x = x + mlp(norm2(x))
+post-norm blocks (Vaswani et al. 2017) normalise after each residual sum:
+    x = norm1(x + attn(x));  x = norm2(x + mlp(x))
+The difference lives in one method, ``residual``: the `PostNorm` mixin overrides it.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -11,14 +21,14 @@ class Mlp(nn.Module):
     """Two linear layers with an activation between them: fc1 -> act -> fc2."""
 
     def __init__(
-        self, dim: int, hidden_dim: int, *, act_layer: type[nn.Module] = nn.GELU, drop: float = 0.0
+        self, embed_dim: int, hidden_dim: int, *, act_layer: type[nn.Module] = nn.GELU, drop_rate: float = 0.0
     ) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.fc1 = nn.Linear(embed_dim, hidden_dim)
         self.act = act_layer()
-        self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Linear(hidden_dim, dim)
-        self.drop2 = nn.Dropout(drop)
+        self.drop1 = nn.Dropout(drop_rate)
+        self.fc2 = nn.Linear(hidden_dim, embed_dim)
+        self.drop2 = nn.Dropout(drop_rate)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
@@ -27,9 +37,9 @@ class Mlp(nn.Module):
 class DropPath(nn.Module):
     """Stochastic depth: drop a whole residual branch per sample, rescaling the survivors."""
 
-    def __init__(self, p: float = 0.0) -> None:
+    def __init__(self, drop_path_rate: float = 0.0) -> None:
         super().__init__()
-        self.p = p
+        self.p = drop_path_rate
 
     def forward(self, x: Tensor) -> Tensor:
         if self.p == 0.0 or not self.training:
@@ -43,36 +53,37 @@ class DropPath(nn.Module):
 
 
 class EncoderBlock(nn.Module):
-    """Self-attention then MLP, each in a residual branch; pre-norm by default.
-
-    Pre-norm:  x + attn(norm1(x)),  then  x + mlp(norm2(x))   (ViT, GPT-2)
-    Post-norm: norm1(x + attn(x)),  then  norm2(x + mlp(x))   (Vaswani et al. 2017)
-    """
+    """Self-attention then MLP, each in a pre-norm residual branch."""
 
     def __init__(
         self,
-        dim: int,
+        embed_dim: int,
         num_heads: int,
         *,
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
-        drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: float = 0.0,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
         act_layer: type[nn.Module] = nn.GELU,
         norm_eps: float = 1e-6,
-        norm_first: bool = True,
     ) -> None:
         super().__init__()
-        self.norm_first = norm_first
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.norm1 = nn.LayerNorm(embed_dim, eps=norm_eps)
         self.attn = MultiHeadAttention(
-            dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop
+            embed_dim, num_heads, qkv_bias=qkv_bias, attn_drop_rate=attn_drop_rate, proj_drop_rate=drop_rate
         )
-        self.drop_path1 = DropPath(drop_path)
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=drop)
-        self.drop_path2 = DropPath(drop_path)
+        self.drop_path1 = DropPath(drop_path_rate)
+        self.norm2 = nn.LayerNorm(embed_dim, eps=norm_eps)
+        self.mlp = Mlp(embed_dim, int(embed_dim * mlp_ratio), act_layer=act_layer, drop_rate=drop_rate)
+        self.drop_path2 = DropPath(drop_path_rate)
+
+    @staticmethod
+    def residual(
+        x: Tensor, norm: nn.Module, branch: Callable[[Tensor], Tensor], drop_path: nn.Module, keep: int | None = None
+    ) -> Tensor:
+        """Pre-norm: x + branch(norm(x)). With ``keep``, only the first ``keep`` tokens come out."""
+        return x[:, :keep] + drop_path(branch(norm(x)))
 
     def forward(
         self,
@@ -83,64 +94,42 @@ class EncoderBlock(nn.Module):
         num_queries: int | None = None,
         return_attention: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """Update the tokens ``x`` (B, N, C).
+        """Update the tokens ``x`` (B, N, C); with ``return_attention`` also give the weights (B, H, n, N).
 
-        ``num_queries=n`` updates and returns only the first n tokens while they still
-        attend to all N: a ViT's last block needs nothing but the cls token.
+        ``num_queries=n`` updates and returns only the first n tokens while they still attend to
+        all N: a ViT's last block needs nothing but the cls token.
         """
-        masks = dict(key_padding_mask=key_padding_mask, attn_mask=attn_mask)
-        if self.norm_first:
-            h = self.norm1(x)
-            if num_queries is None:
-                out = self.attn(h, return_attention=return_attention, **masks)
-            else:
-                x = x[:, :num_queries]
-                out = self.attn(h[:, :num_queries], h, return_attention=return_attention, **masks)
-            out, weights = out if return_attention else (out, None)
-            x = x + self.drop_path1(out)
-            x = x + self.drop_path2(self.mlp(self.norm2(x)))
-        else:
-            if num_queries is None:
-                out = self.attn(x, return_attention=return_attention, **masks)
-            else:
-                out = self.attn(x[:, :num_queries], x, return_attention=return_attention, **masks)
-                x = x[:, :num_queries]
-            out, weights = out if return_attention else (out, None)
-            x = self.norm1(x + self.drop_path1(out))
-            x = self.norm2(x + self.drop_path2(self.mlp(x)))
-        return (x, weights) if return_attention else x
+        weights: list[Tensor] = []
+
+        def attend(tokens: Tensor) -> Tensor:  # all N tokens; queries are the first num_queries
+            queries, context = (tokens, None) if num_queries is None else (tokens[:, :num_queries], tokens)
+            out = self.attn(queries, context, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                            return_attention=return_attention)
+            if return_attention:
+                out, w = out
+                weights.append(w)
+            return out
+
+        x = self.residual(x, self.norm1, attend, self.drop_path1, keep=num_queries)
+        x = self.residual(x, self.norm2, self.mlp, self.drop_path2)
+        return (x, weights[0]) if return_attention else x
 
 
-class DecoderBlock(nn.Module):
-    """Causal self-attention, cross-attention over the encoder output, then MLP."""
+class DecoderBlock(EncoderBlock):
+    """An encoder block with cross-attention over the encoder output between its two branches; pre-norm.
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: float = 0.0,
-        act_layer: type[nn.Module] = nn.GELU,
-        norm_eps: float = 1e-6,
-        norm_first: bool = True,
-    ) -> None:
-        super().__init__()
-        self.norm_first = norm_first
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = MultiHeadAttention(
-            dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop
-        )
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+    Its self-attention is causal. Takes EncoderBlock's arguments; the cross-attention gets the same
+    bias, dropout and stochastic depth as the self-attention.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, **kwargs: Any) -> None:
+        super().__init__(embed_dim, num_heads, **kwargs)
+        self.cross_norm = nn.LayerNorm(embed_dim, eps=self.norm1.eps)
         self.cross_attn = MultiHeadAttention(
-            dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop, cross=True
+            embed_dim, num_heads, qkv_bias=self.attn.qkv.bias is not None, cross=True,
+            attn_drop_rate=self.attn.attn_drop.p, proj_drop_rate=self.attn.proj_drop.p,
         )
-        self.norm3 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=drop)
-        self.drop_path = DropPath(drop_path)
+        self.drop_path_cross = DropPath(self.drop_path1.p)
 
     def forward(
         self,
@@ -148,31 +137,41 @@ class DecoderBlock(nn.Module):
         memory: Tensor,
         *,
         memory_padding_mask: Tensor | None = None,
+        padding_mask: Tensor | None = None,
         self_cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
     ) -> Tensor:
         """Update target tokens ``x`` (B, T, C) given the encoder output ``memory`` (B, S, C).
 
-        With caches, ``x`` holds only the newest positions; earlier keys and values are reused.
+        ``padding_mask`` (B, T) marks target padding (needed for left padding). With caches, ``x``
+        holds only the newest positions, and ``padding_mask`` covers every position decoded so far.
         """
-
-        def self_attn(h: Tensor) -> Tensor:
-            return self.attn(h, is_causal=True, cache=self_cache)
-
-        def cross_attn(h: Tensor) -> Tensor:
-            return self.cross_attn(
-                h, memory, key_padding_mask=memory_padding_mask, cache=cross_cache
-            )
-
-        if self.norm_first:
-            x = x + self.drop_path(self_attn(self.norm1(x)))
-            x = x + self.drop_path(cross_attn(self.norm2(x)))
-            x = x + self.drop_path(self.mlp(self.norm3(x)))
-        else:
-            x = self.norm1(x + self.drop_path(self_attn(x)))
-            x = self.norm2(x + self.drop_path(cross_attn(x)))
-            x = self.norm3(x + self.drop_path(self.mlp(x)))
-        return x
+        self_attend = lambda h: self.attn(h, is_causal=True, key_padding_mask=padding_mask, cache=self_cache)
+        cross_attend = lambda h: self.cross_attn(h, memory, key_padding_mask=memory_padding_mask, cache=cross_cache)
+        x = self.residual(x, self.norm1, self_attend, self.drop_path1)
+        x = self.residual(x, self.cross_norm, cross_attend, self.drop_path_cross)
+        return self.residual(x, self.norm2, self.mlp, self.drop_path2)
 
 
-__all__ = ["DecoderBlock", "DropPath", "EncoderBlock", "Mlp"]
+class PostNorm:
+    """Mixin for a block: each residual sum followed by its LayerNorm, as in the 2017 paper."""
+
+    @staticmethod
+    def residual(
+        x: Tensor, norm: nn.Module, branch: Callable[[Tensor], Tensor], drop_path: nn.Module, keep: int | None = None
+    ) -> Tensor:
+        """Post-norm: norm(x + branch(x)). With ``keep``, only the first ``keep`` tokens come out."""
+        return norm(x[:, :keep] + drop_path(branch(x)))
+
+
+class PostNormEncoderBlock(PostNorm, EncoderBlock):
+    """Self-attention then MLP, post-norm."""
+
+
+class PostNormDecoderBlock(PostNorm, DecoderBlock):
+    """Causal self-attention, cross-attention, then MLP, post-norm."""
+
+
+__all__ = [
+    "DecoderBlock", "DropPath", "EncoderBlock", "Mlp", "PostNorm", "PostNormDecoderBlock", "PostNormEncoderBlock",
+]

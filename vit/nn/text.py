@@ -20,16 +20,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from vit.data.tokenizers import PAD_ID
 from vit.nn.attention import KVCache
-from vit.nn.blocks import DecoderBlock, EncoderBlock
-
-PAD_ID = 0
+from vit.nn.blocks import DecoderBlock, EncoderBlock, PostNormDecoderBlock, PostNormEncoderBlock
 
 
 def sinusoidal_positions(num_positions: int, dim: int) -> Tensor:
     """The paper's fixed encoding: sin on even channels, cos on odd ones, (positions, dim)."""
     if dim % 2:
-        raise ValueError(f"sinusoidal positions need an even d_model, got {dim}")
+        raise ValueError(f"sinusoidal positions need an even embed_dim, got {dim}")
     position = torch.arange(num_positions, dtype=torch.float32)[:, None]
     inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
     table = torch.zeros(num_positions, dim)
@@ -44,36 +43,45 @@ class TokenEmbedding(nn.Module):
     def __init__(
         self,
         vocab_size: int,
-        dim: int,
+        embed_dim: int,
         *,
         max_positions: int = 512,
         learned_positions: bool = False,
-        drop: float = 0.0,
+        drop_rate: float = 0.0,
     ) -> None:
         super().__init__()
-        self.dim = dim
+        self.embed_dim = embed_dim
         self.max_positions = max_positions
-        self.token = nn.Embedding(vocab_size, dim, padding_idx=PAD_ID)
+        self.token = nn.Embedding(vocab_size, embed_dim, padding_idx=PAD_ID)
         # Unit-variance after the √dim scale; the tied output layer then gives logits of moderate size.
-        nn.init.normal_(self.token.weight, std=dim**-0.5)
+        nn.init.normal_(self.token.weight, std=embed_dim**-0.5)
         with torch.no_grad():
             self.token.weight[PAD_ID].zero_()
         if learned_positions:
-            self.pos = nn.Parameter(torch.zeros(max_positions, dim))
+            self.pos = nn.Parameter(torch.zeros(max_positions, embed_dim))
             nn.init.trunc_normal_(self.pos, std=0.02)
         else:
-            self.register_buffer("pos", sinusoidal_positions(max_positions, dim), persistent=False)
-        self.drop = nn.Dropout(drop)
+            self.register_buffer("pos", sinusoidal_positions(max_positions, embed_dim), persistent=False)
+        self.drop = nn.Dropout(drop_rate)
 
-    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
-        """Embed ids (B, L) that sit at positions start .. start+L-1; returns (B, L, dim)."""
+    def forward(self, ids: Tensor, start: int = 0, padding_mask: Tensor | None = None) -> Tensor:
+        """Embed ids (B, L) at positions start .. start+L-1; returns (B, L, embed_dim).
+
+        With ``padding_mask`` (B, L), True at padding, positions count real tokens only, so a
+        left-padded row gets the same positions, and the same outputs, as a right-padded one.
+        """
         end = start + ids.shape[1]
         if end > self.max_positions:
             raise ValueError(
                 f"sequence reaches position {end}, beyond max_positions={self.max_positions}; "
                 "raise max_positions or shorten the input"
             )
-        return self.drop(self.token(ids) * math.sqrt(self.dim) + self.pos[start:end])
+        if padding_mask is None:
+            pos = self.pos[start:end]  # (L, C), broadcast over the batch
+        else:
+            index = (~padding_mask).long().cumsum(dim=1).sub(1).clamp(min=0) + start  # (B, L)
+            pos = self.pos[index]  # (B, L, C)
+        return self.drop(self.token(ids) * math.sqrt(self.embed_dim) + pos)
 
 
 @dataclass
@@ -95,22 +103,43 @@ class DecoderState:
             cache.reorder(index)
 
 
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU}
+
+
 class Seq2SeqTransformer(nn.Module):
-    """Encoder-decoder Transformer for sequence-to-sequence tasks such as translation."""
+    """Encoder-decoder Transformer for sequence-to-sequence tasks such as translation.
+
+    Args:
+        src_vocab_size: source vocabulary size.
+        tgt_vocab_size: target vocabulary size (also the output layer's).
+        embed_dim: width of every token (the paper's d_model).
+        num_heads: attention heads per layer.
+        num_encoder_layers: encoder blocks.
+        num_decoder_layers: decoder blocks.
+        mlp_ratio: MLP hidden width / embed_dim.
+        drop_rate: dropout on embeddings and residual branches.
+        attn_drop_rate: dropout on attention weights.
+        activation: the MLP's activation, "relu" (the paper's) or "gelu".
+        norm_eps: LayerNorm epsilon.
+        norm_first: pre-norm blocks (True) or the paper's post-norm (False).
+        learned_positions: learned position embeddings instead of sinusoidal ones.
+        max_positions: longest sequence the positions cover.
+        share_embeddings: one token table for source and target (needs one vocabulary).
+    """
 
     def __init__(
         self,
         *,
         src_vocab_size: int,
         tgt_vocab_size: int,
-        d_model: int = 512,
+        embed_dim: int = 512,
         num_heads: int = 8,
         num_encoder_layers: int = 6,
         num_decoder_layers: int = 6,
         mlp_ratio: float = 4.0,
-        drop: float = 0.1,
-        attn_drop: float = 0.0,
-        act_layer: type[nn.Module] = nn.ReLU,
+        drop_rate: float = 0.1,
+        attn_drop_rate: float = 0.0,
+        activation: str = "relu",
         norm_eps: float = 1e-5,
         norm_first: bool = True,
         learned_positions: bool = False,
@@ -118,11 +147,11 @@ class Seq2SeqTransformer(nn.Module):
         share_embeddings: bool = False,
     ) -> None:
         super().__init__()
-        self.d_model = d_model
+        self.embed_dim = embed_dim
         self.norm_first = norm_first
-        embed = dict(max_positions=max_positions, learned_positions=learned_positions, drop=drop)
-        self.src_embed = TokenEmbedding(src_vocab_size, d_model, **embed)
-        self.tgt_embed = TokenEmbedding(tgt_vocab_size, d_model, **embed)
+        embed = dict(max_positions=max_positions, learned_positions=learned_positions, drop_rate=drop_rate)
+        self.src_embed = TokenEmbedding(src_vocab_size, embed_dim, **embed)
+        self.tgt_embed = TokenEmbedding(tgt_vocab_size, embed_dim, **embed)
         if share_embeddings:
             if src_vocab_size != tgt_vocab_size:
                 raise ValueError(
@@ -131,21 +160,25 @@ class Seq2SeqTransformer(nn.Module):
                 )
             self.src_embed.token = self.tgt_embed.token
 
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         block = dict(
-            mlp_ratio=mlp_ratio, drop=drop, attn_drop=attn_drop, act_layer=act_layer,
-            norm_eps=norm_eps, norm_first=norm_first,
+            mlp_ratio=mlp_ratio, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+            act_layer=ACTIVATIONS[activation], norm_eps=norm_eps,
         )
+        encoder_block = EncoderBlock if norm_first else PostNormEncoderBlock
+        decoder_block = DecoderBlock if norm_first else PostNormDecoderBlock
         self.encoder = nn.ModuleList(
-            EncoderBlock(d_model, num_heads, **block) for _ in range(num_encoder_layers)
+            encoder_block(embed_dim, num_heads, **block) for _ in range(num_encoder_layers)
         )
         self.decoder = nn.ModuleList(
-            DecoderBlock(d_model, num_heads, **block) for _ in range(num_decoder_layers)
+            decoder_block(embed_dim, num_heads, **block) for _ in range(num_decoder_layers)
         )
         # Pre-norm leaves the residual stream unnormalised: close each stack with a LayerNorm.
-        self.encoder_norm = nn.LayerNorm(d_model, eps=norm_eps) if norm_first else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(d_model, eps=norm_eps) if norm_first else nn.Identity()
+        self.encoder_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if norm_first else nn.Identity()
 
-        self.head = nn.Linear(d_model, tgt_vocab_size, bias=False)
+        self.head = nn.Linear(embed_dim, tgt_vocab_size, bias=False)
         self._init_weights()
         self.head.weight = self.tgt_embed.token.weight  # tied, as in the paper
 
@@ -157,7 +190,7 @@ class Seq2SeqTransformer(nn.Module):
     # ---- the two stacks -------------------------------------------------------------------
     def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
         """Source ids (B, S) -> memory (B, S, C). Padded positions are masked as keys."""
-        x = self.src_embed(src)
+        x = self.src_embed(src, padding_mask=src_padding_mask)
         for block in self.encoder:
             x = block(x, key_padding_mask=src_padding_mask)
         return self.encoder_norm(x)
@@ -167,20 +200,24 @@ class Seq2SeqTransformer(nn.Module):
         tgt: Tensor,
         memory: Tensor,
         memory_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
         *,
         state: DecoderState | None = None,
     ) -> Tensor:
         """Target ids (B, T) -> logits (B, T, vocab), each position seeing only earlier ones.
 
-        With ``state``, ``tgt`` holds only the newest positions; the caches supply the rest.
+        Right padding needs no mask (causality already hides it); left padding needs
+        ``tgt_padding_mask`` (B, T). With ``state``, ``tgt`` holds only the newest positions and
+        the caches supply the rest.
         """
         start = 0 if state is None else state.length
-        x = self.tgt_embed(tgt, start=start)
+        x = self.tgt_embed(tgt, start=start, padding_mask=tgt_padding_mask)
         for i, block in enumerate(self.decoder):
             x = block(
                 x,
                 memory,
                 memory_padding_mask=memory_padding_mask,
+                padding_mask=tgt_padding_mask,
                 self_cache=None if state is None else state.self_caches[i],
                 cross_cache=None if state is None else state.cross_caches[i],
             )
@@ -188,12 +225,15 @@ class Seq2SeqTransformer(nn.Module):
             state.length += tgt.shape[1]
         return self.head(self.decoder_norm(x))
 
-    def forward(self, src: Tensor, tgt: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, src: Tensor, tgt: Tensor, src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> Tensor:
         """Teacher-forced logits (B, T, vocab) for target inputs ``tgt`` (B, T) given ``src`` (B, S)."""
         if src_padding_mask is None:
             src_padding_mask = src.eq(PAD_ID)
         memory = self.encode(src, src_padding_mask)
-        return self.decode(tgt, memory, src_padding_mask)
+        return self.decode(tgt, memory, src_padding_mask, tgt_padding_mask)
 
     # ---- decoding ---------------------------------------------------------------------------
     def start_decoding(self, src: Tensor, src_padding_mask: Tensor | None = None) -> DecoderState:
@@ -302,4 +342,4 @@ class Seq2SeqTransformer(nn.Module):
         return tokens[rows, 1:]
 
 
-__all__ = ["PAD_ID", "DecoderState", "Seq2SeqTransformer", "TokenEmbedding", "sinusoidal_positions"]
+__all__ = ["DecoderState", "Seq2SeqTransformer", "TokenEmbedding", "sinusoidal_positions"]

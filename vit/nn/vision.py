@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -139,8 +139,8 @@ class VisionTransformer(nn.Module):
         drop_path = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.Sequential(*[
             EncoderBlock(
-                embed_dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
-                attn_drop=attn_drop_rate, drop_path=drop_path[i],
+                embed_dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop_rate=drop_rate,
+                attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path[i],
             )
             for i in range(depth)
         ])
@@ -169,6 +169,10 @@ class VisionTransformer(nn.Module):
     @property
     def patch_size(self) -> tuple[int, int]:
         return self.patch_embed.patch_size
+
+    @property
+    def in_chans(self) -> int:
+        return self.patch_embed.proj.in_channels
 
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token"}
@@ -213,9 +217,43 @@ class VisionTransformer(nn.Module):
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + pos_embed
         return self.pos_drop(x)
 
+    def layer_indices(self, layers: Sequence[int] | None) -> list[int]:
+        """Sorted block indices for ``layers`` (negative counts from the end; None = all), or a clear error."""
+        depth = len(self.blocks)
+        if layers is None:
+            return list(range(depth))
+        for i in layers:
+            if not -depth <= i < depth:
+                raise ValueError(f"layer {i} does not exist: the model has {depth} layers (0..{depth - 1})")
+        return sorted({i % depth for i in layers})
+
+    def forward_blocks(
+        self,
+        x: Tensor,
+        *,
+        attention_layers: Collection[int] = (),
+        on_attention: Callable[[int, Tensor], None] | None = None,
+        pooled_only: bool = False,
+    ) -> Tensor:
+        """Run the encoder blocks and the final norm over tokens (B, N, D): the one block loop.
+
+        Blocks in ``attention_layers`` take the kernel's explicit path and hand their weights
+        (B, heads, N, N) to ``on_attention(layer, weights)`` as soon as they exist. With
+        ``pooled_only`` a cls-token model's last block computes only the cls row, all the head needs.
+        """
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            num_queries = 1 if pooled_only and i == last and self.global_pool == "token" else None
+            if i in attention_layers:
+                x, weights = block(x, num_queries=num_queries, return_attention=True)
+                on_attention(i, weights)
+            else:
+                x = block(x, num_queries=num_queries)
+        return self.norm(x)
+
     def forward_features(self, x: Tensor) -> Tensor:
         """All tokens after the final norm: (B, 1 + h*w, D)."""
-        return self.norm(self.blocks(self.embed(x)))
+        return self.forward_blocks(self.embed(x))
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Pool the tokens (cls token or patch average) and classify."""
@@ -224,16 +262,7 @@ class VisionTransformer(nn.Module):
         return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.embed(x)
-        if self.global_pool == "token":
-            # Only the cls token reaches the head, so the last block computes just its row.
-            *blocks, last = self.blocks
-            for block in blocks:
-                x = block(x)
-            x = last(x, num_queries=1)
-        else:
-            x = self.blocks(x)
-        return self.forward_head(self.norm(x))
+        return self.forward_head(self.forward_blocks(self.embed(x), pooled_only=True))
 
     def forward_attention(
         self, x: Tensor, layers: Sequence[int] | None = None
@@ -243,17 +272,12 @@ class VisionTransformer(nn.Module):
         Weights come from the kernel's explicit path, stacked as
         (len(layers), B, heads, tokens, tokens). Keeping few layers keeps memory low.
         """
-        depth = len(self.blocks)
-        wanted = sorted({i % depth for i in (range(depth) if layers is None else layers)})
-        weights = []
-        x = self.embed(x)
-        for i, block in enumerate(self.blocks):
-            if i in wanted:
-                x, w = block(x, return_attention=True)
-                weights.append(w)
-            else:
-                x = block(x)
-        return self.forward_head(self.norm(x)), torch.stack(weights)
+        weights: list[Tensor] = []
+        tokens = self.forward_blocks(
+            self.embed(x), attention_layers=self.layer_indices(layers),
+            on_attention=lambda _, w: weights.append(w),
+        )
+        return self.forward_head(tokens), torch.stack(weights)
 
 
 def list_models() -> list[str]:

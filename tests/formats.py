@@ -10,14 +10,13 @@ import pickle
 from collections.abc import Sequence
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 from PIL import Image
 
 
 def write_cifar10(root: Path, per_batch: int = 20, n_test: int = 20, seed: int = 0) -> dict:
     """torchvision's cifar-10-batches-py: data_batch_1..5, test_batch, batches.meta (pickles)."""
-    from vit.data.images import CIFAR10_CLASSES
+    from vit.data.cifar import CIFAR10_CLASSES
 
     rng = np.random.default_rng(seed)
     folder = root / "cifar-10-batches-py"
@@ -36,7 +35,7 @@ def write_cifar10(root: Path, per_batch: int = 20, n_test: int = 20, seed: int =
 
 def write_cifar100(root: Path, n_train: int = 200, n_test: int = 100, seed: int = 0) -> dict:
     """torchvision's cifar-100-python: train, test, meta (pickles with fine and coarse labels)."""
-    from vit.data.images import CIFAR100_CLASSES
+    from vit.data.cifar import CIFAR100_CLASSES
 
     rng = np.random.default_rng(seed)
     folder = root / "cifar-100-python"
@@ -99,12 +98,12 @@ def write_class_folders(
     return files
 
 
-class CrashAtStep(L.Callback):
-    """Raise after a given number of optimiser steps, to simulate an interrupted run."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step >= self.step:
-            raise RuntimeError(f"simulated crash at step {trainer.global_step}")
+# English-French pairs in the style of the Anki/Tatoeba export, for the text tests.
+CORPUS = [
+    ("Go.", "Va !"),
+    ("Hi there.", "Salut toi."),
+    ("The cat sleeps.", "Le chat dort."),
+    ("The dog runs fast.", "Le chien court vite."),
+    ("I like green tea.", "J'aime le thé vert."),
+    ("We are here.", "Nous sommes là."),
+]

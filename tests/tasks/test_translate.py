@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import sacrebleu
 import torch
 
-from vit.cli import main
-from vit.data.text import SyntheticTranslationDataModule, TranslationDataModule
-from vit.tasks.translate import Translator, inverse_sqrt_schedule, load_translator
+from tests import CONFIGS
+from vit.commands import main
+from vit.data.translation import SyntheticTranslationDataModule, TranslationDataModule
+from vit.tasks import load_task
+from vit.tasks.translate import Translator, inverse_sqrt_schedule
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-TINY_MODEL = ["--model.init_args.d_model", "32", "--model.init_args.num_heads", "2",
+TINY_MODEL = ["--model.init_args.embed_dim", "32", "--model.init_args.num_heads", "2",
               "--model.init_args.num_encoder_layers", "1", "--model.init_args.num_decoder_layers", "1"]
 
 
 def tiny_translator(dm, **kwargs) -> Translator:
     torch.manual_seed(0)
-    return Translator(dm.tokenizers, d_model=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+    return Translator(dm.tokenizers, embed_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                       **kwargs)
 
 
@@ -41,7 +40,7 @@ def test_translator_needs_tokenizers_and_valid_options():
 def test_loss_is_label_smoothed_and_ignores_padding():
     dm = SyntheticTranslationDataModule("reverse", num_train=64, num_val=8, num_test=8, batch_size=8)
     dm.setup()
-    model = tiny_translator(dm, dropout=0.0)
+    model = tiny_translator(dm, drop_rate=0.0)
     batch = next(iter(dm.train_dataloader()))
     logits = model(batch["src"], batch["tgt_in"], batch["src_padding_mask"])
     keep = batch["tgt_out"] != 0
@@ -64,15 +63,16 @@ def test_inverse_square_root_schedule():
     assert optimizer.defaults["lr"] == pytest.approx(32**-0.5 * 400**-0.5)  # the paper's peak
 
 
+@pytest.mark.slow
 def test_fit_test_and_translate_from_the_checkpoint_alone(tmp_path, capsys):
     data = [f"--data.init_args.{k}={v}" for k, v in dict(
-        task="copy", num_train=4000, num_val=64, num_test=128, min_len=2, max_len=4, num_symbols=6,
+        task="reverse", num_train=4000, num_val=64, num_test=128, min_len=2, max_len=4, num_symbols=6,
         batch_size=32,
     ).items()]
     common = ["--config", str(CONFIGS / "translate_reverse.yaml"), *data, *TINY_MODEL,
               "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false"]
     main(["fit", *common, "--model.init_args.lr", "0.01", "--model.init_args.warmup_steps", "30",
-          "--trainer.max_steps", "300", "--trainer.val_check_interval", "150", "--test_after_fit", "false",
+          "--trainer.max_steps", "500", "--trainer.val_check_interval", "250", "--test_after_fit", "false",
           "--checkpoint.dirpath", str(tmp_path / "ckpt")])
     best = next((tmp_path / "ckpt").glob("best*.ckpt"))
     capsys.readouterr()
@@ -81,20 +81,21 @@ def test_fit_test_and_translate_from_the_checkpoint_alone(tmp_path, capsys):
     assert "test_exact_match" in capsys.readouterr().out
 
     # The checkpoint alone (no config, no data) rebuilds the tokenizers and the model.
-    translator = load_translator(best)
-    dm = SyntheticTranslationDataModule("copy", num_train=4000, num_val=64, num_test=128, min_len=2,
+    translator = load_task(best, Translator)
+    dm = SyntheticTranslationDataModule("reverse", num_train=4000, num_val=64, num_test=128, min_len=2,
                                         max_len=4, num_symbols=6)
     sources, refs = zip(*dm.pairs["test"])
+    assert all(r.split() == s.split()[::-1] for s, r in zip(sources, refs))
     hyps = translator.translate(list(sources))
     exact = sum(h == r for h, r in zip(hyps, refs)) / len(refs)
-    assert exact > 0.8  # a real outcome: copying 2-4 symbols is learnt in 300 steps
+    assert exact > 0.8  # a real outcome: reversing 2-4 symbols is learnt in 500 steps
 
     # `vit test` computed the same exact match and SacreBLEU on these decodings.
     trainer_metrics = Translator.load_from_checkpoint(best)
-    import lightning as L
+    from lightning.pytorch import Trainer
 
     dm.setup("test")
-    results = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False).test(
+    results = Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False).test(
         trainer_metrics, datamodule=dm, verbose=False)[0]
     assert results["test_exact_match"] == pytest.approx(exact, abs=1e-6)
     bleu = sacrebleu.corpus_bleu(hyps, [list(refs)]).score / 100
@@ -102,23 +103,17 @@ def test_fit_test_and_translate_from_the_checkpoint_alone(tmp_path, capsys):
     assert 0.8 < results["test_token_acc"] <= 1.0
 
     capsys.readouterr()
-    main(["translate", "--ckpt", str(best), sources[0], sources[1]])
-    assert capsys.readouterr().out.splitlines() == hyps[:2]
+    main(["translate", "--ckpt", str(best), *sources[:20]])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == hyps[:20]
+    # what `vit translate` prints is the reversed input, judged against the reversal itself
+    assert sum(p.split() == s.split()[::-1] for p, s in zip(printed, sources)) >= 16
     lines = tmp_path / "lines.txt"
     lines.write_text("\n".join(sources[:5]) + "\n\n", encoding="utf-8")
-    main(["translate", "--ckpt", str(best), "--file", str(lines), "--beam-size", "3"])
+    main(["translate", "--ckpt", str(best), "--file", str(lines), "--beam_size", "3"])
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 6 and out[5] == ""  # one line out per line in, empty stays empty
     assert out[:5] == translator.translate(list(sources[:5]), beam_size=3)
-
-
-def test_translate_command_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nope"):
-        main(["translate", "--ckpt", str(tmp_path / "nope.ckpt"), "a b"])
-    other = tmp_path / "other.ckpt"
-    torch.save({"state_dict": {}, "hyper_parameters": {"num_classes": 10}}, other)
-    with pytest.raises(ValueError, match="not a Translator checkpoint"):
-        main(["translate", "--ckpt", str(other), "a b"])
 
 
 def test_tsv_config_runs_on_an_anki_export(tmp_path):

@@ -3,88 +3,29 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
 
-from vit.data.text import (
+from tests.formats import CORPUS
+from vit.data.tokenizers import (
     BOS_ID,
     EOS_ID,
-    PAD_ID,
-    SPECIAL_TOKENS,
     UNK_ID,
-    BPETokenizer,
-    CharTokenizer,
+    tokenizer_from_dict,
+)
+from vit.data.translation import (
     LengthBucketBatchSampler,
     SyntheticTranslationDataModule,
     TranslationDataModule,
-    WordTokenizer,
     collate_pairs,
-    number_to_words,
-    synthetic_pairs,
-    tokenizer_from_dict,
 )
-
-CORPUS = [
-    ("Go.", "Va !"),
-    ("Hi there.", "Salut toi."),
-    ("The cat sleeps.", "Le chat dort."),
-    ("The dog runs fast.", "Le chien court vite."),
-    ("I like green tea.", "J'aime le thé vert."),
-    ("We are here.", "Nous sommes là."),
-]
 
 
 def write_tsv(path, lines):
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return str(path)
-
-
-def test_special_tokens_have_fixed_ids():
-    assert SPECIAL_TOKENS == ("<pad>", "<unk>", "<bos>", "<eos>")
-    assert (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
-    texts = [t for _, t in CORPUS]
-    for tok in (WordTokenizer.fit(texts), CharTokenizer.fit(texts), BPETokenizer.fit(texts, vocab_size=80)):
-        ids = [tok.encode(s)[0] if tok.kind != "bpe" else tok.model.token_to_id(s) for s in SPECIAL_TOKENS]
-        if tok.kind == "bpe":
-            assert ids == [0, 1, 2, 3]
-        assert tok.decode([BOS_ID, *tok.encode("Le chat"), EOS_ID, 9, 9, PAD_ID]) == tok.normalize("Le chat")
-
-
-def test_word_tokenizer_lowercases_and_maps_unknown_words():
-    tok = WordTokenizer.fit(["The cat", "the dog  barks"], lowercase=True)
-    assert tok.vocab_size == 4 + 4  # the, cat, dog, barks
-    assert tok.tokens[4] == "the"  # most frequent first
-    ids = tok.encode("THE   Cat meows")
-    assert ids[-1] == UNK_ID and UNK_ID not in ids[:2]
-    assert tok.decode(ids) == "the cat <unk>"
-    assert WordTokenizer.fit(["a a b"], min_freq=2).tokens == [*SPECIAL_TOKENS, "a"]
-
-
-def test_char_tokenizer_keeps_spaces_and_round_trips():
-    tok = CharTokenizer.fit(["ab ba", "abc"])
-    assert tok.vocab_size == 4 + 4  # a, b, c, space
-    assert tok.decode(tok.encode("cab ab")) == "cab ab"
-
-
-def test_tokenizers_round_trip_through_their_saved_dict():
-    texts = [s for s, _ in CORPUS]
-    for tok in (WordTokenizer.fit(texts, lowercase=True), CharTokenizer.fit(texts),
-                BPETokenizer.fit(texts, vocab_size=60, lowercase=True)):
-        again = tokenizer_from_dict(tok.to_dict())
-        assert type(again) is type(tok) and again.vocab_size == tok.vocab_size
-        for text in ("The dog runs.", "Zebras?"):
-            assert again.encode(text) == tok.encode(text)
-    with pytest.raises(ValueError, match="unknown tokenizer kind"):
-        tokenizer_from_dict({"kind": "sentencepiece"})
-
-
-def test_bpe_learns_subwords_and_decodes_training_text():
-    texts = ["lower lowest newer newest", "low new wide widest"] * 20
-    tok = BPETokenizer.fit(texts, vocab_size=40)
-    ids = tok.encode("lowest newest")
-    assert len(ids) < len("lowest newest")  # merges happened
-    assert tok.decode(ids) == "lowest newest"
 
 
 def test_tsv_with_malformed_lines_keeps_good_ones_and_reports_bad_line_numbers(tmp_path, caplog):
@@ -98,7 +39,7 @@ def test_tsv_with_malformed_lines_keeps_good_ones_and_reports_bad_line_numbers(t
         "Who?\tQui ?",  # 7
     ]
     dm = TranslationDataModule(write_tsv(tmp_path / "fra.tsv", lines), val_fraction=0.0, batch_size=2)
-    with caplog.at_level(logging.WARNING, logger="vit.data.text"):
+    with caplog.at_level(logging.WARNING, logger="vit.data.translation"):
         pairs = dm.pairs["train"]
     assert pairs == [("Go.", "Va !"), ("Hi.", "Salut."), ("Who?", "Qui ?")]
     assert [n for n, _ in dm.malformed["train"]] == [2, 4, 5, 6]
@@ -150,12 +91,21 @@ def test_vocabulary_comes_from_the_training_split_only(tmp_path):
     assert "chat" in shared.source_tokenizer.tokens and "cat" in shared.source_tokenizer.tokens
 
 
-def test_held_out_validation_split_and_length_filter(tmp_path):
+def test_held_out_validation_split_and_length_filter(tmp_path, caplog):
     lines = [f"{'a ' * n}\t{'b ' * n}" for n in range(1, 41)]
-    dm = TranslationDataModule(write_tsv(tmp_path / "c.tsv", lines), val_fraction=0.25, max_length=20, seed=3)
+    corpus = write_tsv(tmp_path / "c.tsv", lines)
+    dm = TranslationDataModule(corpus, val_fraction=0.25, max_length=20, seed=3)
     assert len(dm.pairs["train"]) == 30 and len(dm.pairs["val"]) == 10
     assert not set(dm.pairs["train"]) & set(dm.pairs["val"])
-    dm.setup("fit")
+    # Pairs over max_length are an error that names a line, unless skipped on request (and counted).
+    with pytest.raises(ValueError, match=r"c\.tsv: 1\d pair\(s\) .* longer than data\.max_length=20 .*first line \d+ "):
+        dm.setup("fit")
+    dm = TranslationDataModule(corpus, val_fraction=0.25, max_length=20, seed=3, skip_bad_lines=True)
+    with caplog.at_level(logging.WARNING, logger="vit.data.translation"):
+        dm.setup("fit")
+    left_out = [int(n) for n in re.findall(r"left out (\d+) of", caplog.text)]
+    assert sum(left_out) == 21  # n >= 20 of 1..40: a target of n tokens plus EOS exceeds 20
+    assert re.search(r"line (\d+) \(\1 source, \d+ target tokens\)", caplog.text)
     kept = dm.datasets["train"].examples + dm.datasets["val"].examples
     assert len(kept) == 19  # target + EOS must fit in 20 tokens: n <= 19
     assert max(len(t) for _, t, *_ in kept) == 19
@@ -182,48 +132,17 @@ def test_length_buckets_cover_every_sentence_once_with_little_padding():
         padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
         return 1 - sum(lengths) / padded
 
-    epoch1, epoch2 = list(sampler), list(sampler)
+    epoch1 = list(sampler)
+    sampler.set_epoch(1)  # Lightning calls this at every epoch start
+    epoch2 = list(sampler)
     assert sorted(i for b in epoch1 for i in b) == list(range(2000))
-    assert epoch1 != epoch2  # reshuffled every epoch
+    assert epoch1 != epoch2  # reshuffled every epoch ...
+    assert list(sampler) == epoch2  # ... by the epoch alone, so a resumed run draws the same batches
     order = torch.randperm(2000, generator=g).tolist()
     random_batches = [order[i : i + 32] for i in range(0, 2000, 32)]
     assert padding_fraction(epoch1) < 0.1 < 0.3 < padding_fraction(random_batches)
     fixed = LengthBucketBatchSampler(lengths, 32, shuffle=False)
     assert list(fixed) == list(fixed) and len(list(fixed)) == len(fixed) == 63
-
-
-def test_synthetic_tasks_are_right_and_reproducible():
-    for task, check in [
-        ("copy", lambda s: s),
-        ("reverse", lambda s: s[::-1]),
-        ("sort", lambda s: sorted(s, key=int)),
-    ]:
-        pairs = synthetic_pairs(task, 50, min_len=5, max_len=15, num_symbols=20, seed=1)
-        assert pairs == synthetic_pairs(task, 50, min_len=5, max_len=15, num_symbols=20, seed=1)
-        for source, target in pairs:
-            tokens = source.split()
-            assert 5 <= len(tokens) <= 15 and all(0 <= int(t) < 20 for t in tokens)
-            assert target.split() == check(tokens)
-    assert synthetic_pairs("copy", 5, seed=1) != synthetic_pairs("copy", 5, seed=2)
-    for source, target in synthetic_pairs("numbers", 20, min_len=1, max_len=6):
-        assert target == number_to_words(int(source.replace(" ", "")))
-    with pytest.raises(ValueError, match="task must be one of"):
-        synthetic_pairs("shuffle", 3)
-
-
-@pytest.mark.parametrize(("n", "words"), [
-    (0, "zero"),
-    (7, "seven"),
-    (13, "thirteen"),
-    (40, "forty"),
-    (307, "three hundred seven"),
-    (1000, "one thousand"),
-    (21_000_019, "twenty one million nineteen"),
-    (999_999_999_999_999, "nine hundred ninety nine trillion nine hundred ninety nine billion nine hundred "
-                          "ninety nine million nine hundred ninety nine thousand nine hundred ninety nine"),
-])
-def test_number_to_words(n, words):
-    assert number_to_words(n) == words
 
 
 def test_synthetic_data_module_holds_out_unseen_sources():
@@ -238,3 +157,13 @@ def test_synthetic_data_module_holds_out_unseen_sources():
     with pytest.raises(ValueError, match="too small"):
         _ = SyntheticTranslationDataModule("copy", num_train=100, num_val=100, min_len=1, max_len=1,
                                            num_symbols=3).pairs
+
+
+def test_invalid_utf8_names_the_line_or_is_skipped_and_counted(tmp_path):
+    path = tmp_path / "bad.tsv"
+    path.write_bytes(b"Go.\tVa !\n" + b"caf\xe9\tcaf\xc3\xa9\n" + b"Hi.\tSalut.\n")
+    with pytest.raises(ValueError, match=r"bad\.tsv line 2: not valid UTF-8 \(byte 0xe9 at column 4\).*skip_bad_lines"):
+        _ = TranslationDataModule(str(path), val_fraction=0.0).pairs
+    dm = TranslationDataModule(str(path), val_fraction=0.0, skip_bad_lines=True)
+    assert dm.pairs["train"] == [("Go.", "Va !"), ("Hi.", "Salut.")]
+    assert dm.malformed["train"] == [(2, "not valid UTF-8")]

@@ -6,14 +6,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
-from _images import write_cifar10, write_cifar100, write_class_folders
 from PIL import Image
 from timm.data import create_transform
 
-from vit.data.images import guard_posterize
+from tests import CONFIGS
+from tests.formats import write_cifar10, write_cifar100, write_class_folders
+from vit.data.transforms import guard_posterize
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 POLICIES = ["rand-m9-mstd0.5-inc1", "rand-m9-mstd0.5", "original", "v0", "augmix-m5-w4-d2"]
 
 
@@ -87,6 +88,12 @@ def build_datamodule(config: Path, root: Path):
     return parser.instantiate_classes(parser.parse_object({"data": data})).data
 
 
+def test_every_image_recipe_is_soaked():
+    names = {p.stem for p in image_recipes()}
+    assert {"cifar10_vit", "cifar100_vit", "imagenet_vit_small", "imagenet_vit_base"} <= names
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("config", image_recipes(), ids=lambda p: p.stem)
 def test_recipe_training_transform_survives_3000_random_images(config, tmp_path):
     dm = build_datamodule(config, tmp_path)
@@ -101,3 +108,27 @@ def test_recipe_training_transform_survives_3000_random_images(config, tmp_path)
             image = image.convert("RGBA").convert("RGB")
         out = transform(image)
         assert out.shape == (3, dm.img_size, dm.img_size)
+
+
+@pytest.mark.parametrize(("size", "crop_pct", "resized"), [(224, 0.875, 256), (224, 1.0, 224), (32, 0.9, 35)])
+def test_eval_transform_resizes_the_short_side_then_centre_crops(size, crop_pct, resized):
+    """timm's recipe: the short side becomes floor(size / crop_pct), then the centre size x size is kept."""
+    from torchvision.transforms import CenterCrop, Resize
+
+    from vit.data.transforms import eval_transform
+
+    transform = eval_transform(3, (size, size), crop_pct, "bicubic", (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+    steps = transform.transforms
+    resize = next(t for t in steps if isinstance(t, Resize))
+    crop = next(t for t in steps if isinstance(t, CenterCrop))
+    assert resize.size in (resized, [resized]) and tuple(crop.size) == (size, size)
+    # a wide image: its height becomes `resized`, then the centre is cropped
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, (300, 500, 3), dtype=np.uint8))
+    out = transform(image)
+    assert out.shape == (3, size, size)
+    width = int(resized * 500 / 300)  # the long side follows the aspect ratio, rounded down
+    reference = np.asarray(image.resize((width, resized), Image.Resampling.BICUBIC))
+    top, left = round((resized - size) / 2), round((width - size) / 2)
+    expected = torch.tensor(reference[top:top + size, left:left + size]).permute(2, 0, 1) / 255
+    torch.testing.assert_close(out, expected)

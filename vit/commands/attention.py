@@ -5,7 +5,7 @@
 writes ``maps/cat.png`` (layers x heads of cls-to-patch overlays, plus the rollout overlay),
 and ``maps/predictions.json`` with the top-k classes of every image. Images are prepared as
 `vit predict` prepares them (the checkpoint's size, centre crop, mean and std), so both
-commands report the same classes; ``--native-size`` keeps each image's own size instead.
+commands report the same classes; ``--native_size`` keeps each image's own size instead.
 """
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ from matplotlib.figure import Figure
 from torch import Tensor
 from torchvision.transforms import v2
 
-# Imported only when the command runs (vit.cli imports commands lazily): these pull in Lightning.
-from vit.data.images import load_image
+from vit.checkpoint import Classifier, load_classifier
+from vit.data.io import list_images, load_image
 from vit.explain.maps import collect_attention, gradient_rollout, rollout_streaming
 from vit.explain.plot import plot_attention, to_display_image
 from vit.nn.vision import VisionTransformer
-from vit.predict import eval_transform, list_images
-from vit.tasks.classify import ImageClassifier, load_classifier
 
 ROLLOUTS = ("mean", "max", "min", "grad", "none")
 DISPLAY_SIDE = 224  # small inputs (8x8 digits) are drawn larger, with visible pixels
@@ -65,18 +63,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--rollout", choices=ROLLOUTS, default="mean",
         help="attention rollout fusing heads by mean/max/min, gradient-weighted ('grad'), or none",
     )
-    # Multi-word options take dashes or underscores (`vit predict` and LightningCLI use underscores).
     parser.add_argument(
-        "--discard-ratio", "--discard_ratio", type=float, default=0.0,
-        help="rollout: drop this share of each row's lowest weights",
+        "--discard_ratio", type=float, default=0.0, help="rollout: drop this share of each row's lowest weights",
     )
     parser.add_argument(
-        "--target-class", "--target_class", default=None,
-        help="--rollout grad: class name or index (default: the predicted one)",
+        "--target_class", default=None, help="--rollout grad: class name or index (default: the predicted one)",
     )
-    parser.add_argument("--top-k", "--top_k", type=int, default=5, help="how many classes to report")
+    parser.add_argument("--top_k", type=int, default=5, help="how many classes to report")
     parser.add_argument(
-        "--native-size", "--native_size", action="store_true",
+        "--native_size", action="store_true",
         help="keep each image's own size (rounded down to the patch size) instead of the checkpoint's "
         "resize and crop; memory grows with the square of the number of patches",
     )
@@ -84,11 +79,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
     args = parser.parse_args(list(argv))
     if args.top_k < 1:
-        parser.error(f"--top-k must be at least 1, got {args.top_k}")
+        parser.error(f"--top_k must be at least 1, got {args.top_k}")
     if not 0.0 <= args.discard_ratio < 1.0:
-        parser.error(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")
+        parser.error(f"--discard_ratio must be in [0, 1), got {args.discard_ratio}")
     if args.target_class is not None and args.rollout != "grad":
-        parser.error("--target-class only applies to --rollout grad")
+        parser.error("--target_class only applies to --rollout grad")
     return args
 
 
@@ -117,15 +112,13 @@ def _target_index(target: str | None, class_names: Sequence[str]) -> int | None:
     try:
         index = int(target)
     except ValueError:
-        raise ValueError(f"--target-class {target!r} is neither a class name nor an index") from None
+        raise ValueError(f"--target_class {target!r} is neither a class name nor an index") from None
     if not 0 <= index < len(class_names):
-        raise ValueError(f"--target-class {index} is out of range for {len(class_names)} classes")
+        raise ValueError(f"--target_class {index} is out of range for {len(class_names)} classes")
     return index
 
 
-def prepare_image(
-    path: Path, classifier: ImageClassifier, *, native_size: bool = False
-) -> PreparedImage:
+def prepare_image(path: Path, classifier: Classifier, *, native_size: bool = False) -> PreparedImage:
     """Read an image in the model's mode (L or RGB) and normalise it with the checkpoint's mean/std.
 
     By default it is resized and centre-cropped exactly as `vit predict` does; with
@@ -139,7 +132,7 @@ def prepare_image(
         pixels = v2.functional.resize(pixels, size, antialias=True)  # (C, H, W) in [0, 1]
         tensor = v2.functional.normalize(pixels, list(classifier.mean), list(classifier.std))
     else:
-        tensor = eval_transform(classifier)(image)  # (C, H, W), normalised
+        tensor = classifier.eval_transform()(image)  # (C, H, W), normalised
     display = to_display_image(tensor, classifier.mean, classifier.std, min_side=DISPLAY_SIDE)
     return PreparedImage(tensor=tensor[None], display=display)
 
@@ -207,11 +200,8 @@ def main(argv: Sequence[str]) -> list[dict]:
     files = list_images(args.images)  # fails on a missing file before any work
     classifier = load_classifier(args.ckpt, map_location=args.device)
     model = classifier.model
-    depth, num_heads = len(model.blocks), model.blocks[0].attn.num_heads
-    if args.layer is not None:
-        bad = [i for i in args.layer if not -depth <= i < depth]
-        if bad:
-            raise ValueError(f"--layer {bad}: the model has {depth} layers (0..{depth - 1})")
+    num_heads = model.blocks[0].attn.num_heads
+    model.layer_indices(args.layer)  # a layer that does not exist stops the command before any work
     heads = _parse_heads(args.head, num_heads)
     target = _target_index(args.target_class, classifier.class_names)
     if args.native_size:

@@ -2,11 +2,15 @@
 
 import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+import pytest
+
+from tests import SCRIPTS
+
+SCRIPT = SCRIPTS / "gpu_check.py"
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_every_step_on_cpu(tmp_path):
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     gpu_check = importlib.util.module_from_spec(spec)

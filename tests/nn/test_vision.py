@@ -158,3 +158,16 @@ def test_stochastic_depth_only_in_training():
     a = model(x)
     torch.manual_seed(1)
     assert not torch.allclose(a, model(x))
+
+
+def test_compiles_as_one_graph_without_breaks():
+    """The README's claim: torch.compile sees the forward (and the attention path) as one graph."""
+    import torch._dynamo
+
+    model = vit.create_model("vit_digits_patch2_8", depth=2, embed_dim=32, num_heads=2).eval()
+    x = torch.randn(2, 1, 8, 8)
+    for fn in (model, lambda images: model.forward_attention(images)):
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(fn)(x)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        assert explained.graph_count == 1

@@ -8,19 +8,20 @@ import pytest
 import torch
 from torch import nn
 
+from vit.data.tokenizers import BOS_ID as BOS
+from vit.data.tokenizers import EOS_ID as EOS
+from vit.data.tokenizers import PAD_ID
 from vit.nn.attention import MultiHeadAttention
-from vit.nn.blocks import DecoderBlock, EncoderBlock
-from vit.nn.text import PAD_ID, Seq2SeqTransformer, sinusoidal_positions
+from vit.nn.blocks import DecoderBlock, EncoderBlock, PostNormDecoderBlock, PostNormEncoderBlock
+from vit.nn.text import Seq2SeqTransformer, sinusoidal_positions
 from vit.nn.vision import VisionTransformer
-
-BOS, EOS = 2, 3
 
 
 def tiny_model(**overrides) -> Seq2SeqTransformer:
     torch.manual_seed(0)
     kwargs = dict(
-        src_vocab_size=23, tgt_vocab_size=29, d_model=32, num_heads=4, num_encoder_layers=2,
-        num_decoder_layers=2, mlp_ratio=2.0, drop=0.0, max_positions=64,
+        src_vocab_size=23, tgt_vocab_size=29, embed_dim=32, num_heads=4, num_encoder_layers=2,
+        num_decoder_layers=2, mlp_ratio=2.0, drop_rate=0.0, max_positions=64,
     )
     kwargs.update(overrides)
     return Seq2SeqTransformer(**kwargs).eval()
@@ -89,7 +90,8 @@ def copy_encoder_weights(ours: EncoderBlock, ref: nn.TransformerEncoderLayer) ->
 def test_encoder_block_matches_torch_transformer_encoder_layer(norm_first):
     torch.manual_seed(0)
     ref = nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, norm_first=norm_first, batch_first=True)
-    ours = EncoderBlock(64, 4, mlp_ratio=2.0, act_layer=nn.ReLU, norm_eps=1e-5, norm_first=norm_first)
+    block = EncoderBlock if norm_first else PostNormEncoderBlock
+    ours = block(64, 4, mlp_ratio=2.0, act_layer=nn.ReLU, norm_eps=1e-5)
     copy_encoder_weights(ours, ref)
     with torch.no_grad():  # LayerNorms that are not the identity, so a swapped norm shows
         for norm in (ref.norm1, ref.norm2):
@@ -108,12 +110,17 @@ def test_encoder_block_matches_torch_transformer_encoder_layer(norm_first):
     )
 
 
-def test_decoder_block_matches_torch_transformer_decoder_layer():
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_decoder_block_matches_torch_transformer_decoder_layer(norm_first):
     torch.manual_seed(0)
-    ref = nn.TransformerDecoderLayer(32, 4, dim_feedforward=64, norm_first=True, batch_first=True).eval()
-    ours = DecoderBlock(32, 4, mlp_ratio=2.0, act_layer=nn.ReLU, norm_eps=1e-5).eval()
+    ref = nn.TransformerDecoderLayer(32, 4, dim_feedforward=64, norm_first=norm_first, batch_first=True).eval()
+    block = DecoderBlock if norm_first else PostNormDecoderBlock
+    ours = block(32, 4, mlp_ratio=2.0, act_layer=nn.ReLU, norm_eps=1e-5).eval()
     C = 32
     with torch.no_grad():
+        for norm in (ref.norm1, ref.norm2, ref.norm3):  # not the identity, so a swapped norm shows
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
         ours.attn.qkv.weight.copy_(ref.self_attn.in_proj_weight)
         ours.attn.qkv.bias.copy_(ref.self_attn.in_proj_bias)
         ours.attn.proj.load_state_dict(ref.self_attn.out_proj.state_dict())
@@ -123,8 +130,9 @@ def test_decoder_block_matches_torch_transformer_decoder_layer():
         ours.cross_attn.proj.load_state_dict(ref.multihead_attn.out_proj.state_dict())
         ours.mlp.fc1.load_state_dict(ref.linear1.state_dict())
         ours.mlp.fc2.load_state_dict(ref.linear2.state_dict())
-        for i in (1, 2, 3):
-            getattr(ours, f"norm{i}").load_state_dict(getattr(ref, f"norm{i}").state_dict())
+        # torch's norm2 sits before the cross-attention, norm3 before the MLP
+        for mine, theirs in (("norm1", "norm1"), ("cross_norm", "norm2"), ("norm2", "norm3")):
+            getattr(ours, mine).load_state_dict(getattr(ref, theirs).state_dict())
     x, memory = torch.randn(3, 5, C), torch.randn(3, 7, C)
     memory_padding = padded_batch().eq(PAD_ID)
     expected = ref(x, memory, tgt_mask=nn.Transformer.generate_square_subsequent_mask(5), tgt_is_causal=True,
@@ -158,7 +166,7 @@ def test_embeddings_are_scaled_and_tied():
 def test_learned_positions_and_post_norm_options():
     model = tiny_model(learned_positions=True, norm_first=False)
     assert isinstance(model.tgt_embed.pos, nn.Parameter)
-    assert not any(b.norm_first for b in [*model.encoder, *model.decoder])
+    assert all(type(b) in (PostNormEncoderBlock, PostNormDecoderBlock) for b in [*model.encoder, *model.decoder])
     src, tgt = padded_batch(), torch.randint(4, 29, (3, 5))
     out = model(src, tgt)
     out.sum().backward()
@@ -226,7 +234,7 @@ class TrapScript(Seq2SeqTransformer):
 
 def scripted(cls: type[Seq2SeqTransformer]) -> Seq2SeqTransformer:
     torch.manual_seed(0)
-    return cls(src_vocab_size=23, tgt_vocab_size=29, d_model=16, num_heads=2, num_encoder_layers=1,
+    return cls(src_vocab_size=23, tgt_vocab_size=29, embed_dim=16, num_heads=2, num_encoder_layers=1,
                num_decoder_layers=1, max_positions=64).eval()
 
 
@@ -277,3 +285,34 @@ def test_wider_beam_finds_more_likely_sequences():
     beam = sequence_log_prob(model, src, model.beam_search(src, beam_size=5, length_penalty=0.0, **kwargs))
     assert (beam >= greedy - 1e-4).float().mean() > 0.9  # beam search is a heuristic: "almost always"
     assert beam.mean() > greedy.mean()
+
+
+def test_left_and_right_padded_batches_give_the_same_outputs():
+    """Positions count real tokens and target padding is masked, so padding on either side is the same."""
+    model = tiny_model()
+    g = torch.Generator().manual_seed(2)
+    lengths_src, lengths_tgt = [7, 4, 2], [5, 3, 1]
+    sources = [torch.randint(4, 23, (n,), generator=g) for n in lengths_src]
+    targets = [torch.randint(4, 29, (n,), generator=g) for n in lengths_tgt]
+
+    def pad(seqs, left):
+        width = max(len(s) for s in seqs)
+        out = torch.full((len(seqs), width), PAD_ID)
+        for i, s in enumerate(seqs):
+            if left:
+                out[i, width - len(s):] = s
+            else:
+                out[i, : len(s)] = s
+        return out
+
+    outputs = {}
+    for left in (False, True):
+        src, tgt = pad(sources, left), pad(targets, left)
+        logits = model(src, tgt, src.eq(PAD_ID), tgt.eq(PAD_ID))
+        outputs[left] = [logits[i, -n:] if left else logits[i, :n] for i, n in enumerate(lengths_tgt)]
+    for right_rows, left_rows in zip(outputs[False], outputs[True]):
+        torch.testing.assert_close(left_rows, right_rows, atol=1e-5, rtol=0)
+    # Without the target mask a left-padded row sees its padding: the check above can fail.
+    src, tgt = pad(sources, True), pad(targets, True)
+    unmasked = model(src, tgt, src.eq(PAD_ID))[2, -1:]
+    assert not torch.allclose(unmasked, outputs[False][2], atol=1e-3)

@@ -2,11 +2,12 @@
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
+from tests import SCRIPTS
+
+SCRIPT = SCRIPTS / "benchmark.py"
 
 
 def test_benchmark_script_writes_a_row_per_mode_and_precision(tmp_path):

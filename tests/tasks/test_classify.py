@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import math
 
-import lightning as L
 import pytest
 import torch
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from vit.tasks.classify import ImageClassifier, layer_id, load_classifier, param_groups, warmup_cosine
+from vit.checkpoint import load_classifier
+from vit.tasks import load_task
+from vit.tasks.classify import ImageClassifier
+from vit.tasks.optim import warmup_cosine
 
 TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
 
@@ -25,37 +29,10 @@ def loader(n: int = 24, classes: int = 10, batch: int = 8, seed: int = 0) -> Dat
     return DataLoader(TensorDataset(x, y), batch_size=batch)
 
 
-def trainer(tmp_path, **kwargs) -> L.Trainer:
+def trainer(tmp_path, **kwargs) -> Trainer:
     defaults = dict(default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
                     logger=False, enable_checkpointing=False, num_sanity_val_steps=0)
-    return L.Trainer(**{**defaults, **kwargs})
-
-
-def test_param_groups_decay_and_layer_scales():
-    model = tiny().model
-    groups = param_groups(model, lr=1.0, weight_decay=0.05, layer_decay=0.5)
-    names = {id(p): n for n, p in model.named_parameters()}
-    seen = set()
-    for g in groups:
-        for p in g["params"]:
-            name = names[id(p)]
-            seen.add(name)
-            no_decay = p.ndim <= 1 or name in ("pos_embed", "cls_token")
-            assert g["weight_decay"] == (0.0 if no_decay else 0.05), name
-            assert g["lr"] == pytest.approx(0.5 ** (2 + 1 - layer_id(name, 2))), name
-    assert seen == set(names.values())
-    assert layer_id("patch_embed.proj.weight", 2) == 0 and layer_id("cls_token", 2) == 0
-    assert layer_id("blocks.1.attn.qkv.weight", 2) == 2 and layer_id("head.weight", 2) == 3
-    # without layer decay, every group has the base lr
-    assert {g["lr"] for g in param_groups(model, 0.1, 0.05)} == {0.1}
-
-
-def test_warmup_then_cosine():
-    assert warmup_cosine(0, 10, 100, 0.0) == pytest.approx(0.1)
-    assert warmup_cosine(9, 10, 100, 0.0) == pytest.approx(1.0)
-    assert warmup_cosine(10, 10, 100, 0.0) == pytest.approx(1.0)
-    assert warmup_cosine(55, 10, 100, 0.0) == pytest.approx(0.5)
-    assert warmup_cosine(100, 10, 100, 0.1) == pytest.approx(0.1)
+    return Trainer(**{**defaults, **kwargs})
 
 
 def test_schedule_keeps_layer_decay_per_step(tmp_path):
@@ -70,7 +47,7 @@ def test_schedule_keeps_layer_decay_per_step(tmp_path):
     # warm-up in epochs: 3 batches per epoch, 1 warm-up epoch of 3 epochs -> 3 warm-up steps of 9
     lrs = []
 
-    class RecordLr(L.Callback):
+    class RecordLr(Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
 
@@ -112,15 +89,17 @@ def test_ema_is_used_for_eval_and_checkpointed(tmp_path):
     path = tmp_path / "ema.ckpt"
     t.save_checkpoint(path)
     assert any(k.startswith("model_ema.") for k in torch.load(path, weights_only=False)["state_dict"])
-    loaded = load_classifier(path)
-    assert loaded.model_ema is None
+    loaded = load_classifier(path)  # the evaluated (EMA) weights, without Lightning
     torch.testing.assert_close(loaded.model(x), ema_out)
+    task = load_task(path, ImageClassifier)  # the whole task, both copies
+    torch.testing.assert_close(task(x), ema_out)
+    torch.testing.assert_close(task.model(x), raw_out)
 
 
 def test_metrics_match_a_hand_count_and_confusion_png(tmp_path):
     model = tiny()
     data = loader(n=40)
-    t = trainer(tmp_path, max_steps=1, logger=L.pytorch.loggers.CSVLogger(tmp_path))
+    t = trainer(tmp_path, max_steps=1, logger=CSVLogger(tmp_path))
     t.fit(model, data)
     result = t.test(model, data, verbose=False)[0]
     model.eval()
@@ -132,14 +111,17 @@ def test_metrics_match_a_hand_count_and_confusion_png(tmp_path):
     top5 = logits.topk(5, dim=-1).indices
     assert result["test_acc_top5"] == pytest.approx((top5 == y[:, None]).any(-1).float().mean().item())
     confusion = model.last_confusion_matrix
-    assert confusion.sum() == 40
+    expected = torch.zeros(10, 10, dtype=confusion.dtype)
+    for true, predicted in zip(y.tolist(), pred.tolist()):
+        expected[true, predicted] += 1  # row: true class, column: predicted class
+    assert not torch.equal(expected, expected.T)  # so a transposed matrix would fail
+    assert torch.equal(confusion, expected)
     for c in range(10):
-        assert confusion[c, c] == ((pred == c) & (y == c)).sum()
         assert result[f"test_acc_class/{c}"] == pytest.approx(((pred == c) & (y == c)).sum().item() / 4)
     png = tmp_path / "lightning_logs" / "version_0" / "confusion_matrix.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # fewer than 5 classes: no top-5 metric
-    assert not tiny(num_classes=3).top5
+    assert "acc_top5" not in tiny(num_classes=3).val_metrics
 
 
 def test_nan_loss_is_an_error(tmp_path):
@@ -165,8 +147,13 @@ def test_checkpoint_alone_rebuilds_the_classifier(tmp_path):
     torch.testing.assert_close(loaded.model(x), model.eval().model(x))
 
     torch.save({"state_dict": {}}, tmp_path / "other.ckpt")
-    with pytest.raises(ValueError, match="not an ImageClassifier checkpoint"):
+    with pytest.raises(ValueError, match="expected a 'classify' checkpoint from `vit fit`, but it is not a checkpoint"):
         load_classifier(tmp_path / "other.ckpt")
+    torch.save({"state_dict": {}, "vit": {"task": "translate"}}, tmp_path / "translator.ckpt")
+    with pytest.raises(ValueError, match="but it is a 'translate' checkpoint"):
+        load_classifier(tmp_path / "translator.ckpt")
+    with pytest.raises(ValueError, match="of the ImageClassifier task, but it holds the Translator task"):
+        load_task(tmp_path / "translator.ckpt", ImageClassifier)
     with pytest.raises(FileNotFoundError, match=r"missing\.ckpt"):
         load_classifier(tmp_path / "missing.ckpt")
 

@@ -1,0 +1,134 @@
+"""`vit attention`: a figure and the top classes per image."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+
+def write_checkpoint(path, *, model_name="vit_digits_patch2_8", **kwargs) -> None:
+    """A checkpoint in the format `vit fit` writes, from an untrained ImageClassifier."""
+    from vit.tasks.classify import ImageClassifier
+
+    torch.manual_seed(0)
+    classifier = ImageClassifier(model=model_name, **kwargs)
+    checkpoint = {"state_dict": classifier.state_dict()}
+    classifier.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, path)
+
+
+@pytest.fixture
+def digits_checkpoint(tmp_path):
+    path = tmp_path / "digits.ckpt"
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    write_checkpoint(
+        path, num_classes=10, class_names=names, mean=(0.5,), std=(0.5,),
+        model_kwargs=dict(embed_dim=32, depth=2, num_heads=4),
+    )
+    return path
+
+
+def test_vit_attention_writes_a_png_per_image(tmp_path, digits_checkpoint, capsys):
+    from vit.commands import main
+
+    rgb = tmp_path / "photo.jpg"
+    Image.fromarray((np.random.default_rng(0).random((30, 20, 3)) * 255).astype(np.uint8)).save(rgb)
+    gray = tmp_path / "digit.png"
+    Image.fromarray((np.random.default_rng(1).random((8, 8)) * 255).astype(np.uint8)).save(gray)
+    out = tmp_path / "maps"
+    main([
+        "attention", "--ckpt", str(digits_checkpoint), str(rgb), str(gray), "--out", str(out), "--top_k", "3",
+    ])
+
+    for name in ("photo", "digit"):
+        with Image.open(out / f"{name}.png") as png:
+            assert png.format == "PNG" and png.width > 200
+    results = json.loads((out / "predictions.json").read_text())
+    assert [r["image"] for r in results] == [str(rgb), str(gray)]
+    for r in results:
+        assert len(r["top_k"]) == 3
+        probs = [p["probability"] for p in r["top_k"]]
+        assert probs == sorted(probs, reverse=True)
+        assert all(p["name"] == ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight",
+                                 "nine"][p["class"]] for p in r["top_k"])
+    printed = capsys.readouterr().out
+    assert results[0]["top_k"][0]["name"] in printed and "photo.png" in printed
+
+    # The same classes and probabilities as `vit predict`, which prepares images the same way.
+    from vit.checkpoint import load_classifier
+    from vit.commands.predict import predict_files
+
+    predicted = predict_files(load_classifier(digits_checkpoint), [rgb, gray], top_k=3)
+    for ours, theirs in zip(results, predicted):
+        assert [p["name"] for p in ours["top_k"]] == theirs["classes"]
+        np.testing.assert_allclose([p["probability"] for p in ours["top_k"]], theirs["probs"], atol=1e-5)
+
+
+def test_vit_attention_choices_and_native_size(tmp_path, digits_checkpoint):
+    from vit.commands.attention import main
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    image = folder / "wide.png"
+    Image.fromarray((np.random.default_rng(0).random((10, 17)) * 255).astype(np.uint8)).save(image)
+    main([
+        "--ckpt", str(digits_checkpoint), str(image), str(image), "--out", str(tmp_path / "a"),
+        "--layer", "-1", "--head", "0", "2", "--rollout", "grad", "--target_class", "seven", "--native_size",
+    ])
+    assert (tmp_path / "a" / "wide.png").is_file() and (tmp_path / "a" / "wide_2.png").is_file()
+    # A folder is searched for images; underscores work as in `vit predict`.
+    results = main(["--ckpt", str(digits_checkpoint), str(folder), "--out", str(tmp_path / "b"), "--head",
+                    "mean", "--rollout", "none", "--top_k", "2"])
+    assert [r["png"] for r in results] == [str(tmp_path / "b" / "wide.png")]
+    assert len(results[0]["top_k"]) == 2
+
+
+def test_vit_attention_on_an_rgb_model_takes_grayscale_and_native_sizes(tmp_path):
+    from vit.commands.attention import main
+
+    ckpt = tmp_path / "rgb.ckpt"
+    write_checkpoint(
+        ckpt, model_name="vit_cifar_patch4_32", num_classes=3, class_names=["cat", "dog", "fox"],
+        model_kwargs=dict(embed_dim=32, depth=1, num_heads=4),
+    )
+    gray = tmp_path / "gray.png"
+    Image.fromarray((np.random.default_rng(0).random((50, 70)) * 255).astype(np.uint8)).save(gray)
+    results = main(["--ckpt", str(ckpt), str(gray), "--out", str(tmp_path / "out"), "--native_size"])
+    assert {p["name"] for p in results[0]["top_k"]} == {"cat", "dog", "fox"}
+    with Image.open(results[0]["png"]) as png:
+        assert png.mode in ("RGB", "RGBA")
+
+
+def test_output_names_never_collide():
+    from vit.commands.attention import _output_names
+
+    paths = [Path("a/x.png"), Path("b/x.png"), Path("x_2.png"), Path("c/x.jpg")]
+    assert _output_names(paths) == ["x", "x_2", "x_2_2", "x_3"]
+
+
+def test_vit_attention_reports_bad_inputs(tmp_path, digits_checkpoint):
+    from vit.commands.attention import main
+
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not a jpeg at all")
+    with pytest.raises(OSError, match=r"cannot read image .*broken\.jpg"):
+        main(["--ckpt", str(digits_checkpoint), str(broken), "--out", str(tmp_path)])
+    with pytest.raises(FileNotFoundError, match=r"no such image file or folder: .*missing\.png"):
+        main(["--ckpt", str(digits_checkpoint), str(tmp_path / "missing.png"), "--out", str(tmp_path)])
+    image = tmp_path / "ok.png"
+    Image.new("L", (8, 8)).save(image)
+    with pytest.raises(OSError, match="broken"):  # a bad file stops the run before anything is written
+        main(["--ckpt", str(digits_checkpoint), str(image), str(broken), "--out", str(tmp_path / "none")])
+    assert not (tmp_path / "none").exists()
+    with pytest.raises(ValueError, match="--head 7: the model has 4 heads"):
+        main(["--ckpt", str(digits_checkpoint), str(image), "--out", str(tmp_path), "--head", "7"])
+    with pytest.raises(ValueError, match="--target_class 'cat'"):
+        main(["--ckpt", str(digits_checkpoint), str(image), "--out", str(tmp_path), "--rollout", "grad",
+              "--target_class", "cat"])
+    with pytest.raises(ValueError, match=r"layer 5 does not exist: the model has 2 layers"):
+        main(["--ckpt", str(digits_checkpoint), str(image), "--out", str(tmp_path), "--layer", "5"])

@@ -1,0 +1,35 @@
+"""The `vit` console script: one line per command, and prediction without Lightning."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from vit.commands import COMMANDS, main
+
+
+def test_vit_help_lists_every_command(capsys):
+    main(["--help"])
+    printed = capsys.readouterr().out
+    for name, (_, summary) in COMMANDS.items():
+        assert f"  {name}" in printed and summary in printed
+    with pytest.raises(SystemExit):
+        main(["nonsense"])
+    assert "unknown command 'nonsense'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["vit.commands.predict", "vit.commands.attention", "vit.checkpoint", "vit.data.io"])
+def test_prediction_side_imports_no_lightning(module):
+    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightning'))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_every_command_has_useful_help(capsys):
+    for name in ("predict", "attention", "translate"):
+        with pytest.raises(SystemExit) as done:
+            main([name, "--help"])
+        assert done.value.code == 0
+        assert f"usage: vit {name}" in capsys.readouterr().out

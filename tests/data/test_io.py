@@ -1,0 +1,49 @@
+"""Reading images in any mode, splits (vit.data.io)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vit.data.io import load_image, stratified_split, to_rgb
+
+
+def test_stratified_split_keeps_class_shares_and_is_seeded():
+    labels = np.repeat(np.arange(4), [10, 20, 30, 40])
+    rest, val, test = stratified_split(labels, [0.1, 0.2], seed=3)
+    assert sorted(np.concatenate([rest, val, test]).tolist()) == list(range(100))
+    assert Counter(labels[val].tolist()) == {0: 1, 1: 2, 2: 3, 3: 4}
+    assert Counter(labels[test].tolist()) == {0: 2, 1: 4, 2: 6, 3: 8}
+    again = stratified_split(labels, [0.1, 0.2], seed=3)
+    assert all((a == b).all() for a, b in zip(again, (rest, val, test)))
+    other = stratified_split(labels, [0.1, 0.2], seed=4)
+    assert not (other[1] == val).all()
+
+
+@pytest.mark.parametrize("mode", ["L", "P", "RGBA", "CMYK", "I;16", "1", "LA"])
+def test_every_common_mode_becomes_rgb(mode, tmp_path):
+    from tests.formats import MODE_FILES, image_in_mode
+
+    img = image_in_mode(mode, size=10, seed=1)
+    path = tmp_path / f"x{MODE_FILES[mode]}"
+    img.save(path)
+    rgb = load_image(path)
+    assert rgb.mode == "RGB" and rgb.size == (10, 10)
+    if mode == "I;16":
+        # 16-bit values are rescaled, not clipped at 255
+        raw = np.asarray(Image.open(path), dtype=np.float64)
+        expected = np.clip(raw / 65535 * 255 + 0.5, 0, 255).astype(np.uint8)
+        np.testing.assert_array_equal(np.asarray(rgb)[..., 0], expected)
+        assert len(np.unique(np.asarray(rgb))) > 50
+    if mode == "L":
+        np.testing.assert_array_equal(np.asarray(rgb)[..., 1], np.asarray(Image.open(path)))
+
+
+def test_to_rgb_palette_with_transparency():
+    img = Image.new("P", (4, 4))
+    img.putpalette([255, 0, 0] * 256)
+    img.info["transparency"] = 0
+    assert to_rgb(img).getpixel((0, 0)) == (255, 0, 0)

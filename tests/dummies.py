@@ -1,0 +1,49 @@
+"""Lightning test doubles: modules without the linked attributes, and a callback that crashes a run."""
+
+from __future__ import annotations
+
+import torch
+from lightning.pytorch import Callback, LightningDataModule, LightningModule
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class NoClassesModel(LightningModule):
+    """A model whose __init__ has none of the linked names except ``mean``."""
+
+    def __init__(self, width: int = 4, mean: tuple[float, ...] = (0.0,)) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(width, 1)
+        self.mean = mean
+
+    def training_step(self, batch, batch_idx):
+        return self.lin(batch[0].flatten(1)[:, :4]).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class BareData(LightningDataModule):
+    """A datamodule with none of the linked attributes."""
+
+    def train_dataloader(self):
+        images = torch.randn(8, 4, 1, 1)  # (B, C, H, W)
+        return DataLoader(TensorDataset(images, torch.zeros(8, dtype=torch.long)), batch_size=4)
+
+
+class CrashAtStep(Callback):
+    """Raise after a given number of optimiser steps, to simulate an interrupted run."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step >= self.step:
+            raise RuntimeError(f"simulated crash at step {trainer.global_step}")
+
+
+class RecordWorldSize(Callback):
+    """Append "rank/world size" of each process to ``world_size`` in the working folder, at fit start."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        with open("world_size", "a") as f:
+            f.write(f"{trainer.global_rank}/{trainer.world_size}\n")

@@ -1,0 +1,205 @@
+"""Checkpoint files: written atomically, read with clear errors, and a trained classifier rebuilt from one.
+
+Nothing here imports Lightning: `vit predict`, `vit attention` and `vit export` rebuild the evaluated
+model from a `vit fit` checkpoint alone. Both tasks write what that needs under ``checkpoint["vit"]``:
+the task ("classify" or "translate") and, for a classifier, the model config, class names and the
+image preparation (size, mean/std, crop_pct, interpolation).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import zipfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vit.nn.vision import VisionTransformer
+
+META_KEY = "vit"  # checkpoint["vit"]: what the task wrote for loading without the training config
+
+
+class DamagedCheckpointError(ValueError):
+    """A checkpoint file that cannot be read: truncated by a kill, or not a checkpoint at all."""
+
+
+# ---- writing ---------------------------------------------------------------------------------
+def save_atomic(write: Callable[[Any], None], path: str | os.PathLike) -> Path:
+    """Write a file through ``write(file_object)`` so that a kill at any moment leaves the old file or
+    the new one, never a torn one: a temporary file in the same folder (same filesystem), flushed
+    and fsynced, then renamed over ``path`` with ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> Path:
+    """``torch.save`` a checkpoint atomically (see `save_atomic`)."""
+    return save_atomic(lambda f: torch.save(checkpoint, f), path)
+
+
+# ---- reading ---------------------------------------------------------------------------------
+def is_intact(path: str | os.PathLike) -> bool:
+    """Whether a torch checkpoint file is whole, judged from its zip directory (cheap: no tensor is read).
+
+    A save cut short loses the directory at the end of the file, so a torn file fails here.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("data.pkl") for name in archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+def checkpoint_progress(path: str | os.PathLike) -> tuple[int | None, int | None]:
+    """(epoch, global step) of a checkpoint, from its name (``epoch=3-step=120``) or else its contents."""
+    name = Path(path).name
+    epoch, step = re.search(r"epoch=(\d+)", name), re.search(r"step=(\d+)", name)
+    if epoch and step:
+        return int(epoch.group(1)), int(step.group(1))
+    try:
+        # mmap: only the small entries are read from disk, not the tensors.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return checkpoint.get("epoch"), checkpoint.get("global_step")
+    except Exception:
+        return None, None
+
+
+def describe_checkpoints(folder: str | os.PathLike, exclude: str | os.PathLike | None = None) -> list[str]:
+    """One line per other checkpoint in ``folder``, newest first: name, epoch, step, and whether it is intact."""
+    lines = []
+    paths = [p for p in Path(folder).glob("*.ckpt") if exclude is None or p.resolve() != Path(exclude).resolve()]
+    for path in sorted(paths, key=lambda p: p.stat().st_mtime, reverse=True):
+        epoch, step = checkpoint_progress(path) if is_intact(path) else (None, None)
+        state = f"epoch {epoch}, step {step}" if epoch is not None else "damaged" if not is_intact(path) else "?"
+        lines.append(f"{path} ({state})")
+    return lines
+
+
+def damaged_message(path: str | os.PathLike, reason: str) -> str:
+    """What to say about a damaged checkpoint: the file, why, and the checkpoints beside it."""
+    others = describe_checkpoints(Path(path).parent, exclude=path)
+    listing = "\n".join(f"  {line}" for line in others) or "  (none)"
+    return (
+        f"checkpoint {path} is damaged ({reason}); it was probably cut short by a kill during a save.\n"
+        f"Other checkpoints in {Path(path).parent}:\n{listing}"
+    )
+
+
+def read_checkpoint(
+    path: str | os.PathLike, map_location: str | torch.device = "cpu", *, mmap: bool = False
+) -> dict[str, Any]:
+    """Load a checkpoint as data (``weights_only``: tensors, numbers, strings; never code to run).
+
+    ``mmap`` leaves the tensors on disk until used: cheap when only the metadata is wanted.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if not is_intact(path):
+        raise DamagedCheckpointError(damaged_message(path, "not a complete torch zip file"))
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception as e:  # a torn file fails in the zip reader or the unpickler
+        raise DamagedCheckpointError(damaged_message(path, f"{type(e).__name__}: {e}")) from e
+    if not isinstance(checkpoint, dict):
+        raise ValueError(f"{path}: expected a checkpoint dict, found {type(checkpoint).__name__}")
+    return checkpoint
+
+
+def task_of(checkpoint: dict[str, Any]) -> str | None:
+    """The task a `vit fit` checkpoint was written by ("classify" or "translate"), or None."""
+    meta = checkpoint.get(META_KEY)
+    return meta.get("task") if isinstance(meta, dict) else None
+
+
+def expect_task(checkpoint: dict[str, Any], task: str, path: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint's ``vit`` entry, or an error saying which task the file holds instead."""
+    found = task_of(checkpoint)
+    if found != task:
+        what = f"a {found!r} checkpoint" if found else "not a checkpoint written by `vit fit`"
+        raise ValueError(f"{path}: expected a {task!r} checkpoint from `vit fit`, but it is {what}")
+    return checkpoint[META_KEY]
+
+
+# ---- a trained classifier, without Lightning --------------------------------------------------
+class Classifier(nn.Module):
+    """A trained ViT with what it takes to prepare its input and name its output.
+
+    ``.model`` holds the evaluated weights (the EMA weights when training used EMA); ``.class_names``,
+    ``.img_size`` (H, W), ``.in_chans``, ``.mean``, ``.std``, ``.crop_pct`` and ``.interpolation``
+    say how images were prepared for testing, and so how to prepare them for prediction.
+    """
+
+    def __init__(
+        self, model: VisionTransformer, *, model_name: str, class_names: Sequence[str],
+        mean: Sequence[float], std: Sequence[float], crop_pct: float, interpolation: str,
+    ) -> None:
+        super().__init__()
+        if len(class_names) != model.num_classes:
+            raise ValueError(f"{len(class_names)} class names for a {model.num_classes}-class model")
+        self.model = model
+        self.model_name = model_name
+        self.class_names = list(class_names)
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.crop_pct, self.interpolation = float(crop_pct), interpolation
+
+    @property
+    def img_size(self) -> tuple[int, int]:
+        """(height, width) the model expects."""
+        return self.model.img_size
+
+    @property
+    def in_chans(self) -> int:
+        """Number of input channels the model expects."""
+        return self.model.in_chans
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Logits (B, num_classes)."""
+        return self.model(x)
+
+    def eval_transform(self, crop_pct: float | None = None) -> Callable:
+        """The transform the test split went through: resize, centre crop, normalise."""
+        from vit.data.transforms import eval_transform
+
+        return eval_transform(self.in_chans, self.img_size, self.crop_pct if crop_pct is None else crop_pct,
+                              self.interpolation, self.mean, self.std)
+
+
+def evaluated_weights(state_dict: dict[str, Tensor], ema: bool) -> dict[str, Tensor]:
+    """The VisionTransformer's weights inside an ImageClassifier's state dict: the EMA copy if trained with one."""
+    prefix = "model_ema.module." if ema else "model."
+    return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+
+
+def load_classifier(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Classifier:
+    """Rebuild a trained classifier from a `vit fit` checkpoint alone, in eval mode."""
+    checkpoint = read_checkpoint(path)
+    meta = expect_task(checkpoint, "classify", path)
+    model = VisionTransformer(**meta["model_config"])
+    model.load_state_dict(evaluated_weights(checkpoint["state_dict"], meta["ema"]))
+    classifier = Classifier(
+        model, model_name=meta["model_name"], class_names=meta["class_names"], mean=meta["mean"],
+        std=meta["std"], crop_pct=meta["crop_pct"], interpolation=meta["interpolation"],
+    )
+    return classifier.to(map_location).eval()

@@ -1,0 +1,53 @@
+"""`vit translate --ckpt best.ckpt "a sentence" ...` or `--file lines.txt`: print one translation a line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Command-line options of `vit translate`."""
+    parser = argparse.ArgumentParser(
+        prog="vit translate",
+        description="Translate sentences with a checkpoint from `vit fit` with a Translator; one line out per line in.",
+    )
+    parser.add_argument("sentences", nargs="*", help="sentences to translate")
+    parser.add_argument("--ckpt", required=True, help="checkpoint written by `vit fit` with a Translator")
+    parser.add_argument("--file", help="translate every line of this UTF-8 file ('-' reads stdin)")
+    parser.add_argument("--beam_size", type=int, default=None, help="1 = greedy (default: as trained)")
+    parser.add_argument("--length_penalty", type=float, default=None, help="beam search length penalty")
+    parser.add_argument("--max_length", type=int, default=None, help="most tokens to generate")
+    parser.add_argument("--batch_size", type=int, default=64, help="sentences per batch (default: %(default)s)")
+    args = parser.parse_args(list(argv))
+    if args.file == "-":
+        args.sentences += sys.stdin.read().splitlines()
+    elif args.file:
+        path = Path(args.file)
+        if not path.is_file():
+            parser.error(f"--file {args.file!r} not found")
+        args.sentences += path.read_text(encoding="utf-8").splitlines()
+    if not args.sentences:
+        parser.error("give sentences to translate, or --file")
+    return args
+
+
+def main(argv: Sequence[str]) -> list[str]:
+    """Run `vit translate` with the given arguments (without the command name); returns the translations."""
+    args = parse_args(argv)
+    from tqdm import tqdm
+
+    from vit.tasks import Translator, load_task  # the model lives in the LightningModule
+
+    translator = load_task(args.ckpt, Translator)
+    decoding = dict(beam_size=args.beam_size, length_penalty=args.length_penalty, max_len=args.max_length)
+    sentences, out = args.sentences, []
+    chunks = range(0, len(sentences), args.batch_size)
+    for start in tqdm(chunks, desc="translating", file=sys.stderr, disable=len(chunks) < 2):
+        batch = sentences[start : start + args.batch_size]
+        for line in translator.translate(batch, batch_size=args.batch_size, **decoding):
+            print(line)
+            out.append(line)
+    return out

@@ -1,0 +1,126 @@
+"""What every image DataModule shares: the options linked into the model, and the loaders.
+
+Every DataModule knows ``num_classes``, ``class_names``, ``img_size``, ``in_chans``, ``mean``, ``std``,
+``crop_pct`` and ``interpolation`` right after ``__init__``, so the CLI can link them into the model
+(and from there into the checkpoint). Batches are ``(images (B, C, H, W) float, labels (B,) int64)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from vit.data import transforms
+from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augment
+
+
+class ImageDataModule(LightningDataModule):
+    """Shared options and loaders; subclasses fill ``class_names`` and build the three splits in ``setup``.
+
+    Subclasses take their own arguments, restate only the shared ones whose default differs, and
+    pass the rest on as ``**kwargs``; `vit fit --help` still shows every argument with its default.
+    Training transforms are timm's ``create_transform`` (random resized crop, flip, RandAugment or
+    colour jitter, random erasing); evaluation is resize + centre crop (``crop_pct``) + normalise.
+
+    Args:
+        batch_size: images per batch (per device).
+        num_workers: DataLoader worker processes.
+        img_size: side of the square images the model sees.
+        mean: normalisation mean per channel.
+        std: normalisation standard deviation per channel.
+        auto_augment: timm policy, e.g. "rand-m9-mstd0.5-inc1" (RandAugment) or "autoaug"; None = off.
+        re_prob: random-erasing probability.
+        hflip: horizontal flip probability.
+        color_jitter: colour-jitter strength, 0 = off (timm skips it when auto_augment is set).
+        scale: range of the random resized crop's area fraction.
+        crop_pct: evaluation centre crop: resize to img_size / crop_pct, then crop img_size.
+        interpolation: resize interpolation ("bicubic", "bilinear", ...).
+        seed: seed of any split this DataModule carves.
+    """
+
+    in_chans = 3
+
+    def __init__(
+        self,
+        *,
+        batch_size: int = 128,
+        num_workers: int = 4,
+        img_size: int = 224,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
+        re_prob: float = 0.25,
+        hflip: float = 0.5,
+        color_jitter: float = 0.4,
+        scale: tuple[float, float] = (0.08, 1.0),
+        crop_pct: float = 0.875,
+        interpolation: str = "bicubic",
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if len(mean) != self.in_chans or len(std) != self.in_chans:
+            raise ValueError(f"mean and std need {self.in_chans} values, got {list(mean)} and {list(std)}")
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.img_size = img_size
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+        self.augment = Augment(auto_augment, re_prob, hflip, color_jitter, tuple(scale))
+        self.crop_pct = crop_pct
+        self.interpolation = interpolation
+        self.seed = seed
+        self.class_names: list[str] = []
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes."""
+        return len(self.class_names)
+
+    @property
+    def auto_augment(self) -> str | None:
+        """The timm augmentation policy of the training transform."""
+        return self.augment.auto_augment
+
+    def train_transform(self) -> Callable:
+        """timm's training transform with this DataModule's augmentation."""
+        return transforms.train_transform(self.augment, self.img_size, self.interpolation, self.mean, self.std)
+
+    def eval_transform(self) -> Callable:
+        """timm's evaluation transform: resize, centre crop (crop_pct), normalise."""
+        return transforms.eval_transform(
+            self.in_chans, (self.img_size, self.img_size), self.crop_pct, self.interpolation, self.mean, self.std
+        )
+
+    def train_sampler(self) -> Sampler | None:
+        """A sampler for the training split, or None to shuffle (subclasses may weight classes)."""
+        return None
+
+    def _loader(self, dataset: Dataset | None, name: str, train: bool = False) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__} has no {name} split; was setup() called?")
+        sampler = self.train_sampler() if train else None
+        return DataLoader(
+            dataset, batch_size=self.batch_size, shuffle=train and sampler is None, sampler=sampler,
+            num_workers=self.num_workers, drop_last=train and len(dataset) > self.batch_size,
+            pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, "train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, "val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, "test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, "test")

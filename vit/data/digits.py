@@ -1,0 +1,123 @@
+"""scikit-learn's bundled 8x8 handwritten digits: the offline default dataset."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from vit.data.base import ImageDataModule
+from vit.data.io import stratified_split
+
+# Mean and std of the digits' pixels scaled to 0..1 (all 1,797 images).
+DIGITS_MEAN = (0.3053,)
+DIGITS_STD = (0.3760,)
+
+
+@dataclass(frozen=True)
+class DigitsAugment:
+    """A small random affine for the digits.
+
+    Args:
+        max_shift: largest shift in whole pixels at ``img_size``.
+        max_rotation: largest rotation in degrees.
+        scale: range of the zoom factor.
+    """
+
+    max_shift: float = 1.0
+    max_rotation: float = 10.0
+    scale: tuple[float, float] = (0.9, 1.1)
+
+
+class DigitsSet(Dataset):
+    """Digits as normalised (1, S, S) tensors (S = img_size), with an optional augmentation."""
+
+    def __init__(self, images: Tensor, labels: Tensor, mean: Sequence[float], std: Sequence[float],
+                 augment: Callable | None = None) -> None:
+        self.images, self.labels, self.augment = images, labels, augment
+        self.mean = torch.tensor(mean).view(-1, 1, 1)
+        self.std = torch.tensor(std).view(-1, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        x = self.images[index]
+        if self.augment is not None:
+            x = self.augment(x)
+        return (x - self.mean) / self.std, self.labels[index]
+
+
+class Digits(ImageDataModule):
+    """scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes, no download).
+
+    The split is fixed by ``seed`` (default 0) and stratified by class (rounded per class):
+    20% test (359 images), 10% validation (179), the remaining 70% (1,259) for training. Pixels 0..16
+    are scaled to 0..1 and normalised with the dataset's mean/std; ``img_size`` > 8 upsamples them
+    (bilinear).
+
+    Args:
+        val_fraction: share of each class held out for validation.
+        test_fraction: share of each class held out for test.
+        augment: the training augmentation; None = off.
+    """
+
+    in_chans = 1
+
+    def __init__(
+        self,
+        *,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        img_size: int = 8,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.2,
+        augment: DigitsAugment | None = DigitsAugment(),
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            batch_size=batch_size, num_workers=num_workers, img_size=img_size, mean=DIGITS_MEAN,
+            std=DIGITS_STD, crop_pct=1.0, interpolation="bilinear", seed=seed,
+        )
+        if img_size < 8:
+            raise ValueError(f"Digits img_size must be at least the native 8, got {img_size}")
+        if not 0 < val_fraction < 1 or not 0 < test_fraction < 1 or val_fraction + test_fraction >= 1:
+            raise ValueError(
+                f"val_fraction ({val_fraction}) and test_fraction ({test_fraction}) must be in (0, 1) "
+                "and leave images for training"
+            )
+        self.val_fraction, self.test_fraction, self.augment = val_fraction, test_fraction, augment
+        self.class_names = [str(i) for i in range(10)]
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8)
+        if self.img_size != 8:
+            # Upsampled once (bilinear): each patch of a larger grid then sees its neighbours' pixels.
+            images = F.interpolate(images, size=(self.img_size, self.img_size), mode="bilinear",
+                                   align_corners=False)  # (N, 1, S, S)
+        labels = torch.tensor(digits.target, dtype=torch.int64)
+        train_idx, val_idx, test_idx = stratified_split(
+            digits.target, [self.val_fraction, self.test_fraction], self.seed
+        )
+        affine = None
+        if self.augment is not None:
+            from torchvision.transforms import v2
+
+            shift = self.augment.max_shift / self.img_size  # RandomAffine takes the shift as a fraction
+            affine = v2.RandomAffine(
+                degrees=self.augment.max_rotation, translate=(shift, shift), scale=self.augment.scale,
+                interpolation=v2.InterpolationMode.BILINEAR,
+            )
+        make = lambda idx, aug: DigitsSet(images[idx], labels[idx], self.mean, self.std, aug)
+        self.train_set = make(train_idx, affine)
+        self.val_set = make(val_idx, None)
+        self.test_set = make(test_idx, None)

@@ -1,0 +1,207 @@
+"""Image files: reading any common mode as RGB, scanning class folders, header checks, splits.
+
+Nothing here imports Lightning, so prediction and export can read images without it. Scanning is
+built for ImageNet-sized trees (1.28M files): ``os.scandir`` and plain strings, no ``stat`` per file.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
+
+
+def is_image_file(path: str | os.PathLike) -> bool:
+    """Whether the file name has an image extension."""
+    return str(path).lower().endswith(IMAGE_EXTENSIONS)
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Any common PIL mode (1, L, LA, P, RGBA, CMYK, I;16, I, F) -> 8-bit RGB.
+
+    16-bit and 32-bit modes are rescaled to 0..255 first; PIL's own conversion would clip them.
+    """
+    if img.mode == "RGB":
+        return img
+    if img.mode.startswith("I;16") or img.mode in ("I", "F"):
+        arr = np.asarray(img, dtype=np.float64)
+        top = 65535.0 if img.mode.startswith("I;16") or arr.max(initial=0) > 255 else 255.0
+        if img.mode == "F" and arr.max(initial=0) <= 1.0:
+            top = 1.0
+        arr = np.clip(arr / top * 255.0 + 0.5, 0, 255).astype(np.uint8)
+        return Image.fromarray(arr).convert("RGB")  # 2-D uint8 -> "L"
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")  # as PIL recommends for palette images with transparency
+    return img.convert("RGB")
+
+
+def load_image(path: str | os.PathLike, mode: str = "RGB") -> Image.Image:
+    """Open and fully decode an image as RGB (or "L"), or raise an OSError that names the file."""
+    try:
+        with Image.open(path) as img:
+            img.load()
+            rgb = to_rgb(img)
+    except Exception as e:  # PIL raises several types for bad files; all mean the same to a user
+        raise OSError(f"cannot read image {path}: {type(e).__name__}: {e}") from e
+    return rgb.convert("L") if mode == "L" else rgb
+
+
+# ---- folders ---------------------------------------------------------------------------------
+def _files_under(folder: str) -> Iterator[str]:
+    """Paths of the visible files below ``folder``, recursively, following links like os.walk."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            if entry.is_dir():
+                yield from _files_under(entry.path)
+            elif entry.is_file():
+                yield entry.path
+
+
+def class_folders(root: str | os.PathLike) -> list[str]:
+    """Sorted names of the sub-folders of ``root`` (one per class), or a clear error."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder not found: {root}")
+    with os.scandir(root) as entries:
+        classes = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+    if not classes:
+        raise ValueError(f"{root} has no class sub-folders; expected {root}/<class name>/<image files>")
+    return classes
+
+
+def scan_class_folders(root: str | os.PathLike, classes: Sequence[str]) -> list[tuple[str, int]]:
+    """(path, label) of the images under ``root/<class>/``, recursively, sorted within each class.
+
+    Files without an image extension are skipped with one warning that counts them; a class
+    folder without images is an error. Nothing is opened: see `check_image_files` for that.
+    """
+    samples: list[tuple[str, int]] = []
+    not_images: Counter[str] = Counter()
+    for label, name in enumerate(classes):
+        folder = os.path.join(root, name)
+        if not os.path.isdir(folder):
+            raise ValueError(f"class {name!r} has no folder {folder}")
+        found = 0
+        for path in sorted(_files_under(folder)):
+            if is_image_file(path):
+                samples.append((path, label))
+                found += 1
+            else:
+                not_images[os.path.splitext(path)[1].lower() or os.path.basename(path)] += 1
+        if found == 0:
+            raise ValueError(f"class folder {folder} has no images (expected files like *.jpg, *.png)")
+    if not_images:
+        kinds = ", ".join(f"{n} {k}" for k, n in not_images.most_common())
+        warnings.warn(f"skipped {sum(not_images.values())} files under {root} that are not images ({kinds})",
+                      stacklevel=2)
+    return samples
+
+
+def list_images(inputs: Sequence[str | os.PathLike]) -> list[Path]:
+    """Image files among ``inputs`` (files, or folders searched recursively), in a stable order."""
+    files: list[Path] = []
+    skipped = 0
+    for item in map(Path, inputs):
+        if item.is_dir():
+            for path in sorted(_files_under(str(item))):
+                if is_image_file(path):
+                    files.append(Path(path))
+                else:
+                    skipped += 1
+        elif item.is_file():
+            files.append(item)
+        else:
+            raise FileNotFoundError(f"no such image file or folder: {item}")
+    if skipped:
+        warnings.warn(f"skipped {skipped} files that are not images", stacklevel=2)
+    if not files:
+        raise ValueError(f"no image files found in {', '.join(map(str, inputs))}")
+    return files
+
+
+# ---- header checks ---------------------------------------------------------------------------
+def check_image_file(path: str) -> str | None:
+    """What is wrong with an image file, judged from its header alone (no decoding), or None.
+
+    Finds empty files, content that is no image format PIL reads (a text file named .jpg, an
+    unsupported format) and images over PIL's decompression-bomb limit. Truncated pixel data
+    passes: only decoding finds it.
+    """
+    try:
+        if os.path.getsize(path) == 0:
+            return "empty file (0 bytes)"
+        with Image.open(path) as img:
+            width, height = img.size
+            if Image.MAX_IMAGE_PIXELS and width * height > Image.MAX_IMAGE_PIXELS:
+                return f"{width}x{height} pixels, over PIL's limit of {Image.MAX_IMAGE_PIXELS}"
+    except Image.DecompressionBombError as e:
+        return f"too large: {e}"
+    except UnidentifiedImageError:
+        return "not an image in a format PIL reads"
+    except Exception as e:  # anything else a header can do wrong
+        return f"unreadable header ({type(e).__name__}: {e})"
+    return None
+
+
+def _check_chunk(paths: Sequence[str]) -> list[tuple[str, str]]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        return [(p, problem) for p in paths if (problem := check_image_file(p)) is not None]
+
+
+def check_image_files(paths: Sequence[str], num_workers: int | None = None) -> list[tuple[str, str]]:
+    """(path, problem) for every file whose header is bad, checked in ``num_workers`` processes.
+
+    ``None`` uses every core this process may run on; small lists are checked in-process.
+    """
+    num_workers = len(os.sched_getaffinity(0)) if num_workers is None else num_workers
+    if num_workers <= 1 or len(paths) < 2000:
+        return _check_chunk(paths)
+    import multiprocessing
+
+    chunks = [paths[i : i + 500] for i in range(0, len(paths), 500)]
+    # fork: the workers need nothing but PIL, and must not re-import the caller's program.
+    with ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        return [bad for result in pool.map(_check_chunk, chunks) for bad in result]
+
+
+def describe_bad_files(bad: Sequence[tuple[str, str]], total: int, shown: int = 10) -> str:
+    """A count and the first bad files with their problems, one per line."""
+    lines = [f"{len(bad)} of {total} image files are unreadable:"]
+    lines += [f"  {path}: {problem}" for path, problem in bad[:shown]]
+    if len(bad) > shown:
+        lines.append(f"  ... and {len(bad) - shown} more")
+    return "\n".join(lines)
+
+
+# ---- splits ----------------------------------------------------------------------------------
+def stratified_split(labels: Sequence[int], fractions: Sequence[float], seed: int) -> list[np.ndarray]:
+    """Split indices so each part keeps the class proportions; returns [rest, part1, part2, ...].
+
+    Within each class the indices are shuffled with ``seed`` and each part takes
+    ``round(fraction * class_count)`` of them (at least one when the class has two or more).
+    """
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    parts: list[list[int]] = [[] for _ in range(len(fractions) + 1)]
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        start = 0
+        for i, fraction in enumerate(fractions):
+            n = round(fraction * len(idx))
+            if fraction > 0 and len(idx) >= 2:
+                n = max(1, n)
+            parts[i + 1].extend(idx[start:start + n].tolist())
+            start += n
+        parts[0].extend(idx[start:].tolist())
+    return [np.sort(np.array(p, dtype=np.int64)) for p in parts]

@@ -1,0 +1,85 @@
+"""Image transforms: timm's training augmentation and evaluation crop, shared by every image pipeline.
+
+The DataModules, `vit predict`, `vit attention` and the exports all build their evaluation
+transform here from the same few numbers (size, crop_pct, interpolation, mean, std), which a
+checkpoint carries, so a file is prepared for prediction exactly as it was for testing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+IMAGENET_MEAN: tuple[float, float, float] = IMAGENET_DEFAULT_MEAN
+IMAGENET_STD: tuple[float, float, float] = IMAGENET_DEFAULT_STD
+
+
+@dataclass(frozen=True)
+class Augment:
+    """Training augmentation of the image DataModules (timm's ``create_transform``); see `ImageDataModule`."""
+
+    auto_augment: str | None = "rand-m9-mstd0.5-inc1"
+    re_prob: float = 0.25
+    hflip: float = 0.5
+    color_jitter: float = 0.4
+    scale: tuple[float, float] = (0.08, 1.0)
+
+
+def _posterize(img: Image.Image, bits_to_keep: int, **kwargs: Any) -> Image.Image:
+    """timm's posterize op, also for 0 bits kept: an all-black image, as Pillow < 13 returned."""
+    if bits_to_keep < 1:
+        return img.point(lambda _: 0)
+    from timm.data.auto_augment import posterize
+
+    return posterize(img, bits_to_keep, **kwargs)
+
+
+def guard_posterize(transform: Callable) -> Callable:
+    """Let timm's AutoAugment/RandAugment/AugMix posterize keep 0 bits, in place; returns ``transform``.
+
+    timm (1.0.31) maps the top magnitude of "PosterizeIncreasing" (and the bottom of "Posterize") to
+    0 bits kept, meaning a black image. Pillow 13.0 made ``ImageOps.posterize`` refuse bits < 1, so
+    about 0.1-0.4% of RandAugment draws raised ValueError and killed training in its first epoch.
+    Swapping the op in our own transforms keeps timm's augmentation exactly as it was with
+    Pillow <= 12, without pinning Pillow or patching timm for other users in the process.
+    """
+    from timm.data import auto_augment
+
+    for t in getattr(transform, "transforms", [transform]):
+        ops = list(getattr(t, "ops", []))  # RandAugment, AugMixAugment
+        ops += [op for sub_policy in getattr(t, "policy", []) for op in sub_policy]  # AutoAugment
+        for op in ops:
+            if getattr(op, "aug_fn", None) is auto_augment.posterize:
+                op.aug_fn = _posterize
+    return transform
+
+
+def train_transform(
+    augment: Augment, img_size: int, interpolation: str, mean: Sequence[float], std: Sequence[float],
+) -> Callable:
+    """timm's training transform: random resized crop, flip, RandAugment or colour jitter, normalise, erase."""
+    from timm.data import create_transform
+
+    return guard_posterize(create_transform(
+        input_size=(3, img_size, img_size), is_training=True, scale=augment.scale, hflip=augment.hflip,
+        color_jitter=augment.color_jitter or None, auto_augment=augment.auto_augment,
+        re_prob=augment.re_prob, re_mode="pixel", interpolation=interpolation, mean=mean, std=std,
+    ))
+
+
+def eval_transform(
+    in_chans: int, size: Sequence[int], crop_pct: float, interpolation: str,
+    mean: Sequence[float], std: Sequence[float],
+) -> Callable:
+    """timm's evaluation transform: resize the short side to ``size / crop_pct``, centre crop ``size``,
+    normalise. ``size`` is (height, width)."""
+    from timm.data import create_transform
+
+    return create_transform(
+        input_size=(in_chans, *size), is_training=False, crop_pct=crop_pct,
+        interpolation=interpolation, mean=mean, std=std,
+    )

@@ -1,0 +1,440 @@
+"""Parallel text for the Transformer: corpus reading, padded batches of similar length, DataModules.
+
+* ``TranslationDataModule`` reads ``source<TAB>target`` lines (the Tatoeba/Anki export) or two
+  aligned files. Lines without a tab or with an empty side are skipped and reported by number;
+  lines that are not UTF-8, or longer than ``max_length`` tokens, are an error naming the line
+  (or, with ``skip_bad_lines``, skipped and counted).
+* ``SyntheticTranslationDataModule`` serves the seeded toy tasks of `vit.data.synthetic`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from vit.data.synthetic import SYNTHETIC_TASKS, Pair, synthetic_pairs
+from vit.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_KINDS, Tokenizer, build_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+# ---- reading parallel text --------------------------------------------------------------------
+@dataclass
+class Corpus:
+    """Pairs read from a file, the line each came from, and the lines left out with the reason."""
+
+    pairs: list[Pair] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+    problems: list[tuple[int, str]] = field(default_factory=list)
+
+    def add(self, number: int, source: str, target: str) -> None:
+        source, target = source.strip(), target.strip()
+        if not source or not target:
+            self.problems.append((number, "empty source" if not source else "empty target"))
+        else:
+            self.pairs.append((source, target))
+            self.lines.append(number)
+
+
+def read_lines(path: str | Path, *, skip_bad_lines: bool = False) -> list[str | None]:
+    """A UTF-8 file's lines; a line that is not UTF-8 is an error naming it, or None with ``skip_bad_lines``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"parallel corpus {str(path)!r} not found. Expected a UTF-8 text file, e.g. an Anki/Tatoeba "
+            "export (https://www.manythings.org/anki/) with one 'source<TAB>target' pair per line."
+        )
+    lines: list[str | None] = []
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            where = f"{path} line {number}: not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
+            if not skip_bad_lines:
+                raise ValueError(f"{where}; re-encode the file, or set data.skip_bad_lines to skip it") from None
+            lines.append(None)
+    return lines
+
+
+def read_tsv_pairs(path: str | Path, *, skip_bad_lines: bool = False) -> Corpus:
+    """Read ``source<TAB>target[<TAB>anything]`` lines."""
+    corpus = Corpus()
+    lines = read_lines(path, skip_bad_lines=skip_bad_lines)
+    for number, line in enumerate(lines, start=1):
+        if line is None:
+            corpus.problems.append((number, "not valid UTF-8"))
+            continue
+        fields = line.split("\t")
+        if len(fields) < 2:
+            corpus.problems.append((number, "no tab between source and target"))
+            continue
+        corpus.add(number, fields[0], fields[1])
+    return corpus
+
+
+def read_aligned_pairs(source_path: str | Path, target_path: str | Path, *, skip_bad_lines: bool = False) -> Corpus:
+    """Read two files whose line i are translations of each other."""
+    sources = read_lines(source_path, skip_bad_lines=skip_bad_lines)
+    targets = read_lines(target_path, skip_bad_lines=skip_bad_lines)
+    if len(sources) != len(targets):
+        raise ValueError(
+            f"aligned files differ in length: {source_path} has {len(sources)} lines, "
+            f"{target_path} has {len(targets)}"
+        )
+    corpus = Corpus()
+    for number, (source, target) in enumerate(zip(sources, targets), start=1):
+        if source is None or target is None:
+            corpus.problems.append((number, "not valid UTF-8"))
+        else:
+            corpus.add(number, source, target)
+    return corpus
+
+
+def read_pairs(spec: str | Sequence[str], *, skip_bad_lines: bool = False) -> Corpus:
+    """A TSV path, or a [source file, target file] pair of aligned files."""
+    if isinstance(spec, (str, Path)):
+        return read_tsv_pairs(spec, skip_bad_lines=skip_bad_lines)
+    if len(spec) == 2:
+        return read_aligned_pairs(spec[0], spec[1], skip_bad_lines=skip_bad_lines)
+    raise ValueError(f"a split is a TSV path or [source_file, target_file], got {spec!r}")
+
+
+# ---- datasets and batches ---------------------------------------------------------------------
+Example = tuple[list[int], list[int], str, str]  # source ids, target ids, source text, target text
+
+
+class PairDataset(Dataset):
+    """Encoded pairs: (source ids, target ids, source text, target text)."""
+
+    def __init__(self, examples: list[Example]) -> None:
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> Example:
+        return self.examples[i]
+
+
+def collate_pairs(examples: list[Example]) -> dict[str, Any]:
+    """Pad a batch on the right. The decoder reads ``tgt_in`` = <bos> y and predicts ``tgt_out`` = y <eos>."""
+    B = len(examples)
+    S = max(len(src) for src, *_ in examples)
+    T = max(len(tgt) for _, tgt, *_ in examples) + 1
+    src = torch.full((B, S), PAD_ID, dtype=torch.long)
+    tgt_in = torch.full((B, T), PAD_ID, dtype=torch.long)
+    tgt_out = torch.full((B, T), PAD_ID, dtype=torch.long)
+    for i, (s, t, _, _) in enumerate(examples):
+        src[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        tgt_in[i, : len(t) + 1] = torch.tensor([BOS_ID, *t], dtype=torch.long)
+        tgt_out[i, : len(t) + 1] = torch.tensor([*t, EOS_ID], dtype=torch.long)
+    return {
+        "src": src,  # (B, S)
+        "src_padding_mask": src.eq(PAD_ID),  # (B, S), True = padding
+        "tgt_in": tgt_in,  # (B, T)
+        "tgt_out": tgt_out,  # (B, T)
+        "tgt_padding_mask": tgt_out.eq(PAD_ID),  # (B, T)
+        "source_text": [e[2] for e in examples],
+        "target_text": [e[3] for e in examples],
+    }
+
+
+class LengthBucketBatchSampler(Sampler[list[int]]):
+    """Batches of sentences of similar length, so little of each batch is padding.
+
+    Training: shuffle, sort within pools of ``pool_batches`` batches, shuffle the batches, in an
+    order fixed by ``seed`` and the epoch (Lightning calls ``set_epoch``, so a resumed run draws
+    the batches the uninterrupted run would have). Evaluation: sorted by length, in a fixed order.
+    """
+
+    def __init__(
+        self, lengths: Sequence[int], batch_size: int, *, shuffle: bool, seed: int = 0, pool_batches: int = 50
+    ) -> None:
+        self.lengths = list(lengths)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.pool_batches = pool_batches
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the order of this epoch."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return (len(self.lengths) + self.batch_size - 1) // self.batch_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if not self.shuffle:
+            order = sorted(range(len(self.lengths)), key=self.lengths.__getitem__)
+            yield from (order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size))
+            return
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.lengths), generator=g).tolist()
+        pool = self.batch_size * self.pool_batches
+        batches = []
+        for start in range(0, len(order), pool):
+            chunk = sorted(order[start : start + pool], key=self.lengths.__getitem__)
+            batches += [chunk[i : i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+        for i in torch.randperm(len(batches), generator=g).tolist():
+            yield batches[i]
+
+
+class TranslationDataModule(LightningDataModule):
+    """Parallel text from TSV files (``source<TAB>target``) or pairs of aligned files.
+
+    Each split is a TSV path or a ``[source_file, target_file]`` list. Without ``val``,
+    ``val_fraction`` of the training pairs is held out. Tokenizers are trained on the
+    training split only; ``tokenizers`` holds them as dicts for the model's checkpoint.
+
+    Args:
+        train, val, test: the splits' files.
+        tokenizer: "word", "char" or "bpe".
+        lowercase: lower-case the text before tokenizing.
+        min_freq: word/char tokenizers: rarer tokens become <unk>.
+        bpe_vocab_size: vocabulary size of the BPE tokenizer.
+        share_vocab: one tokenizer for both sides (needed by ``model.share_embeddings``).
+        max_length: the most tokens a source, or a target with its <eos>, may have.
+        skip_bad_lines: skip and count lines that are not UTF-8 or exceed ``max_length``,
+            instead of stopping with an error that names the first of them.
+        val_fraction: share of the training pairs held out when there is no ``val``.
+        batch_size: sentences per batch.
+        num_workers: DataLoader worker processes.
+        seed: seed of the held-out split and of the batch order.
+    """
+
+    def __init__(
+        self,
+        train: str | list[str] | None = None,
+        val: str | list[str] | None = None,
+        test: str | list[str] | None = None,
+        *,
+        tokenizer: str = "word",
+        lowercase: bool = False,
+        min_freq: int = 1,
+        bpe_vocab_size: int = 8000,
+        share_vocab: bool = False,
+        max_length: int = 64,
+        skip_bad_lines: bool = False,
+        val_fraction: float = 0.05,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if tokenizer not in TOKENIZER_KINDS:
+            raise ValueError(f"data.tokenizer must be one of {TOKENIZER_KINDS}, got {tokenizer!r}")
+        if max_length < 1:
+            raise ValueError(f"data.max_length must be >= 1, got {max_length}")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction must be in [0, 1), got {val_fraction}")
+        self.paths = {"train": train, "val": val, "test": test}
+        self.tokenizer_kind = tokenizer
+        self.lowercase = lowercase
+        self.min_freq = min_freq
+        self.bpe_vocab_size = bpe_vocab_size
+        self.share_vocab = share_vocab
+        self.max_length = max_length
+        self.skip_bad_lines = skip_bad_lines
+        self.val_fraction = val_fraction
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.seed = seed
+        self.malformed: dict[str, list[tuple[int, str]]] = {}  # split -> [(line number, problem)]
+        self._corpora: dict[str, Corpus] | None = None
+        self._tokenizers: tuple[Tokenizer, Tokenizer] | None = None
+        self.datasets: dict[str, PairDataset] = {}
+
+    # -- raw pairs ---------------------------------------------------------------------------
+    def load_split(self, split: str) -> Corpus | None:
+        """The pairs of one split read from its files, or None when the split has no files."""
+        spec = self.paths[split]
+        if spec is None:
+            if split == "train":
+                raise ValueError("TranslationDataModule needs data.train: a TSV path or [source, target]")
+            return None
+        corpus = read_pairs(spec, skip_bad_lines=self.skip_bad_lines)
+        if corpus.problems:
+            problems = corpus.problems
+            self.malformed[split] = problems
+            shown = ", ".join(f"line {n} ({why})" for n, why in problems[:20])
+            more = f" and {len(problems) - 20} more" if len(problems) > 20 else ""
+            log.warning("%s: skipped %d malformed line(s) in %s: %s%s", split, len(problems), spec, shown, more)
+        if not corpus.pairs:
+            raise ValueError(f"{split} corpus {spec} holds no usable 'source<TAB>target' pair")
+        return corpus
+
+    @property
+    def corpora(self) -> dict[str, Corpus]:
+        """The corpus of each split ("train", "val", and "test" when given), loaded once."""
+        if self._corpora is None:
+            corpora = {split: self.load_split(split) for split in ("train", "val", "test")}
+            train = corpora["train"]
+            if corpora["val"] is None and self.val_fraction > 0:
+                order = list(range(len(train.pairs)))
+                random.Random(self.seed).shuffle(order)
+                n_val = max(1, int(len(order) * self.val_fraction))
+                if n_val >= len(order):
+                    raise ValueError(f"only {len(order)} training pair(s): too few to hold out validation")
+                pick = lambda idx: Corpus([train.pairs[i] for i in idx], [train.lines[i] for i in idx])
+                corpora["val"], corpora["train"] = pick(order[:n_val]), pick(order[n_val:])
+            self._corpora = {k: v for k, v in corpora.items() if v is not None}
+        return self._corpora
+
+    @property
+    def pairs(self) -> dict[str, list[Pair]]:
+        """Text pairs per split."""
+        return {split: corpus.pairs for split, corpus in self.corpora.items()}
+
+    # -- tokenizers --------------------------------------------------------------------------
+    def _build(self, texts: Iterable[str]) -> Tokenizer:
+        return build_tokenizer(
+            self.tokenizer_kind, texts, lowercase=self.lowercase, min_freq=self.min_freq,
+            bpe_vocab_size=self.bpe_vocab_size,
+        )
+
+    @property
+    def source_tokenizer(self) -> Tokenizer:
+        """Tokenizer of the source side, trained on the training split."""
+        return self._get_tokenizers()[0]
+
+    @property
+    def target_tokenizer(self) -> Tokenizer:
+        """Tokenizer of the target side, trained on the training split."""
+        return self._get_tokenizers()[1]
+
+    def _get_tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
+        if self._tokenizers is None:
+            train = self.pairs["train"]
+            if self.share_vocab:
+                shared = self._build([t for pair in train for t in pair])
+                self._tokenizers = (shared, shared)
+            else:
+                self._tokenizers = (self._build(s for s, _ in train), self._build(t for _, t in train))
+        return self._tokenizers
+
+    @property
+    def tokenizers(self) -> dict[str, dict[str, Any]]:
+        """Both tokenizers as plain dicts; `vit fit` passes this to ``Translator(tokenizers=...)``."""
+        return {"source": self.source_tokenizer.to_dict(), "target": self.target_tokenizer.to_dict()}
+
+    # -- Lightning hooks ---------------------------------------------------------------------
+    def _encode(self, split: str, corpus: Corpus) -> PairDataset:
+        src_tok, tgt_tok = self._get_tokenizers()
+        examples, too_long = [], []
+        for (source, target), line in zip(corpus.pairs, corpus.lines):
+            s, t = src_tok.encode(source), tgt_tok.encode(target)
+            if not s or not t or len(s) > self.max_length or len(t) + 1 > self.max_length:
+                too_long.append(f"line {line} ({len(s)} source, {len(t) + 1} target tokens)")
+                continue
+            examples.append((s, t, source, target))
+        if too_long and not self.skip_bad_lines:
+            raise ValueError(
+                f"{split} corpus {self.paths[split] or self.paths['train']}: {len(too_long)} pair(s) are empty after "
+                f"tokenizing or longer than data.max_length={self.max_length} tokens, first {too_long[0]}; "
+                "raise data.max_length, or set data.skip_bad_lines to leave them out"
+            )
+        if too_long:
+            log.warning("%s: left out %d of %d pairs longer than max_length=%d tokens (or empty): %s%s", split,
+                        len(too_long), len(corpus.pairs), self.max_length, ", ".join(too_long[:5]),
+                        " ..." if len(too_long) > 5 else "")
+        if not examples:
+            raise ValueError(f"{split}: no pair fits max_length={self.max_length} tokens; raise data.max_length")
+        return PairDataset(examples)
+
+    def setup(self, stage: str | None = None) -> None:
+        for split, corpus in self.corpora.items():
+            if split not in self.datasets:
+                self.datasets[split] = self._encode(split, corpus)
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        if split not in self.datasets:
+            self.setup()
+        if split not in self.datasets:
+            raise ValueError(f"no {split} split: set data.{split} to a TSV path or [source, target] files")
+        dataset = self.datasets[split]
+        lengths = [len(s) + len(t) for s, t, *_ in dataset.examples]
+        sampler = LengthBucketBatchSampler(lengths, self.batch_size, shuffle=shuffle, seed=self.seed)
+        return DataLoader(
+            dataset, batch_sampler=sampler, collate_fn=collate_pairs, num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)
+
+
+class SyntheticTranslationDataModule(TranslationDataModule):
+    """Seeded toy translation tasks (copy, reverse, sort, numbers), generated offline.
+
+    Sequences have ``min_len`` to ``max_len`` symbols drawn from ``num_symbols`` (digits for
+    "numbers"); validation and test sources never occur in training.
+    """
+
+    def __init__(
+        self,
+        task: str = "reverse",
+        *,
+        num_train: int = 20000,
+        num_val: int = 500,
+        num_test: int = 1000,
+        min_len: int = 5,
+        max_len: int = 15,
+        num_symbols: int = 20,
+        share_vocab: bool = False,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
+        if task not in SYNTHETIC_TASKS:
+            raise ValueError(f"data.task must be one of {SYNTHETIC_TASKS}, got {task!r}")
+        super().__init__(
+            tokenizer="word", share_vocab=share_vocab, max_length=64 if task == "numbers" else max_len + 1,
+            batch_size=batch_size, num_workers=num_workers, seed=seed,
+        )
+        self.task = task
+        self.sizes = {"train": num_train, "val": num_val, "test": num_test}
+        self.lengths = dict(min_len=min_len, max_len=max_len, num_symbols=num_symbols)
+        synthetic_pairs(task, 1, **self.lengths)  # fail on bad lengths now, not at fit time
+
+    def load_split(self, split: str) -> Corpus | None:
+        if self.sizes["train"] <= 0:
+            raise ValueError(f"data.num_train must be positive, got {self.sizes['train']}")
+        # Each split excludes the sources of the splits before it: train, then val, then test.
+        seen: set[str] = set()
+        for name, offset in (("train", 0), ("val", 1), ("test", 2)):
+            pairs = synthetic_pairs(
+                self.task, self.sizes[name], seed=self.seed * 3 + offset, exclude=seen or None, **self.lengths
+            )
+            if name == split:
+                return Corpus(pairs, list(range(1, len(pairs) + 1))) if pairs else None
+            seen |= {source for source, _ in pairs}
+        raise ValueError(f"unknown split {split!r}")
+
+
+__all__ = [
+    "Corpus",
+    "LengthBucketBatchSampler",
+    "PairDataset",
+    "SyntheticTranslationDataModule",
+    "TranslationDataModule",
+    "collate_pairs",
+    "read_aligned_pairs",
+    "read_lines",
+    "read_pairs",
+    "read_tsv_pairs",
+]
