@@ -47,3 +47,14 @@ class RecordWorldSize(Callback):
     def on_fit_start(self, trainer, pl_module) -> None:
         with open("world_size", "a") as f:
             f.write(f"{trainer.global_rank}/{trainer.world_size}\n")
+
+
+class PoisonBatch(Callback):
+    """Make the training batch non-finite at one optimiser step, to test how a run stops on a NaN loss."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            batch[0].fill_(float("nan"))

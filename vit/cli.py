@@ -9,8 +9,11 @@
 Model and data are chosen in subclass mode (``model.class_path``, ``data.class_path``), usually by
 a config from configs/. The datamodule's attributes named in ``LINKED_FROM_DATA`` are passed to the
 model argument of the same name, when both exist. What this adds to LightningCLI: a best checkpoint
-(``checkpoint.*``) and a ``last.ckpt`` rewritten every epoch, a CSV logger by default, an LR monitor
-and a progress bar, ``--test_after_fit`` and ``--num_threads``.
+(``checkpoint.*``) and a ``last.ckpt`` rewritten every epoch, both written atomically; a CSV logger by
+default, an LR monitor, a progress bar, a report of skipped steps and replaced images, and the random
+generators saved in checkpoints (an exact resume);
+``--ckpt_path last`` that says when last.ckpt is damaged (or, with ``--resume_from_readable``, falls
+back to the newest intact checkpoint); ``--test_after_fit`` and ``--num_threads``.
 """
 
 from __future__ import annotations
@@ -23,8 +26,17 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.io import CheckpointIO
 
-from vit.training import LastCheckpoint
+from vit.checkpoint import (
+    DamagedCheckpointError,
+    checkpoint_progress,
+    damaged_message,
+    is_intact,
+    read_checkpoint,
+    task_of,
+)
+from vit.training import AtomicCheckpointIO, LastCheckpoint, RandomState, TrainingReport
 
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
 # skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.
@@ -66,6 +78,11 @@ class VitCLI(LightningCLI):
             "--num_threads", type=int | None, default=None,
             help="CPU threads for torch (default: torch's choice); 1 suits tiny models on busy machines",
         )
+        parser.add_argument(
+            "--resume_from_readable", type=bool, default=False,
+            help="with --ckpt_path last: if last.ckpt is damaged, resume from the newest intact checkpoint "
+            "in its folder (and say so) instead of stopping",
+        )
 
     def _subcommand_config(self, config: Any) -> Any:
         return config[self.subcommand] if self.subcommand else config
@@ -92,24 +109,56 @@ class VitCLI(LightningCLI):
         show_bar = trainer_config.get("enable_progress_bar") is not False
         if show_bar and not any(isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(RichProgressBar())
-        return super().instantiate_trainer(callbacks=callbacks, **kwargs)
+        callbacks += [TrainingReport(), RandomState()]
+        plugins = trainer_config.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            plugins.append(AtomicCheckpointIO())  # checkpoints that survive a kill during the save
+        return super().instantiate_trainer(callbacks=callbacks, plugins=plugins, **kwargs)
 
     @property
     def best_checkpoint(self) -> ModelCheckpoint | None:
         """The callback that keeps the best checkpoint by ``checkpoint.monitor``."""
         return self._subcommand_config(self.config_init).get("checkpoint")
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        # Before LightningCLI rebuilds the model from --ckpt_path's hyperparameters (and fails obscurely
+        # on a damaged file or another task's checkpoint), read what the file holds.
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            check_checkpoint_task(self.config[subcommand])
+
     def before_fit(self) -> None:
         config = self._subcommand_config(self.config_init)
         if config.get("ckpt_path") == "last":
-            # Lightning only warns when there is nothing to resume from; a user asked to resume.
-            found = last_checkpoint(self.trainer)
-            if found is None:
-                dirs = [str(cb.dirpath) for cb in self.trainer.checkpoint_callbacks]
-                raise FileNotFoundError(
-                    f"--ckpt_path last: no last*.ckpt in {', '.join(dirs) or 'any checkpoint folder'}; "
-                    "set `checkpoint.dirpath` to the folder of the interrupted run's checkpoints"
-                )
+            config["ckpt_path"] = self._resolve_last(config.get("resume_from_readable"))
+
+    def _resolve_last(self, fall_back: bool) -> str:
+        """The checkpoint ``--ckpt_path last`` resumes from: an intact last*.ckpt, or a clear error."""
+        # Lightning only warns when there is nothing to resume from; a user asked to resume.
+        found = last_checkpoint(self.trainer)
+        if found is None:
+            dirs = [str(cb.dirpath) for cb in self.trainer.checkpoint_callbacks]
+            raise FileNotFoundError(
+                f"--ckpt_path last: no last*.ckpt in {', '.join(dirs) or 'any checkpoint folder'}; "
+                "set `checkpoint.dirpath` to the folder of the interrupted run's checkpoints"
+            )
+        if is_intact(found):
+            return found
+        folder = Path(found).parent
+        intact = [p for p in sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+                  if p != Path(found) and is_intact(p)]
+        if not fall_back or not intact:
+            hint = "" if fall_back else " (or --resume_from_readable true to resume from the newest intact one)"
+            raise DamagedCheckpointError(
+                damaged_message(found, "not a complete torch zip file")
+                + f"\nResume from one of them with --ckpt_path PATH{hint}."
+            )
+        epoch, step = checkpoint_progress(intact[0])
+        print(f"--ckpt_path last: {found} is damaged; falling back to the newest intact checkpoint, {intact[0]} "
+              f"(epoch {epoch}, step {step})")
+        return str(intact[0])
 
     def after_fit(self) -> None:
         if not self._subcommand_config(self.config).get("test_after_fit"):
@@ -127,6 +176,23 @@ class VitCLI(LightningCLI):
         if value is not None:
             name = "accuracy" if key == "test_acc" else key.removeprefix("test_").replace("_", " ")
             print(f"test {name} of {best or 'the final weights'}: {value:.4f}")
+
+
+def check_checkpoint_task(config: Any) -> None:
+    """A clear error when ``--ckpt_path`` is damaged, or holds another task than the configured model."""
+    ckpt_path = config.get("ckpt_path")
+    class_path = (config.get("model") or {}).get("class_path")
+    if not ckpt_path or not Path(ckpt_path).is_file() or not class_path:
+        return
+    from vit.tasks import TASKS
+
+    found = task_of(read_checkpoint(ckpt_path, mmap=True))  # a damaged file: an error naming it and its neighbours
+    wanted = class_path.rsplit(".", 1)[-1]
+    if found in TASKS and wanted in {t.__name__ for t in TASKS.values()} and TASKS[found].__name__ != wanted:
+        raise ValueError(
+            f"--ckpt_path {ckpt_path} holds a {TASKS[found].__name__} checkpoint ({found}), but the config's model "
+            f"is {class_path}: use a checkpoint written by a recipe of the same task"
+        )
 
 
 def last_checkpoint(trainer: Trainer) -> str | None:

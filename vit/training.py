@@ -1,8 +1,43 @@
-"""What `vit fit` adds to Lightning's Trainer: a last.ckpt that is rewritten every epoch."""
+"""What `vit fit` adds to Lightning's Trainer so that long runs lose nothing and hide nothing.
+
+* `AtomicCheckpointIO`: every checkpoint is written to a temporary file beside its destination,
+  fsynced and renamed into place, so a kill at any moment leaves the old file or the new one.
+* `LastCheckpoint`: ``last.ckpt`` after every epoch (or every ``every_n_train_steps``).
+* `RandomState`: keeps the random generators in the checkpoint and puts them back on resume, so a
+  run resumed at an epoch boundary continues exactly as the uninterrupted run would have.
+* `TrainingReport`: counts and reports what a run worked around: optimiser steps the fp16
+  GradScaler skipped, and undecodable images replaced (``skip_bad_images``).
+"""
 
 from __future__ import annotations
 
+import logging
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from vit.checkpoint import save_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's torch checkpoint IO, writing through a temporary file in the checkpoint's own folder.
+
+    Lightning (2.6, with fsspec) stages a checkpoint in the system temp folder and moves it; when that
+    folder is on another filesystem (a tmpfs /tmp, a data disk, NFS) the move is a copy, and a kill
+    during the copy leaves a truncated checkpoint (and a checkpoint-sized file in /tmp's memory).
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"AtomicCheckpointIO takes no storage_options, got {storage_options!r}")
+        save_checkpoint(checkpoint, path)
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -22,3 +57,92 @@ class LastCheckpoint(ModelCheckpoint):
             dirpath=dirpath, filename=self.CHECKPOINT_NAME_LAST, monitor=None, save_top_k=1,
             enable_version_counter=False, every_n_train_steps=every_n_train_steps or None,
         )
+
+
+# ---- random generators -------------------------------------------------------------------------
+class RandomState(Callback):
+    """Saves Python's, NumPy's and torch's (CPU and CUDA) generator states with every checkpoint, and
+    restores them when a run resumes from one.
+
+    Shuffling, augmentation, dropout and stochastic depth draw from them, and Lightning does not save
+    them, so without this a resumed run draws other batches than the uninterrupted run. (Under DDP the
+    saved states are rank 0's.)
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        # Only tensors, numbers and tuples, so the checkpoint still loads with weights_only=True.
+        name, keys, pos, has_gauss, gauss = np.random.get_state()
+        return {
+            "python": random.getstate(),
+            "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        random.setstate(state_dict["python"])
+        name, keys, pos, has_gauss, gauss = state_dict["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+        torch.set_rng_state(state_dict["torch"])
+        cuda = state_dict["cuda"]
+        if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+
+
+# ---- what a run worked around ------------------------------------------------------------------
+class TrainingReport(Callback):
+    """Reports, each training epoch, the steps the fp16 GradScaler skipped and the images replaced.
+
+    With ``precision: 16-mixed`` torch's GradScaler skips an optimiser step whose gradients are not
+    finite and lowers its scale; a lower scale after a step is how a skipped step shows. (bf16 needs
+    no scaler, and a non-finite loss stops the run in the task's training step.) Replaced images come
+    from a training set with ``replacements()``, as `vit.data.folder.ImageFiles` has.
+    """
+
+    def __init__(self) -> None:
+        self.skipped_steps = 0
+        self.replaced_before = 0  # the training set's count at the end of the last epoch
+        self._scale: float | None = None
+        self._step = 0
+
+    @staticmethod
+    def _scaler(trainer: Trainer) -> Any:
+        return getattr(trainer.precision_plugin, "scaler", None)
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        scaler = self._scaler(trainer)
+        self._scale = scaler.get_scale() if scaler is not None else None
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        scaler = self._scaler(trainer)
+        if self._scale is not None and scaler is not None and scaler.get_scale() < self._scale:
+            self.skipped_steps += 1
+            log.warning("step %d: gradients were not finite, the GradScaler skipped the optimiser step "
+                        "(%d skipped so far)", self._step, self.skipped_steps)
+        self._scale = None
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._scaler(trainer) is not None:
+            pl_module.log("skipped_steps", float(self.skipped_steps))
+        dataset = _train_dataset(trainer)
+        if dataset is None:
+            return
+        total, files = dataset.replacements()
+        # Loader workers may already be fetching the next epoch, so the count is cumulative: take the difference.
+        replaced, self.replaced_before = total - self.replaced_before, total
+        pl_module.log("replaced_images", float(replaced))
+        if replaced:
+            shown = ", ".join(files[:5]) + (" ..." if len(files) > 5 else "")
+            log.warning("epoch %d: replaced %d undecodable images by others of their class (%.2f%% of %d): %s",
+                        trainer.current_epoch, replaced, 100 * replaced / len(dataset), len(dataset), shown)
+
+
+def _train_dataset(trainer: Trainer) -> Any:
+    """The training set of the trainer's datamodule if it counts replaced images, else None."""
+    dataset = getattr(trainer.datamodule, "train_set", None)
+    return dataset if callable(getattr(dataset, "replacements", None)) else None
+
+
+__all__ = ["AtomicCheckpointIO", "LastCheckpoint", "RandomState", "TrainingReport"]
+

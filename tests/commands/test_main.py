@@ -33,3 +33,19 @@ def test_every_command_has_useful_help(capsys):
             main([name, "--help"])
         assert done.value.code == 0
         assert f"usage: vit {name}" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_installed_console_script_exits_zero_after_a_fit(tmp_path):
+    """`vit` as installed (not main() in-process): a fit that succeeds must exit 0, whatever main returns."""
+    import shutil
+
+    from tests.conftest import short_digits_run, subprocess_env
+
+    vit = shutil.which("vit")
+    assert vit, "the `vit` console script is not installed (pip install -e .)"
+    done = subprocess.run([vit, "fit", *short_digits_run(tmp_path, steps=2)], capture_output=True, text=True,
+                          env=subprocess_env(), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "test accuracy of" in done.stdout
+    assert subprocess.run([vit, "--help"], capture_output=True, text=True, check=True).stdout.startswith("usage: vit")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+import re
+import zlib
 from collections import Counter
 
 import pytest
 import torch
 
-from tests.formats import write_class_folders
+from tests.formats import random_rgb, write_class_folders
 from vit.data import ImageFolder, ImageNet
-from vit.data.io import load_image
 
 
 def test_imagefolder_single_folder_mixed_modes_and_non_images(tmp_path):
@@ -33,33 +35,91 @@ def test_imagefolder_single_folder_mixed_modes_and_non_images(tmp_path):
         assert dm.val_set[i][0].shape == (3, 16, 16)
 
 
-def test_imagefolder_corrupt_image_is_named_or_skipped(tmp_path):
-    root = tmp_path / "data"
-    write_class_folders(root, ["a", "b"], per_class=5)
-    bad = root / "a" / "broken.jpg"
-    bad.write_bytes(b"\xff\xd8\xff\xe0 definitely not a jpeg")
-    good = root / "b" / "img_0.jpg"
-    truncated = root / "b" / "truncated.jpg"
-    truncated.write_bytes(good.read_bytes()[:200])
+def png_header(width: int, height: int) -> bytes:
+    """A PNG whose valid header claims ``width`` x ``height`` pixels (a decompression bomb's first bytes)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
 
-    dm = ImageFolder(str(root), val_fraction=0.4, batch_size=2, num_workers=0, img_size=8)
+    ihdr = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 0, 0, 0, 0])  # 8-bit grayscale
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
+def write_bad_files(root):
+    """Three bad files a header check finds (empty, text, absurd size), and a truncated JPEG it cannot."""
+    write_class_folders(root, ["a", "b"], per_class=6)
+    (root / "a" / "empty.jpg").write_bytes(b"")
+    (root / "a" / "notes.jpg").write_text("a text file named .jpg")
+    (root / "b" / "huge.png").write_bytes(png_header(60000, 60000))
+    truncated = root / "b" / "truncated.jpg"  # a whole header, then the pixel data stops half way
+    random_rgb(size=64, seed=9).save(truncated, quality=95)
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
+    return truncated
+
+
+def test_bad_headers_are_all_reported_at_setup_before_any_step(tmp_path):
+    root = tmp_path / "data"
+    write_bad_files(root)
+    dm = ImageFolder(str(root), val_fraction=0.3, batch_size=2, num_workers=0, img_size=8)
+    with pytest.raises(ValueError) as err:
+        dm.setup("fit")
+    message = str(err.value)
+    assert "3 of 16 image files are unreadable" in message and "skip_bad_images" in message
+    assert "empty.jpg: empty file" in message and "notes.jpg: not an image" in message
+    assert re.search(r"huge\.png: .*60000", message) and "truncated.jpg" not in message
+
+    dm = ImageFolder(str(root), val_fraction=0.3, batch_size=2, num_workers=0, img_size=8, skip_bad_images=True)
     dm.setup("fit")
-    everything = dm.train_set.samples + dm.val_set.samples
-    for path, _ in everything:
-        if path in (str(bad), str(truncated)):
-            with pytest.raises(OSError, match=path.replace("\\", "\\\\")):
-                load_image(path)
-    dataset = dm.train_set if any(p == str(bad) for p, _ in dm.train_set.samples) else dm.val_set
-    index = [p for p, _ in dataset.samples].index(str(bad))
-    with pytest.raises(OSError, match=r"broken\.jpg"):
+    paths = [p for p, _ in dm.train_set.samples + dm.val_set.samples]
+    assert len(paths) == 13 and not any(name in p for p in paths for name in ("empty", "notes", "huge"))
+
+
+def test_undecodable_image_is_named_with_the_option_or_replaced_and_counted(tmp_path):
+    root = tmp_path / "data"
+    truncated = write_bad_files(root)
+    for bad in ("empty.jpg", "notes.jpg"):
+        (root / "a" / bad).unlink()
+    (root / "b" / "huge.png").unlink()
+    dm = ImageFolder(str(root), val_fraction=0.01, batch_size=2, num_workers=0, img_size=8)
+    dm.setup("fit")
+    index = [p for p, _ in dm.train_set.samples].index(str(truncated))
+    with pytest.raises(OSError, match=r"truncated\.jpg.*; set data\.skip_bad_images: true"):
+        dm.train_set[index]
+
+    dm = ImageFolder(str(root), val_fraction=0.01, batch_size=2, num_workers=0, img_size=8,
+                     skip_bad_images=True, max_bad_fraction=0.1)
+    dm.setup("fit")
+    dataset = dm.train_set
+    index = [p for p, _ in dataset.samples].index(str(truncated))
+    image, label = dataset[index]
+    assert label == dm.class_names.index("b") and image.shape == (3, 8, 8)
+    assert dataset.replacements() == (1, [str(truncated)])
+    dataset[index]
+    assert dataset.replacements() == (2, [str(truncated)])  # counted per load, listed once
+    dataset.max_bad_fraction = 0.05  # 1 bad file of 12 is more than 5%
+    with pytest.raises(RuntimeError, match=r"1 of 11 images could not be decoded, more than max_bad_fraction=0.05"):
         dataset[index]
 
-    with pytest.warns(UserWarning, match="skipped 2 unreadable images"):
-        dm = ImageFolder(str(root), val_fraction=0.4, batch_size=2, num_workers=0, img_size=8,
-                         skip_bad_images=True)
-        dm.setup("fit")
-    paths = [p for p, _ in dm.train_set.samples + dm.val_set.samples]
-    assert len(paths) == 10 and str(bad) not in paths and str(truncated) not in paths
+
+@pytest.mark.slow
+def test_replacements_in_loader_workers_are_counted_and_reported(tmp_path, caplog):
+    """Workers are other processes: their replacements reach the epoch report through shared memory."""
+    from lightning.pytorch import Trainer
+
+    from vit.tasks import ImageClassifier
+    from vit.training import TrainingReport
+
+    root = tmp_path / "data"
+    truncated = write_bad_files(root)
+    dm = ImageFolder(str(root), val_fraction=0.2, batch_size=4, num_workers=2, img_size=16, skip_bad_images=True,
+                     max_bad_fraction=0.5)
+    model = ImageClassifier(model="vit_tiny_patch16_224", num_classes=2, img_size=16,
+                            model_kwargs={"depth": 1, "patch_size": 8})
+    trainer = Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, callbacks=[TrainingReport()], num_sanity_val_steps=0)
+    with caplog.at_level(logging.WARNING, logger="vit.training"):
+        trainer.fit(model, datamodule=dm)
+    assert caplog.text.count("replaced 1 undecodable images") == 2 and str(truncated) in caplog.text
+    assert trainer.callback_metrics["replaced_images"] == 1
 
 
 def test_imagefolder_errors_on_empty_class_and_unknown_val_class(tmp_path):

@@ -31,12 +31,13 @@ def usage() -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> object:
-    """Run ``vit`` with ``argv`` (default: the command line) and return what the command returns."""
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run ``vit`` with ``argv`` (default: the command line). Returns nothing: as a console script, a
+    returned object would become the exit status."""
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help"):
         print(usage())
-        return None
+        return
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
         print(f"vit: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
@@ -47,8 +48,9 @@ def main(argv: Sequence[str] | None = None) -> object:
     ):
         module = "vit.cli"  # predict over a DataModule: LightningCLI's
     if module == "vit.cli":
-        return importlib.import_module(module).cli(args)
-    return importlib.import_module(module).main(rest)
+        importlib.import_module(module).cli(args)
+    else:
+        importlib.import_module(module).main(rest)
 
 
 if __name__ == "__main__":

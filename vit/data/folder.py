@@ -1,34 +1,97 @@
-"""Your own images in class folders, and ImageNet in the same layout."""
+"""Your own images in class folders, and ImageNet in the same layout.
+
+Bad files are found early and cheaply: at setup every file's header is checked (in parallel, and
+sharded across DDP ranks), so empty files, non-images and absurd sizes are all reported at once,
+before the first step. What only decoding finds (truncated data) is caught when the image loads:
+an error naming the file, or with ``skip_bad_images`` a replacement from the same class, counted.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import Dataset
 
 from vit.data.base import ImageDataModule
-from vit.data.io import class_folders, load_image, scan_class_folders, stratified_split
+from vit.data.io import (
+    check_image_files,
+    class_folders,
+    describe_bad_files,
+    load_image,
+    scan_class_folders,
+    stratified_split,
+)
 
 log = logging.getLogger(__name__)
 
 
 class ImageFiles(Dataset):
-    """(path, label) samples decoded to RGB and transformed; a bad file's error names it."""
+    """(path, label) samples decoded to RGB and transformed.
 
-    def __init__(self, samples: Sequence[tuple[str, int]], transform: Callable | None = None) -> None:
+    A file that fails to decode raises an error naming it; with ``replace_bad`` it is replaced by the
+    next decodable image of its class instead. Failures are counted per file in shared memory, so the
+    counts of all DataLoader workers add up; once more than ``max_bad_fraction`` of the files have
+    failed, loading stops with an error that lists them.
+    """
+
+    def __init__(
+        self, samples: Sequence[tuple[str, int]], transform: Callable | None = None, *,
+        replace_bad: bool = False, max_bad_fraction: float = 0.01,
+    ) -> None:
         self.samples = list(samples)
         self.transform = transform
+        self.replace_bad = replace_bad
+        self.max_bad_fraction = max_bad_fraction
+        self.failures = torch.zeros(len(self.samples), dtype=torch.int32).share_memory_()  # per file
+        self.same_class: dict[int, list[int]] = defaultdict(list)
+        for index, (_, label) in enumerate(self.samples):
+            self.same_class[label].append(index)
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, label = self.samples[index]
-        img = load_image(path)
+        try:
+            img = load_image(path)
+        except OSError as e:
+            if not self.replace_bad:
+                raise OSError(f"{e}; set data.skip_bad_images: true to train on with another image of its class "
+                              "in its place") from e
+            img = self._replacement(index)
         return (self.transform(img) if self.transform else img), label
+
+    def _replacement(self, index: int) -> Any:
+        """The next decodable image of ``index``'s class; counts every file that failed."""
+        self.failures[index] += 1
+        bad_files = int((self.failures > 0).sum())
+        if bad_files > self.max_bad_fraction * len(self.samples):
+            files = [self.samples[i][0] for i in self.failures.nonzero().flatten().tolist()]
+            raise RuntimeError(
+                f"{bad_files} of {len(self.samples)} images could not be decoded, more than "
+                f"max_bad_fraction={self.max_bad_fraction:g}; the data looks damaged (first: {', '.join(files[:5])})"
+            )
+        group = self.same_class[self.samples[index][1]]
+        start = group.index(index)
+        for other in group[start + 1:] + group[:start]:
+            if not self.failures[other]:
+                try:
+                    return load_image(self.samples[other][0])
+                except OSError:
+                    self.failures[other] += 1
+        raise RuntimeError(f"no image of the class of {self.samples[index][0]} can be decoded")
+
+    def replacements(self) -> tuple[int, list[str]]:
+        """How many times an image was replaced so far (all workers together), and the files that failed."""
+        failed = self.failures.nonzero().flatten().tolist()
+        return int(self.failures.sum()), [self.samples[i][0] for i in failed]
 
 
 class ImageFolder(ImageDataModule):
@@ -36,15 +99,19 @@ class ImageFolder(ImageDataModule):
     or ``root/train/<class>/...`` and ``root/val/<class>/...`` (and optionally ``root/test/``).
 
     Images of any common mode (grayscale, palette, RGBA, CMYK, 16-bit) become RGB. Files that are
-    not images are skipped with one warning. A corrupt image raises an error naming it when it is
-    loaded, or, with ``skip_bad_images``, is found by decoding every image once at setup and skipped.
+    not images (by extension) are skipped with one warning. At setup every image's header is checked;
+    bad files are an error that lists them all, or with ``skip_bad_images`` are left out and listed.
     Without a ``test/`` folder, testing uses ``test_fraction`` of a single folder, or else val.
 
     Args:
         root: the dataset folder.
         val_fraction: share of each class held out for validation (single-folder layout only).
         test_fraction: share of each class held out for test (single-folder layout only).
-        skip_bad_images: skip unreadable images instead of failing on them.
+        skip_bad_images: leave out files whose header is bad, and replace images that fail to decode
+            during training by another of their class (counted and reported every epoch).
+        max_bad_fraction: with skip_bad_images, stop when more than this share of a split fails to
+            decode in one epoch.
+        check_images: check every file's header at setup (cheap: no decoding); off trusts the files.
         batch_size: images per batch (per device).
     """
 
@@ -54,6 +121,8 @@ class ImageFolder(ImageDataModule):
         val_fraction: float = 0.2,
         test_fraction: float = 0.0,
         skip_bad_images: bool = False,
+        max_bad_fraction: float = 0.01,
+        check_images: bool = True,
         *,
         batch_size: int = 64,
         **kwargs: Any,
@@ -61,7 +130,7 @@ class ImageFolder(ImageDataModule):
         super().__init__(batch_size=batch_size, **kwargs)
         self.root = Path(root)
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
-        self.skip_bad_images = skip_bad_images
+        self.skip_bad_images, self.max_bad_fraction, self.check_images = skip_bad_images, max_bad_fraction, check_images
         if not self.root.is_dir():
             raise FileNotFoundError(f"image folder not found: {self.root}")
         self.split_folders = (self.root / "train").is_dir()
@@ -89,48 +158,62 @@ class ImageFolder(ImageDataModule):
     def _scan(self, folder: Path) -> list[tuple[str, int]]:
         present = class_folders(folder)
         # val/test may lack some classes; labels always follow train's class list.
-        samples = scan_class_folders(folder, present)
-        if self.skip_bad_images:
-            samples = self._readable(samples)
         remap = [self.class_names.index(name) for name in present]
-        return [(path, remap[label]) for path, label in samples]
+        return [(path, remap[label]) for path, label in scan_class_folders(folder, present)]
 
-    @staticmethod
-    def _readable(samples: list[tuple[str, int]]) -> list[tuple[str, int]]:
-        import warnings
+    def _splits(self) -> dict[str, list[tuple[str, int]]]:
+        """(path, label) samples of train, val and (when there is one) test."""
+        if self.split_folders:
+            splits = {name: self._scan(self.root / name) for name in ("train", "val", "test")
+                      if (self.root / name).is_dir()}
+            return splits
+        samples = self._scan(self.root)
+        fractions = [self.val_fraction] + ([self.test_fraction] if self.test_fraction > 0 else [])
+        parts = stratified_split([label for _, label in samples], fractions, self.seed)
+        return {name: [samples[i] for i in idx] for name, idx in zip(("train", "val", "test"), parts)}
 
-        kept, bad = [], []
-        for path, label in samples:
-            try:
-                load_image(path)
-                kept.append((path, label))
-            except OSError:
-                bad.append(path)
-        if bad:
-            shown = ", ".join(bad[:5]) + (" ..." if len(bad) > 5 else "")
-            warnings.warn(f"skipped {len(bad)} unreadable images: {shown}", stacklevel=2)
-        return kept
+    def _without_bad_files(self, splits: dict[str, list[tuple[str, int]]]) -> dict[str, list[tuple[str, int]]]:
+        """Check every header once (sharded across DDP ranks); raise, or drop the bad files, listing them."""
+        paths = [path for samples in splits.values() for path, _ in samples]
+        start = time.perf_counter()
+        bad = dict(check_headers(paths))
+        log.info("checked %d image headers in %.1f s", len(paths), time.perf_counter() - start)
+        if not bad:
+            return splits
+        report = describe_bad_files(sorted(bad.items()), len(paths))
+        if not self.skip_bad_images:
+            raise ValueError(f"{self.root}: {report}\nRemove or fix them, or set data.skip_bad_images: true "
+                             "to train without them.")
+        log.warning("%s: leaving out %s", self.root, report)
+        return {name: [s for s in samples if s[0] not in bad] for name, samples in splits.items()}
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
+        splits = self._splits()
+        if self.check_images:
+            splits = self._without_bad_files(splits)
         train_tf, eval_tf = self.train_transform(), self.eval_transform()
-        if self.split_folders:
-            self.train_set = ImageFiles(self._scan(self.root / "train"), train_tf)
-            self.val_set = ImageFiles(self._scan(self.root / "val"), eval_tf)
-            test_dir = self.root / "test"
-            self.test_set = ImageFiles(self._scan(test_dir), eval_tf) if test_dir.is_dir() else self.val_set
-        else:
-            samples = self._scan(self.root)
-            labels = [label for _, label in samples]
-            fractions = [self.val_fraction] + ([self.test_fraction] if self.test_fraction > 0 else [])
-            parts = stratified_split(labels, fractions, self.seed)
-            pick = lambda idx: [samples[i] for i in idx]
-            self.train_set = ImageFiles(pick(parts[0]), train_tf)
-            self.val_set = ImageFiles(pick(parts[1]), eval_tf)
-            self.test_set = ImageFiles(pick(parts[2]), eval_tf) if len(parts) > 2 else self.val_set
+        make = lambda samples, tf: ImageFiles(samples, tf, replace_bad=self.skip_bad_images,
+                                              max_bad_fraction=self.max_bad_fraction)
+        self.train_set = make(splits["train"], train_tf)
+        self.val_set = make(splits["val"], eval_tf)
+        self.test_set = make(splits["test"], eval_tf) if "test" in splits else self.val_set
         log.info("%s: %d train, %d val, %d test images, %d classes", self.root, len(self.train_set),
                  len(self.val_set), len(self.test_set), self.num_classes)
+
+
+def check_headers(paths: Sequence[str]) -> list[tuple[str, str]]:
+    """`check_image_files` once over all ranks: each DDP rank checks its shard, and all share the result."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return check_image_files(paths)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cores = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    shards: list[Any] = [None] * world
+    dist.all_gather_object(shards, check_image_files(paths[rank::world], num_workers=cores))
+    return [bad for shard in shards for bad in shard]
 
 
 class ImageNet(ImageFolder):

@@ -199,8 +199,11 @@ class ImageClassifier(LightningModule):
             self.train_metrics.update(logits, y)
             self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         if not torch.isfinite(loss):
+            # Stops before the optimiser step, so no checkpoint ever holds the broken weights.
             raise FloatingPointError(
-                f"loss is {loss.item()} at step {self.global_step}; lower lr or check the inputs"
+                f"loss is {loss.item()} at step {self.global_step} (lr {self.optimizers().param_groups[-1]['lr']:.3g}, "
+                f"precision {self.trainer.precision}); lower the lr, clip gradients or check the inputs. "
+                "The last checkpoint holds the weights from before this step."
             )
         self.log("train_loss", loss, prog_bar=True)
         self.log("lr", self.optimizers().param_groups[-1]["lr"], prog_bar=False)
@@ -266,6 +269,22 @@ class ImageClassifier(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # --- checkpoint ------------------------------------------------------------------------
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Before any weight is copied: a checkpoint of another task, model or class count is a clear error."""
+        meta = checkpoint.get(META_KEY) or {}
+        if meta.get("task") != "classify":
+            found = f"a {meta['task']!r} task" if meta.get("task") else "no `vit fit` task"
+            raise ValueError(f"this checkpoint holds {found}, not an image classifier")
+        theirs, ours = meta["model_config"], self.model_config
+        differ = [f"{k}: checkpoint {theirs.get(k)!r}, this model {ours.get(k)!r}"
+                  for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
+        if meta["model_name"] != self.model_name or differ:
+            raise ValueError(
+                f"the checkpoint was written for {meta['model_name']} with {theirs.get('num_classes')} classes, "
+                f"this run builds {self.model_name} with {ours.get('num_classes')} classes; they differ in "
+                f"{'; '.join(differ) or 'the model name'}"
+            )
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[META_KEY] = {
             "task": "classify",

@@ -162,7 +162,11 @@ class Translator(LightningModule):
         logits = self(batch["src"], batch["tgt_in"], batch["src_padding_mask"])
         loss = self._loss(logits, batch["tgt_out"])
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"training loss is {loss.item()} at step {self.global_step}")
+            raise FloatingPointError(
+                f"loss is {loss.item()} at step {self.global_step} (lr {self.optimizers().param_groups[0]['lr']:.3g}, "
+                f"precision {self.trainer.precision}); lower the lr or clip gradients. "
+                "The last checkpoint holds the weights from before this step."
+            )
         self.log("train_loss", loss, prog_bar=True, batch_size=batch["src"].shape[0])
         return loss
 
@@ -202,6 +206,12 @@ class Translator(LightningModule):
             return {"optimizer": optimizer}
         scheduler = LambdaLR(optimizer, inverse_sqrt_schedule(hp.warmup_steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        found = (checkpoint.get(META_KEY) or {}).get("task")
+        if found != "translate":
+            raise ValueError(f"this checkpoint holds {f'a {found!r} task' if found else 'no `vit fit` task'}, "
+                             "not a Translator")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[META_KEY] = {"task": "translate"}  # the tokenizers travel in the hyperparameters

@@ -1,0 +1,203 @@
+"""Long runs lose nothing and hide nothing: kills, damaged checkpoints, exact resume, NaNs, mismatches."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.plugins import MixedPrecision
+from torch.utils.data import DataLoader, TensorDataset
+
+from tests import CONFIGS
+from tests.conftest import short_digits_run, subprocess_env
+from vit.checkpoint import DamagedCheckpointError, load_classifier
+from vit.cli import cli
+from vit.commands import main
+from vit.tasks import ImageClassifier
+from vit.training import TrainingReport
+
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
+STEPS = 4  # optimiser steps per epoch in these runs
+
+
+def epochs_run(root: Path, *extra: str, epochs: int = 4) -> list[str]:
+    """A tiny digits run of ``epochs`` epochs of STEPS steps, one thread (bitwise reproducible)."""
+    return [*short_digits_run(root, steps=STEPS), f"--trainer.max_epochs={epochs}", "--test_after_fit=false",
+            "--num_threads=1", *extra]
+
+
+def crash_at(step: int) -> list[str]:
+    return ["--trainer.callbacks+=tests.dummies.CrashAtStep", f"--trainer.callbacks.init_args.step={step}"]
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True, map_location="cpu")["state_dict"]
+
+
+@pytest.mark.slow
+def test_resume_at_an_epoch_boundary_gives_the_uninterrupted_weights_bitwise(tmp_path):
+    cli(["fit", *epochs_run(tmp_path / "straight")])
+    with pytest.raises(RuntimeError, match="simulated crash"):  # dies in epoch 2, after epoch 1's last.ckpt
+        main(["fit", *epochs_run(tmp_path / "resumed"), *crash_at(2 * STEPS + 1)])
+    assert torch.load(tmp_path / "resumed" / "ckpt" / "last.ckpt", weights_only=True)["epoch"] == 1
+    cli(["fit", *epochs_run(tmp_path / "resumed"), "--ckpt_path", "last"])
+    straight, resumed = weights(tmp_path / "straight/ckpt/last.ckpt"), weights(tmp_path / "resumed/ckpt/last.ckpt")
+    assert straight.keys() == resumed.keys()
+    differences = {k: (straight[k] - resumed[k]).abs().max().item() for k in straight}
+    assert max(differences.values()) == 0.0, {k: v for k, v in differences.items() if v}
+    # The control: the same resume without the saved generators draws other batches and ends elsewhere.
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(["fit", *epochs_run(tmp_path / "control"), *crash_at(2 * STEPS + 1)])
+    last = tmp_path / "control" / "ckpt" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    assert checkpoint["callbacks"].pop("RandomState")
+    torch.save(checkpoint, last)
+    cli(["fit", *epochs_run(tmp_path / "control"), "--ckpt_path", "last"])
+    control = weights(last)
+    assert max((straight[k] - control[k]).abs().max().item() for k in straight) > 1e-4
+
+
+@pytest.mark.slow
+def test_mid_epoch_resume_continues_the_global_step_and_the_lr_schedule(tmp_path):
+    """last.ckpt every 2 steps; a crash at step 7 of 8 (mid epoch 2) resumes from step 6 on the same schedule."""
+    lrs = {}
+    for name, extra in (("straight", []), ("resumed", crash_at(7))):
+        args = [*epochs_run(tmp_path / name, "--checkpoint.every_n_train_steps=2", epochs=2), *extra]
+        if extra:
+            with pytest.raises(RuntimeError, match="simulated crash at step 7"):
+                main(["fit", *args])
+            saved = torch.load(tmp_path / name / "ckpt" / "last.ckpt", weights_only=True)
+            assert saved["global_step"] == 6 and saved["epoch"] == 1  # saved mid epoch 2 (index 1)
+            run = cli(["fit", *epochs_run(tmp_path / name, "--checkpoint.every_n_train_steps=2", epochs=2),
+                       "--ckpt_path", "last"])
+        else:
+            run = cli(["fit", *args])
+        assert run.trainer.global_step == 2 * STEPS
+        rows = csv.DictReader((Path(run.trainer.logger.log_dir) / "metrics.csv").open())
+        lrs[name] = {int(r["step"]): float(r["lr-AdamW/decay"]) for r in rows if r.get("lr-AdamW/decay")}
+    resumed_steps = sorted(lrs["resumed"])
+    assert resumed_steps[0] == 6  # the resumed run starts at the saved step, not at 0 or at the epoch start
+    for step in resumed_steps:
+        assert lrs["resumed"][step] == pytest.approx(lrs["straight"][step], rel=1e-12)
+
+
+@pytest.mark.slow
+def test_sigkill_during_vit_fit_then_resume_finishes_every_epoch(tmp_path):
+    """A real `vit fit` process killed with SIGKILL mid-run, then `--ckpt_path last`."""
+    args = [*epochs_run(tmp_path, epochs=30), "--trainer.limit_val_batches=1"]
+    child = subprocess.Popen([sys.executable, "-m", "vit", "fit", *args], env=subprocess_env(), cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = tmp_path / "ckpt" / "last.ckpt"
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and not (last.is_file() and torch.load(
+                last, weights_only=True)["epoch"] >= 2):
+            time.sleep(0.2)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    killed_at = torch.load(last, weights_only=True)["epoch"]
+    assert 2 <= killed_at < 29
+    run = cli(["fit", *args, "--ckpt_path", "last"])
+    assert run.trainer.current_epoch == 30 and run.trainer.global_step == 30 * STEPS
+
+
+def damaged_last(tmp_path: Path) -> Path:
+    main(["fit", *epochs_run(tmp_path, epochs=2), "--trainer.limit_val_batches=2"])
+    last = tmp_path / "ckpt" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 3])  # what a kill during a copy leaves
+    return last
+
+
+def test_a_damaged_last_ckpt_is_named_with_the_other_checkpoints(tmp_path):
+    last = damaged_last(tmp_path)
+    with pytest.raises(DamagedCheckpointError) as err:
+        main(["fit", *epochs_run(tmp_path, epochs=3), "--ckpt_path", "last"])
+    message = str(err.value)
+    assert f"checkpoint {last} is damaged" in message
+    assert "best-epoch=" in message and "(epoch " in message and "--resume_from_readable" in message
+
+
+def test_resume_from_readable_falls_back_to_the_newest_intact_checkpoint(tmp_path, capsys):
+    damaged_last(tmp_path)
+    best = next((tmp_path / "ckpt").glob("best-*.ckpt"))
+    run = cli(["fit", *epochs_run(tmp_path, epochs=3), "--ckpt_path", "last", "--resume_from_readable=true"])
+    assert f"is damaged; falling back to the newest intact checkpoint, {best}" in capsys.readouterr().out
+    assert run.trainer.current_epoch == 3 and (tmp_path / "ckpt" / "last.ckpt").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_a_nan_loss_stops_the_run_naming_step_lr_and_precision(tmp_path):
+    poison = ["--trainer.callbacks+=tests.dummies.PoisonBatch", f"--trainer.callbacks.init_args.step={STEPS + 2}"]
+    stop = rf"loss is nan at step {STEPS + 2} \(lr [\d.e-]+, precision 32-true\)"
+    with pytest.raises(FloatingPointError, match=stop):
+        main(["fit", *epochs_run(tmp_path, epochs=2), *poison])
+    last = tmp_path / "ckpt" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == STEPS  # the epoch before the NaN
+    classifier = load_classifier(last)  # and it loads, with finite weights
+    assert all(torch.isfinite(p).all() for p in classifier.parameters())
+
+
+def test_fp16_steps_the_grad_scaler_skips_are_counted_and_reported(tmp_path, caplog):
+    class InfGradientAtStep2(ImageClassifier):
+        def on_after_backward(self) -> None:
+            if self.global_step == 2:
+                for p in self.parameters():
+                    if p.grad is not None:
+                        p.grad.fill_(float("inf"))
+
+    model = InfGradientAtStep2(model="vit_digits_patch2_8", model_kwargs=dict(depth=1, embed_dim=32, num_heads=2))
+    data = DataLoader(TensorDataset(torch.randn(40, 1, 8, 8), torch.arange(40) % 10), batch_size=8)
+    report = TrainingReport()
+    trainer = Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=[report],
+                      plugins=[MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))])
+    with caplog.at_level(logging.WARNING, logger="vit.training"):
+        trainer.fit(model, data)
+    assert report.skipped_steps == 1 and "step 2: gradients were not finite" in caplog.text
+    assert trainer.callback_metrics["skipped_steps"] == 1
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # the skipped step changed nothing
+
+
+def test_a_checkpoint_of_another_model_or_task_is_a_clear_error(tmp_path, fitted):
+    best = str(next((fitted / "ckpt").glob("best-*.ckpt")))
+    shapes = tmp_path / "shapes"
+    from tests.formats import write_class_folders
+
+    write_class_folders(shapes, ["circle", "square", "star"], per_class=4, size=16)
+    folder = ["--data=vit.data.ImageFolder", f"--data.root={shapes}", "--data.img_size=16", "--data.num_workers=0",
+              "--data.val_fraction=0.25", "--trainer.max_epochs=1", "--trainer.logger=false",
+              f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false"]
+    with pytest.raises(ValueError, match=r"written for vit_digits_patch4_16 with 10 classes, this run builds "
+                                         r"vit_digits_patch4_16 with 3 classes.*num_classes: checkpoint 10"):
+        main(["fit", "--config", str(CONFIGS / "digits.yaml"), *folder, "--data.init_args.batch_size=4",
+              "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}", "--ckpt_path", best])
+
+
+
+@pytest.mark.slow
+def test_a_translator_checkpoint_given_to_an_image_recipe_is_a_clear_error(tmp_path):
+    from vit.data import SyntheticTranslationDataModule
+    from vit.tasks import Translator
+
+    data = SyntheticTranslationDataModule("copy", num_train=64, num_val=8, num_test=8, batch_size=16)
+    model = Translator(data.tokenizers, embed_dim=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1)
+    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(model, datamodule=data)
+    translator = tmp_path / "translator.ckpt"
+    trainer.save_checkpoint(translator)
+    with pytest.raises(ValueError, match=r"--ckpt_path .*translator\.ckpt holds a Translator checkpoint \(translate\), "
+                                         r"but the config's model is vit.tasks.ImageClassifier"):
+        main(["fit", *short_digits_run(tmp_path / "run"), "--ckpt_path", str(translator)])
+    with pytest.raises(ValueError, match="holds a 'translate' task, not an image classifier"):
+        ImageClassifier.load_from_checkpoint(translator, weights_only=True)
