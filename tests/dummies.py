@@ -58,3 +58,19 @@ class PoisonBatch(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
             batch[0].fill_(float("nan"))
+
+
+class RecordBackbone(Callback):
+    """Append "rank:epoch:sum of the backbone's weights" to ``backbone`` at fit start (-1) and each epoch end."""
+
+    def _record(self, trainer, pl_module, epoch: int) -> None:
+        total = sum(p.detach().double().sum().item() for n, p in pl_module.model.named_parameters()
+                    if n.startswith("blocks."))
+        with open("backbone", "a") as f:
+            f.write(f"{trainer.global_rank}:{epoch}:{total!r}\n")
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._record(trainer, pl_module, -1)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._record(trainer, pl_module, trainer.current_epoch)

@@ -168,3 +168,28 @@ def test_imagenet_jpeg_folders(tmp_path):
         ImageNet(str(tmp_path / "imagenet2"))
 
 
+
+
+def test_balanced_sampling_draws_an_imbalanced_folder_about_evenly(tmp_path):
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+
+    root = tmp_path / "data"
+    write_class_folders(root / "many", [""], per_class=100, size=8)
+    write_class_folders(root / "few", [""], per_class=10, size=8, seed=100)
+    dm = ImageFolder(str(root), val_fraction=0.2, num_workers=0, img_size=8, balanced_sampling=True,
+                     check_images=False)
+    dm.setup("fit")
+    assert dm.class_counts("train") == [8, 80]  # classes sort: few, many (exactly 10%: no warning yet)
+    labels = torch.as_tensor(dm.train_set.labels)
+    draws = torch.cat([labels[list(dm.train_dataloader().sampler)] for _ in range(50)])
+    assert abs(draws.float().mean().item() - 0.5) < 0.03  # about 50/50, not 10/90
+    for rank in (0, 1):  # as Lightning shards a custom sampler under DDP
+        shard = DistributedSamplerWrapper(dm.train_sampler(), num_replicas=2, rank=rank, shuffle=True)
+        drawn = torch.cat([labels[list(shard)] for _ in range(50)])
+        assert abs(drawn.float().mean().item() - 0.5) < 0.04
+    for path in sorted((root / "few").iterdir())[:5]:
+        path.unlink()  # 5 of 100: under 10%
+    plain = ImageFolder(str(root), val_fraction=0.2, num_workers=0, img_size=8, check_images=False)
+    with pytest.warns(UserWarning, match=r"imbalanced classes: 'few' has 4 training images, under 10% of .* 80"):
+        plain.setup("fit")
+    assert plain.train_sampler() is None

@@ -41,8 +41,8 @@ def test_schedule_keeps_layer_decay_per_step(tmp_path):
     t.fit(model, loader())
     opt = t.optimizers[0]
     factor = warmup_cosine(6, 4, 6, 0.0)  # LambdaLR has stepped 6 times
-    for g in opt.param_groups:
-        layer = int(g["name"].split("_")[0].removeprefix("layer"))
+    for g in opt.param_groups:  # layer{i}_..., and the head at the top layer (depth + 1 = 3)
+        layer = 3 if g["name"].startswith("head_") else int(g["name"].split("_")[0].removeprefix("layer"))
         assert g["lr"] == pytest.approx(0.01 * 0.5 ** (3 - layer) * factor, abs=1e-12), g["name"]
     # warm-up in epochs: 3 batches per epoch, 1 warm-up epoch of 3 epochs -> 3 warm-up steps of 9
     lrs = []
@@ -60,11 +60,20 @@ def test_schedule_keeps_layer_decay_per_step(tmp_path):
 def test_losses_label_smoothing_and_mixup():
     model = tiny(label_smoothing=0.1)
     assert isinstance(model.train_loss, torch.nn.CrossEntropyLoss) and model.train_loss.label_smoothing == 0.1
-    from timm.loss import SoftTargetCrossEntropy
+    from timm.loss import SoftTargetCrossEntropy as TimmSoftTarget
+
+    from vit.tasks.losses import SoftTargetCrossEntropy
 
     model = tiny(mixup_alpha=0.8, cutmix_alpha=1.0)
     assert isinstance(model.train_loss, SoftTargetCrossEntropy)
     assert model.mixup.mixup_alpha == 0.8 and model.mixup.cutmix_alpha == 1.0
+    logits, targets = torch.randn(6, 10), torch.randn(6, 10).softmax(-1)
+    torch.testing.assert_close(model.train_loss(logits, targets), TimmSoftTarget()(logits, targets))
+    # class weights: for one-hot targets, exactly torch's weighted cross-entropy
+    weights = torch.rand(10) + 0.5
+    labels = torch.randint(0, 10, (6,))
+    weighted = SoftTargetCrossEntropy(weights)(logits, torch.nn.functional.one_hot(labels, 10).float())
+    torch.testing.assert_close(weighted, torch.nn.functional.cross_entropy(logits, labels, weight=weights))
 
 
 def test_mixup_training_runs_with_odd_batches(tmp_path):

@@ -99,6 +99,14 @@ class ImageDataModule(LightningDataModule):
             self.in_chans, (self.img_size, self.img_size), self.crop_pct, self.interpolation, self.mean, self.std
         )
 
+    def class_counts(self, split: str = "train") -> list[int]:
+        """Images per class in a split (after ``setup``), in ``class_names`` order."""
+        dataset = getattr(self, f"{split}_set", None)
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__} has no {split} split; was setup() called?")
+        counts = torch.bincount(torch.as_tensor(dataset.labels), minlength=self.num_classes)
+        return counts.tolist()
+
     def train_sampler(self) -> Sampler | None:
         """A sampler for the training split, or None to shuffle (subclasses may weight classes)."""
         return None

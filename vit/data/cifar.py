@@ -47,6 +47,12 @@ class TransformedSubset(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
+    @property
+    def labels(self) -> list[int]:
+        """The label of every sample, without decoding any image."""
+        targets = self.dataset.targets
+        return [int(targets[i]) for i in self.indices]
+
     def __getitem__(self, index: int) -> tuple[Any, int]:
         img, label = self.dataset[self.indices[index]]
         return (self.transform(img) if self.transform else img), int(label)

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.utils.data import Dataset, Sampler, WeightedRandomSampler
 
 from vit.data.base import ImageDataModule
 from vit.data.io import (
@@ -56,6 +57,11 @@ class ImageFiles(Dataset):
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    @property
+    def labels(self) -> list[int]:
+        """The label of every sample, without decoding any image."""
+        return [label for _, label in self.samples]
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, label = self.samples[index]
@@ -112,6 +118,8 @@ class ImageFolder(ImageDataModule):
         max_bad_fraction: with skip_bad_images, stop when more than this share of a split fails to
             decode in one epoch.
         check_images: check every file's header at setup (cheap: no decoding); off trusts the files.
+        balanced_sampling: draw training images with weights 1 / (images of their class), so every class
+            comes up about equally often (works under DDP: Lightning shards the draws across ranks).
         batch_size: images per batch (per device).
     """
 
@@ -123,6 +131,7 @@ class ImageFolder(ImageDataModule):
         skip_bad_images: bool = False,
         max_bad_fraction: float = 0.01,
         check_images: bool = True,
+        balanced_sampling: bool = False,
         *,
         batch_size: int = 64,
         **kwargs: Any,
@@ -131,6 +140,7 @@ class ImageFolder(ImageDataModule):
         self.root = Path(root)
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.skip_bad_images, self.max_bad_fraction, self.check_images = skip_bad_images, max_bad_fraction, check_images
+        self.balanced_sampling = balanced_sampling
         if not self.root.is_dir():
             raise FileNotFoundError(f"image folder not found: {self.root}")
         self.split_folders = (self.root / "train").is_dir()
@@ -177,7 +187,7 @@ class ImageFolder(ImageDataModule):
         paths = [path for samples in splits.values() for path, _ in samples]
         start = time.perf_counter()
         bad = dict(check_headers(paths))
-        log.info("checked %d image headers in %.1f s", len(paths), time.perf_counter() - start)
+        rank_zero_info(f"checked {len(paths)} image headers in {time.perf_counter() - start:.1f} s")
         if not bad:
             return splits
         report = describe_bad_files(sorted(bad.items()), len(paths))
@@ -199,8 +209,35 @@ class ImageFolder(ImageDataModule):
         self.train_set = make(splits["train"], train_tf)
         self.val_set = make(splits["val"], eval_tf)
         self.test_set = make(splits["test"], eval_tf) if "test" in splits else self.val_set
-        log.info("%s: %d train, %d val, %d test images, %d classes", self.root, len(self.train_set),
-                 len(self.val_set), len(self.test_set), self.num_classes)
+        rank_zero_info(f"{self.root}: {len(self.train_set)} train, {len(self.val_set)} val, {len(self.test_set)} test "
+                       f"images, {self.num_classes} classes")
+        self._report_class_counts()
+
+    def _report_class_counts(self) -> None:
+        """Print the training images per class, and warn when the classes are far from balanced."""
+        counts = self.class_counts("train")
+        shown = list(zip(self.class_names, counts))
+        if len(shown) > 40:  # ImageNet-sized: the extremes say enough
+            shown = sorted(shown, key=lambda c: c[1])
+            shown = [*shown[:5], ("...", None), *shown[-5:]]
+        width = max(len(name) for name, _ in shown)
+        rank_zero_info("training images per class:\n" + "\n".join(
+            f"  {name:<{width}} {'' if n is None else n:>8}" for name, n in shown))
+        smallest, largest = min(counts), max(counts)
+        if smallest < 0.1 * largest:
+            small = self.class_names[counts.index(smallest)]
+            rank_zero_warn(
+                f"{self.root}: imbalanced classes: {small!r} has {smallest} training images, under 10% of the largest "
+                f"class's {largest}; consider data.balanced_sampling: true or model.class_weighting: true"
+            )
+
+    def train_sampler(self) -> Sampler | None:
+        """With ``balanced_sampling``, draws weighted by 1 / (images of the class), with replacement."""
+        if not self.balanced_sampling:
+            return None
+        counts = torch.tensor(self.class_counts("train"), dtype=torch.float64)
+        weights = (1.0 / counts)[torch.as_tensor(self.train_set.labels)]
+        return WeightedRandomSampler(weights, num_samples=len(weights), replacement=True)
 
 
 def check_headers(paths: Sequence[str]) -> list[tuple[str, str]]:

@@ -9,14 +9,15 @@ the training config, and without Lightning.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
@@ -24,7 +25,9 @@ from vit.checkpoint import META_KEY
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, create_model
 from vit.plots import save_confusion_matrix
-from vit.tasks.optim import param_groups, warmup_cosine
+from vit.tasks.finetune import apply_freezing, check_strategy, frozen_modules, unfreeze_epoch
+from vit.tasks.losses import SoftTargetCrossEntropy
+from vit.tasks.optim import describe_param_groups, param_groups, per_epoch_steps, warmup_cosine
 from vit.weights import load_pretrained
 
 log = logging.getLogger(__name__)
@@ -46,7 +49,9 @@ class ImageClassifier(LightningModule):
             ``None``: ImageNet's for 3 channels, 0.5 otherwise.
         crop_pct: evaluation centre-crop fraction the data used, stored in the checkpoint (linked).
         interpolation: resize interpolation the data used, stored in the checkpoint (linked).
-        lr: peak learning rate of the last layer group (the head).
+        lr: peak learning rate of the last layer group (the head), for a global batch of ``lr_base_batch``.
+        lr_base_batch: when set, ``lr`` is scaled linearly to the real global batch (batch size x devices x
+            nodes x gradient accumulation), as fine-tuning recipes quote it; ``None`` uses ``lr`` as given.
         weight_decay: AdamW decoupled weight decay (not applied to biases, norms and embeddings).
         betas: AdamW betas.
         warmup_epochs: linear warm-up length in epochs (fractions allowed).
@@ -58,6 +63,11 @@ class ImageClassifier(LightningModule):
         mixup_prob: probability of applying mixup or cutmix to a batch.
         mixup_switch_prob: probability of cutmix instead of mixup when both are on.
         ema_decay: decay of timm's ``ModelEmaV3``; ``None`` = no EMA. Validation and test use it.
+        finetune: what trains (`vit.tasks.finetune`): "full", "linear_probe", "partial" or "staged".
+        freeze_blocks: "partial": the patch embedding and this many first blocks stay frozen.
+        head_epochs: "staged": epochs that train the head alone before everything trains.
+        class_weighting: weight the loss of each class by total / (classes x its training images),
+            for imbalanced data (the counts come from the datamodule's training split).
     """
 
     def __init__(
@@ -74,6 +84,7 @@ class ImageClassifier(LightningModule):
         crop_pct: float = 1.0,
         interpolation: str = "bicubic",
         lr: float = 1e-3,
+        lr_base_batch: int | None = None,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
         warmup_epochs: float = 0.0,
@@ -86,6 +97,10 @@ class ImageClassifier(LightningModule):
         mixup_prob: float = 1.0,
         mixup_switch_prob: float = 0.5,
         ema_decay: float | None = None,
+        finetune: str = "full",
+        freeze_blocks: int = 0,
+        head_epochs: int = 0,
+        class_weighting: bool = False,
     ) -> None:
         super().__init__()
         if model not in MODEL_CONFIGS:
@@ -96,6 +111,7 @@ class ImageClassifier(LightningModule):
             raise ValueError(f"got {len(class_names)} class_names for num_classes={num_classes}")
         self.save_hyperparameters()
         self.configure_models()
+        check_strategy(finetune, freeze_blocks, head_epochs, len(self.model.blocks))
         self.configure_preprocessing(class_names, mean, std, crop_pct, interpolation)
         self.configure_losses()
         self.configure_metrics()
@@ -145,28 +161,38 @@ class ImageClassifier(LightningModule):
         self.crop_pct = float(crop_pct)
         self.interpolation = interpolation
 
-    def configure_losses(self) -> None:
-        """Label-smoothed cross-entropy, or timm's soft-target loss when mixup/cutmix is on."""
+    def configure_losses(self, class_weights: Tensor | None = None) -> None:
+        """Label-smoothed cross-entropy, or soft targets when mixup/cutmix is on; optionally class-weighted."""
         hp = self.hparams
         self.mixup = None
         if hp.mixup_alpha > 0 or hp.cutmix_alpha > 0:
             from timm.data import Mixup
-            from timm.loss import SoftTargetCrossEntropy
 
             self.mixup = Mixup(
                 mixup_alpha=hp.mixup_alpha, cutmix_alpha=hp.cutmix_alpha, prob=hp.mixup_prob,
                 switch_prob=hp.mixup_switch_prob, label_smoothing=hp.label_smoothing, num_classes=hp.num_classes,
             )
-            self.train_loss: nn.Module = SoftTargetCrossEntropy()
+            self.train_loss: nn.Module = SoftTargetCrossEntropy(class_weights)
         else:
-            self.train_loss = nn.CrossEntropyLoss(label_smoothing=hp.label_smoothing)
+            self.train_loss = nn.CrossEntropyLoss(weight=class_weights, label_smoothing=hp.label_smoothing)
         self.eval_loss = nn.CrossEntropyLoss()
 
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.hparams.class_weighting:
+            counts = torch.tensor(self.trainer.datamodule.class_counts("train"), dtype=torch.float32)
+            if (counts == 0).any():
+                missing = [name for name, n in zip(self.class_names, counts.tolist()) if n == 0]
+                raise ValueError(f"class_weighting: classes without training images: {missing}")
+            weights = counts.sum() / (len(counts) * counts)
+            self.configure_losses(weights.to(self.device))
+            rank_zero_info("class weights: " + ", ".join(f"{n} {w:.2f}" for n, w in zip(self.class_names, weights)))
+
     def configure_metrics(self) -> None:
-        """One MetricCollection per stage: top-1 (the fraction of images right), and top-5 with 5+ classes."""
+        """One MetricCollection per stage: top-1, balanced accuracy (the mean of per-class recalls), top-5."""
         n = self.hparams.num_classes
         # "micro": the fraction of images classified right (torchmetrics defaults to a class mean).
         metrics = {"acc": MulticlassAccuracy(n, average="micro")}
+        metrics["acc_balanced"] = MulticlassAccuracy(n, average="macro")
         if n >= 5:
             metrics["acc_top5"] = MulticlassAccuracy(n, top_k=5, average="micro")
         self.train_metrics = MetricCollection({"acc": MulticlassAccuracy(n, average="micro")}, prefix="train_")
@@ -209,6 +235,31 @@ class ImageClassifier(LightningModule):
         self.log("lr", self.optimizers().param_groups[-1]["lr"], prog_bar=False)
         return loss
 
+    # --- fine-tuning strategy ----------------------------------------------------------------
+    def on_fit_start(self) -> None:
+        hp = self.hparams
+        ddp = self.trainer.strategy.model
+        if hp.finetune != "full" and isinstance(ddp, DistributedDataParallel) and not ddp.find_unused_parameters:
+            raise ValueError(
+                f"finetune: {hp.finetune} freezes parameters, which DDP only allows with find_unused_parameters: "
+                "set trainer.strategy: ddp_find_unused_parameters_true"
+            )
+        rank_zero_info(self.param_group_table())
+
+    def frozen_modules(self, epoch: int) -> list[nn.Module]:
+        """The parts of the model that do not train in ``epoch`` under this run's strategy."""
+        hp = self.hparams
+        return frozen_modules(self.model, hp.finetune, hp.freeze_blocks, hp.head_epochs, epoch)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # Every step, since validation and Lightning switch modules back to train mode.
+        apply_freezing(self.model, self.frozen_modules(self.current_epoch))
+
+    def param_group_table(self) -> str:
+        """The optimiser's groups: name, parameters, peak lr, weight decay, and whether they train now."""
+        frozen = [p for m in self.frozen_modules(self.current_epoch) for p in m.parameters()]
+        return describe_param_groups(self.trainer.optimizers[0], frozen)
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.model_ema is not None:
             self.model_ema.update(self.model, step=self.global_step)
@@ -250,22 +301,37 @@ class ImageClassifier(LightningModule):
         return self(x).softmax(dim=-1)
 
     # --- optimiser -------------------------------------------------------------------------
+    def peak_lr(self) -> float:
+        """``lr``, scaled to the global batch when ``lr_base_batch`` is set."""
+        hp = self.hparams
+        if hp.lr_base_batch is None:
+            return hp.lr
+        batch = getattr(self.trainer.datamodule, "batch_size", None) or self.trainer.train_dataloader.batch_size
+        global_batch = batch * self.trainer.world_size * self.trainer.accumulate_grad_batches
+        return hp.lr * global_batch / hp.lr_base_batch
+
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        groups = param_groups(self.model, hp.lr, hp.weight_decay, hp.layer_decay)
-        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas))
+        lr = self.peak_lr()
+        groups = param_groups(self.model, lr, hp.weight_decay, hp.layer_decay)
+        optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(hp.betas))
         total = max(1, int(self.trainer.estimated_stepping_batches))
         if hp.warmup_steps is not None:
             warmup = hp.warmup_steps
         else:
-            batches = self.trainer.num_training_batches
-            per_epoch = total if math.isinf(batches) else math.ceil(batches / self.trainer.accumulate_grad_batches)
-            warmup = round(hp.warmup_epochs * per_epoch)
+            warmup = round(hp.warmup_epochs * per_epoch_steps(self.trainer, total))
         warmup = min(warmup, total)
-        min_ratio = min(1.0, hp.min_lr / hp.lr) if hp.lr > 0 else 0.0
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: warmup_cosine(step, warmup, total, min_ratio)
-        )
+        min_ratio = min(1.0, hp.min_lr / lr) if lr > 0 else 0.0
+        schedule = lambda step: warmup_cosine(step, warmup, total, min_ratio)
+        unfreeze = unfreeze_epoch(hp.finetune, hp.head_epochs)
+        if unfreeze is None:
+            lambdas = [schedule] * len(groups)
+        else:  # staged: the backbone's groups warm up again from the epoch it starts training
+            start = unfreeze * per_epoch_steps(self.trainer, total)
+            rest = total - start
+            backbone = lambda step: warmup_cosine(step - start, warmup, rest, min_ratio) if step >= start else 0.0
+            lambdas = [schedule if g["name"].startswith("head_") else backbone for g in groups]
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # --- checkpoint ------------------------------------------------------------------------
@@ -297,3 +363,4 @@ class ImageClassifier(LightningModule):
             "interpolation": self.interpolation,
             "ema": self.model_ema is not None,
         }
+

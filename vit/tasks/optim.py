@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
+
+import torch
 
 from vit.nn.vision import VisionTransformer
 
@@ -20,26 +23,28 @@ def layer_id(name: str, depth: int) -> int:
 def param_groups(
     model: VisionTransformer, lr: float, weight_decay: float, layer_decay: float | None = None
 ) -> list[dict[str, Any]]:
-    """AdamW parameter groups: no decay on biases, norms, pos_embed and cls_token; per-layer lr.
+    """AdamW parameter groups: no decay on biases, norms, pos_embed and cls_token; per-layer lr; the head apart.
 
-    Each group's ``lr`` is set directly (``lr * layer_decay ** (depth + 1 - layer)``) because
-    Lightning's scheduler stepping knows nothing of timm's ``lr_scale`` key.
+    Every parameter is in a group, frozen or not: freezing (see `vit.tasks.finetune`) only stops its
+    gradient, so the groups never change and a resumed run's optimiser state always fits. Each group's
+    ``lr`` is set directly (``lr * layer_decay ** (depth + 1 - layer)``) because Lightning's scheduler
+    stepping knows nothing of timm's ``lr_scale`` key. Group names: ``layer{i}_decay``,
+    ``layer{i}_no_decay`` (or ``decay``/``no_decay`` without layer decay), ``head_decay``, ``head_no_decay``.
     """
     depth = len(model.blocks)
     skip = model.no_weight_decay()
     groups: dict[tuple[int, bool], dict[str, Any]] = {}
     for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
         no_decay = p.ndim <= 1 or name in skip
         layer = layer_id(name, depth) if layer_decay is not None else depth + 1
+        head = name.startswith("head.")
         scale = layer_decay ** (depth + 1 - layer) if layer_decay is not None else 1.0
-        key = (layer, no_decay)
+        key = (depth + 2 if head else layer, no_decay)  # the head sorts last, after the final norm
         if key not in groups:
+            prefix = "head_" if head else f"layer{layer}_" if layer_decay is not None else ""
             groups[key] = {
                 "params": [], "lr": lr * scale, "weight_decay": 0.0 if no_decay else weight_decay,
-                "name": (f"layer{layer}_" if layer_decay is not None else "")
-                + ("no_decay" if no_decay else "decay"),
+                "name": prefix + ("no_decay" if no_decay else "decay"),
             }
         groups[key]["params"].append(p)
     return [groups[k] for k in sorted(groups)]
@@ -51,3 +56,21 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def per_epoch_steps(trainer: Any, total: int) -> int:
+    """Optimiser steps in one epoch (``total`` when the epoch length is unknown)."""
+    batches = trainer.num_training_batches
+    return total if math.isinf(batches) else math.ceil(batches / trainer.accumulate_grad_batches)
+
+
+def describe_param_groups(optimizer: torch.optim.Optimizer, frozen: Iterable[torch.Tensor] = ()) -> str:
+    """A table of the optimiser's groups: name, parameters, peak lr, weight decay, and whether they train."""
+    frozen_ids = {id(p) for p in frozen}
+    lines = [f"{'parameter group':<20} {'params':>11} {'peak lr':>10} {'weight decay':>13}  trains now"]
+    for group in optimizer.param_groups:
+        n = sum(p.numel() for p in group["params"])
+        trains = "no" if all(id(p) in frozen_ids for p in group["params"]) else "yes"
+        peak = group.get("initial_lr", group["lr"])
+        lines.append(f"{group.get('name', '?'):<20} {n:>11,} {peak:>10.3g} {group['weight_decay']:>13g}  {trains}")
+    return "\n".join(lines)

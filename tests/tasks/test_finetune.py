@@ -1,0 +1,186 @@
+"""Fine-tuning strategies: what trains when, across resume and DDP; class weights; balanced accuracy."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from torch.utils.data import DataLoader, TensorDataset
+
+from tests.conftest import short_digits_run, subprocess_env
+from vit.commands import main
+from vit.tasks import ImageClassifier
+
+STEPS = 3  # batches per epoch in the in-process runs
+BACKBONE = ("patch_embed.", "cls_token", "pos_embed", "blocks.", "norm.")
+
+
+def tiny(**kwargs) -> ImageClassifier:
+    torch.manual_seed(0)
+    model_kwargs = {"depth": 3, "embed_dim": 32, "num_heads": 2, "drop_path_rate": 0.1}
+    return ImageClassifier(model="vit_digits_patch2_8", model_kwargs=model_kwargs, lr=0.01, **kwargs)
+
+
+def data(n: int = 8 * STEPS) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(n, 1, 8, 8, generator=g), torch.arange(n) % 10), batch_size=8)
+
+
+def fit(model: ImageClassifier, epochs: int, tmp_path, **kwargs) -> Trainer:
+    trainer = Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=tmp_path, **kwargs)
+    trainer.fit(model, data())
+    return trainer
+
+
+def changed(before: dict[str, torch.Tensor], model: ImageClassifier) -> set[str]:
+    after = model.model.state_dict()
+    return {k for k in before if not torch.equal(before[k], after[k])}
+
+
+def test_linear_probe_trains_the_head_only(tmp_path):
+    model = tiny(finetune="linear_probe")
+    before = {k: v.clone() for k, v in model.model.state_dict().items()}
+    fit(model, 2, tmp_path)
+    assert changed(before, model) == {"head.weight", "head.bias"}
+
+
+def test_partial_freezes_the_embedding_and_the_first_blocks(tmp_path):
+    model = tiny(finetune="partial", freeze_blocks=2)
+    before = {k: v.clone() for k, v in model.model.state_dict().items()}
+    fit(model, 1, tmp_path)
+    moved = changed(before, model)
+    assert not any(k.startswith(("patch_embed.", "cls_token", "pos_embed", "blocks.0.", "blocks.1.")) for k in moved)
+    assert any(k.startswith("blocks.2.") for k in moved) and {"head.weight", "norm.weight"} <= moved
+
+
+def test_staged_trains_the_head_then_everything_with_a_second_warm_up(tmp_path):
+    model = tiny(finetune="staged", head_epochs=2, warmup_steps=2, min_lr=0.0)
+    before = {k: v.clone() for k, v in model.model.state_dict().items()}
+    lrs = []
+    from lightning.pytorch import Callback
+
+    class Record(Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            lrs.append({g["name"]: g["lr"] for g in trainer.optimizers[0].param_groups})
+
+    fit(model, 2, tmp_path, callbacks=[Record()])
+    assert changed(before, model) <= {"head.weight", "head.bias"}  # two head-only epochs
+    assert all(lr["layer4_decay" if "layer4_decay" in lr else "decay"] == 0.0 for lr in lrs)
+    model2 = tiny(finetune="staged", head_epochs=2, warmup_steps=2, min_lr=0.0)
+    lrs.clear()
+    fit(model2, 4, tmp_path, callbacks=[Record()])
+    assert any(k.startswith("blocks.") for k in changed(before, model2))  # then the backbone trains too
+    backbone = [lr["decay"] for lr in lrs]
+    head = [lr["head_decay"] for lr in lrs]
+    start = 2 * STEPS
+    assert backbone[:start] == [0.0] * start and backbone[start] == pytest.approx(head[0])  # its own warm-up
+    assert backbone[start + 1] > backbone[start]
+
+
+def test_bad_strategies_are_clear_errors():
+    with pytest.raises(ValueError, match=r"model\.finetune must be one of"):
+        tiny(finetune="lora")
+    with pytest.raises(ValueError, match=r"partial needs 0 < freeze_blocks <= depth \(3\), got 5"):
+        tiny(finetune="partial", freeze_blocks=5)
+    with pytest.raises(ValueError, match="staged needs head_epochs >= 1"):
+        tiny(finetune="staged")
+
+
+def test_the_parameter_group_table_is_logged_at_fit_start(tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        fit(tiny(finetune="linear_probe", layer_decay=0.75), 1, tmp_path, max_steps=1)
+    table = caplog.text
+    assert "parameter group" in table and "peak lr" in table and "weight decay" in table
+    assert "head_decay" in table and "layer1_decay" in table
+    head_row = next(line for line in table.splitlines() if line.strip().startswith("head_decay"))
+    assert head_row.split()[1] == "320" and head_row.rstrip().endswith("yes")  # 32 x 10 weights, training
+    block_row = next(line for line in table.splitlines() if line.strip().startswith("layer1_decay"))
+    assert block_row.rstrip().endswith("no")  # frozen by the linear probe
+
+
+def test_class_weighting_weights_each_class_by_its_rarity(tmp_path):
+    from lightning.pytorch import LightningDataModule
+
+    class Imbalanced(LightningDataModule):
+        train_set = TensorDataset(torch.randn(30, 1, 8, 8), torch.tensor([0] * 20 + [1] * 10))
+        train_set.labels = train_set.tensors[1].tolist()
+
+        def class_counts(self, split):
+            return [20, 10]
+
+        def train_dataloader(self):
+            return DataLoader(self.train_set, batch_size=10)
+
+    model = tiny(num_classes=2, class_weighting=True)
+    Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False).fit(model, datamodule=Imbalanced())
+    torch.testing.assert_close(model.train_loss.weight, torch.tensor([30 / 40, 30 / 20]))
+
+
+def test_balanced_accuracy_is_the_mean_recall(tmp_path):
+    from sklearn.metrics import balanced_accuracy_score
+
+    model = tiny()
+    loader = data(40)
+    result = fit(model, 1, tmp_path, max_steps=1).test(model, loader, verbose=False)[0]
+    with torch.no_grad():
+        predicted = torch.cat([model.eval()(x).argmax(-1) for x, _ in loader])
+    labels = torch.cat([y for _, y in loader])
+    assert result["test_acc_balanced"] == pytest.approx(balanced_accuracy_score(labels, predicted))
+
+
+@pytest.mark.slow
+def test_a_run_killed_in_the_frozen_stage_resumes_with_the_same_groups_and_unfreezes_on_time(tmp_path):
+    """Crash in the head-only stage; the resumed run has the straight run's groups, stage and final weights."""
+    staged = ["--model.init_args.finetune=staged", "--model.init_args.head_epochs=2", "--trainer.max_epochs=4",
+              "--test_after_fit=false", "--num_threads=1"]
+    runs = {}
+    for name in ("straight", "resumed"):
+        args = [*short_digits_run(tmp_path / name, steps=STEPS), *staged]
+        if name == "resumed":
+            with pytest.raises(RuntimeError, match="simulated crash"):
+                main(["fit", *args, "--trainer.callbacks+=tests.dummies.CrashAtStep",
+                      f"--trainer.callbacks.init_args.step={STEPS + 1}"])
+            saved = torch.load(tmp_path / name / "ckpt" / "last.ckpt", weights_only=True)
+            assert saved["epoch"] == 0  # killed while only the head trained
+            groups = saved["optimizer_states"][0]["param_groups"]
+            args += ["--ckpt_path", "last"]
+        main(["fit", *args])
+        runs[name] = torch.load(tmp_path / name / "ckpt" / "last.ckpt", weights_only=True)
+    straight, resumed = runs["straight"], runs["resumed"]
+    strip = lambda gs: [{k: v for k, v in g.items() if k != "lr"} for g in gs]
+    assert strip(groups) == strip(straight["optimizer_states"][0]["param_groups"])  # the same groups throughout
+    for key, value in straight["state_dict"].items():
+        assert torch.equal(value, resumed["state_dict"][key]), key  # unfroze at the same epoch, bitwise
+
+
+@pytest.mark.slow
+def test_ddp_on_two_processes_passes_through_the_unfreeze(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    common = [sys.executable, "-m", "vit", "fit", *short_digits_run(tmp_path, steps=2), "--trainer.devices=2",
+              "--trainer.max_epochs=2", "--model.init_args.finetune=staged", "--model.init_args.head_epochs=1",
+              "--test_after_fit=false", "--trainer.callbacks+=tests.dummies.RecordBackbone"]
+    done = subprocess.run([*common, "--trainer.strategy=ddp_find_unused_parameters_true"], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sums = (tmp_path / "backbone").read_text().split()
+    # every rank: backbone unchanged after the head-only epoch, then trained, and the same on both ranks
+    per_rank = {}
+    for line in sums:
+        rank, epoch, value = line.split(":")
+        per_rank.setdefault(rank, {})[int(epoch)] = float(value)
+    assert per_rank["0"] == per_rank["1"]
+    assert per_rank["0"][-1] == per_rank["0"][0] != per_rank["0"][1]  # start, head-only epoch 0, epoch 1
+    done = subprocess.run([*common, "--trainer.strategy=ddp"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env=env)
+    assert done.returncode != 0 and "ddp_find_unused_parameters_true" in done.stderr
