@@ -1,6 +1,10 @@
 """Real checkpoint formats, written offline from random-weight timm and torchvision models."""
 
+import hashlib
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +15,7 @@ from safetensors.torch import save_file
 from timm.models.vision_transformer import _load_weights as timm_load_npz
 
 import vit
+from tests.conftest import subprocess_env
 from vit.weights import convert_torchvision, read_state_dict
 
 
@@ -202,10 +207,80 @@ def test_bad_files_are_clear_errors(tmp_path):
         vit.load_pretrained(model, "not_a_model_name")
 
 
-def test_timm_name_offline_says_to_pass_a_local_file(monkeypatch):
+TIMM_NAME = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+
+
+def write_hf_cache(cache: Path, repo_id: str, filename: str, state_dict: dict[str, torch.Tensor]) -> Path:
+    """A Hugging Face hub cache entry written by hand, in huggingface_hub's own layout:
+    ``models--<org>--<name>/{refs/main, blobs/<sha256>, snapshots/<commit>/<filename> -> ../../blobs/<sha256>}``."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "blobs").mkdir(parents=True)
+    tmp = repo / "blobs" / "incoming"
+    if filename.endswith(".safetensors"):
+        save_file(state_dict, tmp)
+    else:
+        torch.save(state_dict, tmp)
+    blob = repo / "blobs" / hashlib.sha256(tmp.read_bytes()).hexdigest()
+    tmp.rename(blob)
+    commit = "5f2c0e1d9b8a7c6d5e4f3a2b1c0d9e8f7a6b5c4d"
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / filename).symlink_to(Path("..") / ".." / "blobs" / blob.name)
+    return repo
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face cache under tmp_path, in offline mode."""
     import huggingface_hub.constants
 
+    cache = tmp_path / "hf" / "hub"
+    cache.mkdir(parents=True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    return cache
+
+
+@pytest.mark.parametrize("filename", ["model.safetensors", pytest.param("pytorch_model.bin", marks=pytest.mark.slow)])
+def test_timm_name_resolves_from_a_populated_cache_offline(filename, offline_hub):
+    theirs = perturbed_timm("vit_tiny_patch16_224")
+    write_hf_cache(offline_hub, f"timm/{TIMM_NAME}", filename, theirs.state_dict())
+    ours = vit.create_model("vit_tiny_patch16_224")
+    result = vit.load_pretrained(ours, TIMM_NAME)
+    assert not result.head_reset and not result.notes
+    for k, v in theirs.state_dict().items():
+        assert torch.equal(ours.state_dict()[k], v), k
+    # A name without a tag resolves to timm's default tag, the same cache entry.
+    again = vit.create_model("vit_tiny_patch16_224")
+    vit.load_pretrained(again, "vit_tiny_patch16_224")
+    assert torch.equal(again.blocks[5].attn.qkv.weight, theirs.blocks[5].attn.qkv.weight)
+
+
+def test_timm_name_offline_says_to_pass_a_local_file(offline_hub):
     model = vit.create_model("vit_tiny_patch16_224")
-    with pytest.raises(RuntimeError, match="pass the local file"):
-        vit.load_pretrained(model, "vit_tiny_patch16_224.augreg_in21k_ft_in1k")
+    with pytest.raises(RuntimeError, match="pass the local file") as err:
+        vit.load_pretrained(model, TIMM_NAME)
+    message = str(err.value)
+    assert str(offline_hub / f"models--timm--{TIMM_NAME}") in message  # where it looked
+    assert f"hf download timm/{TIMM_NAME} model.safetensors" in message  # how to fill it
+
+
+@pytest.mark.slow
+def test_timm_name_resolves_through_hf_home_in_a_fresh_process(tmp_path):
+    """The same, with the cache found the way users set it: HF_HOME and HF_HUB_OFFLINE=1 in the environment."""
+    theirs = perturbed_timm("vit_tiny_patch16_224")
+    write_hf_cache(tmp_path / "home" / "hub", f"timm/{TIMM_NAME}", "model.safetensors", theirs.state_dict())
+    save_file(theirs.state_dict(), tmp_path / "expected.safetensors")
+    code = (
+        "import torch, vit; from safetensors.torch import load_file\n"
+        f"m = vit.create_model('vit_tiny_patch16_224'); vit.load_pretrained(m, '{TIMM_NAME}')\n"
+        f"e = load_file('{tmp_path / 'expected.safetensors'}')\n"
+        "assert all(torch.equal(m.state_dict()[k], v) for k, v in e.items()); print('same weights')\n"
+    )
+    env = {k: v for k, v in subprocess_env().items() if k not in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")}
+    done = subprocess.run([sys.executable, "-c", code], env={**env, "HF_HOME": str(tmp_path / "home"),
+                          "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "same weights" in done.stdout

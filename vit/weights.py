@@ -263,6 +263,37 @@ def _check(sd: dict[str, Tensor], model: VisionTransformer, result: LoadResult) 
 
 
 def _from_timm_hub(name: str) -> dict[str, Tensor]:
+    """The weights of a timm pretrained name, in timm's names, from the Hugging Face cache or hub.
+
+    timm publishes its ViT weights as ``timm/<name>`` repositories holding a timm-format
+    ``model.safetensors`` (or ``pytorch_model.bin``): read straight from the file that
+    ``hf_hub_download`` finds (with ``HF_HUB_OFFLINE=1``, in the cache alone), without building timm's
+    model. Weights published elsewhere or in another layout go through ``timm.create_model``.
+    """
+    import timm
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(name)
+    if cfg is None or not cfg.hf_hub_id or cfg.hf_hub_filename or cfg.source:
+        return _from_timm_create_model(name)
+    repo_id, _, revision = cfg.hf_hub_id.partition("@")
+    missing = []
+    for filename in ("model.safetensors", "pytorch_model.bin"):
+        try:
+            path = hf_hub_download(repo_id, filename, revision=revision or None, library_name="timm",
+                                   library_version=timm.__version__)
+        except EntryNotFoundError as e:  # not in the cache (offline) or not in the repository: try the next
+            missing.append(f"{filename}: {type(e).__name__}")
+            continue
+        except Exception as e:  # network, authentication, a broken cache: the same advice
+            raise RuntimeError(_hub_advice(name, repo_id, constants.HF_HUB_CACHE, f"{type(e).__name__}: {e}")) from e
+        return read_state_dict(path)
+    raise RuntimeError(_hub_advice(name, repo_id, constants.HF_HUB_CACHE, "; ".join(missing)))
+
+
+def _from_timm_create_model(name: str) -> dict[str, Tensor]:
     import timm
 
     try:
@@ -273,6 +304,20 @@ def _from_timm_hub(name: str) -> dict[str, Tensor]:
             "Without network access, download the checkpoint on a connected machine and pass "
             "the local file instead: load_pretrained(model, 'path/to/model.safetensors')"
         ) from e
+
+
+def _hub_advice(name: str, repo_id: str, cache: str, reason: str) -> str:
+    """Where the weights of a timm name were looked for, and two ways to make them available offline."""
+    folder = Path(cache) / f"models--{repo_id.replace('/', '--')}"
+    return (
+        f"could not load timm pretrained weights {name!r} from the Hugging Face hub ({reason}).\n"
+        f"Looked in the Hugging Face cache at {folder} (the cache is $HF_HUB_CACHE, else $HF_HOME/hub).\n"
+        f"To use it offline, either populate that cache on a machine with network access, with the same "
+        f"HF_HOME or HF_HUB_CACHE: `hf download {repo_id} model.safetensors`, and copy {folder.name} into "
+        f"{cache}; or download model.safetensors from https://huggingface.co/{repo_id} and pass the local "
+        "file instead: --model.init_args.pretrained path/to/model.safetensors "
+        "(load_pretrained(model, 'path/to/model.safetensors'))."
+    )
 
 
 def load_pretrained(model: VisionTransformer, source: str | os.PathLike) -> LoadResult:
