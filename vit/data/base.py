@@ -7,6 +7,7 @@ Every DataModule knows ``num_classes``, ``class_names``, ``img_size``, ``in_chan
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 
 import torch
@@ -106,6 +107,22 @@ class ImageDataModule(LightningDataModule):
             raise RuntimeError(f"{type(self).__name__} has no {split} split; was setup() called?")
         counts = torch.bincount(torch.as_tensor(dataset.labels), minlength=self.num_classes)
         return counts.tolist()
+
+    def eval_split(self, split: str) -> Dataset:
+        """The "train", "val" or "test" split as evaluation sees it: the training split without augmentation."""
+        dataset = {"train": self.train_set, "val": self.val_set, "test": self.test_set}[split]
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__} has no {split} split; was setup() called?")
+        return self.without_augmentation(dataset) if split == "train" else dataset
+
+    def without_augmentation(self, dataset: Dataset) -> Dataset:
+        """A shallow copy of ``dataset`` (one with a ``transform``) that uses the evaluation transform."""
+        if not hasattr(dataset, "transform"):
+            raise TypeError(f"{type(self).__name__}: a {type(dataset).__name__} has no `transform` to swap for "
+                            "the evaluation one; override without_augmentation")
+        plain = copy.copy(dataset)
+        plain.transform = self.eval_transform()
+        return plain
 
     def train_sampler(self) -> Sampler | None:
         """A sampler for the training split, or None to shuffle (subclasses may weight classes)."""

@@ -93,6 +93,10 @@ class Digits(ImageDataModule):
         self.val_fraction, self.test_fraction, self.augment = val_fraction, test_fraction, augment
         self.class_names = [str(i) for i in range(10)]
 
+    def without_augmentation(self, dataset: DigitsSet) -> DigitsSet:
+        """The same digits without the random affine."""
+        return DigitsSet(dataset.images, dataset.labels, self.mean, self.std)
+
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return

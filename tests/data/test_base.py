@@ -1,0 +1,49 @@
+"""What every image DataModule shares: the splits as evaluation sees them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.formats import write_cifar10, write_class_folders
+from vit.data import CIFAR, Digits, ImageFolder
+
+
+def datamodule(kind: str, tmp_path):
+    """A set-up DataModule of each family."""
+    if kind == "digits":
+        dm = Digits(img_size=16)
+    elif kind == "folder":
+        write_class_folders(tmp_path, ["a", "b"], per_class=6, modes=("RGB", "L", "RGBA"), size=40)
+        dm = ImageFolder(str(tmp_path), img_size=32, num_workers=0)
+    else:
+        write_cifar10(tmp_path)
+        dm = CIFAR(str(tmp_path), val_size=20, num_workers=0)
+    dm.setup("fit")
+    return dm
+
+
+@pytest.mark.parametrize("kind", ["digits", "folder", "cifar"])
+def test_eval_split_gives_the_training_images_without_augmentation(kind, tmp_path):
+    dm = datamodule(kind, tmp_path)
+    train = dm.eval_split("train")
+    assert len(train) == len(dm.train_set)
+    torch.manual_seed(0)
+    augmented = [dm.train_set[i][0] for i in range(3)]
+    again = [dm.train_set[i][0] for i in range(3)]
+    assert any(not torch.equal(a, b) for a, b in zip(augmented, again))  # training draws new augmentations
+    for i in range(3):
+        x, y = train[i]
+        assert torch.equal(x, train[i][0]) and int(y) == int(dm.train_set[i][1])
+        assert x.shape == (dm.in_chans, dm.img_size, dm.img_size)
+    if kind == "digits":  # the stored pixels, normalised, as val and test are prepared
+        torch.testing.assert_close(train[0][0], (dm.train_set.images[0] - dm.train_set.mean) / dm.train_set.std)
+        assert dm.train_set.augment is not None  # the training split itself still augments
+    else:  # the evaluation transform, as val and test use
+        assert repr(train.transform) == repr(dm.val_set.transform) != repr(dm.train_set.transform)
+    assert dm.eval_split("val") is dm.val_set and dm.eval_split("test") is dm.test_set
+
+
+def test_eval_split_before_setup_says_so():
+    with pytest.raises(RuntimeError, match="no train split; was setup"):
+        Digits().eval_split("train")
