@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "test": ("vit.cli", "evaluate a checkpoint on the test split"),
     "predict": ("vit.commands.predict", "classify image files with a checkpoint: vit predict --ckpt CKPT IMAGES..."),
     "attention": ("vit.commands.attention", "draw attention maps and the top classes of image files"),
+    "probe": ("vit.commands.probe", "linear-probe and kNN baseline on frozen features: vit probe --config CFG"),
     "translate": ("vit.commands.translate", "translate sentences with a Translator checkpoint"),
 }
 
