@@ -17,7 +17,7 @@ from PIL import Image
 
 from tests import CONFIGS
 from tests.conftest import subprocess_env
-from vit.commands import main
+from vit.commands import main, run
 from vit.commands.probe import folded_head
 
 CLASSES = ("red", "green", "blue")
@@ -72,14 +72,14 @@ def test_probe_on_a_folder_caches_features_and_its_checkpoint_predicts_the_same(
     from vit.data import ImageFolder
 
     root = noisy_colour_folder(tmp_path / "images")
-    first = main(tiny_probe_args(root, tmp_path))
+    first = run(tiny_probe_args(root, tmp_path))
     out = capsys.readouterr().out
     assert out.count("extracted, cached in") == 3 and "loaded from cache" not in out
     assert re.search(r"logistic regression \(C=\S+, chosen on val from 0.01, 0.1, 1.0\): val top-1 [\d.]+, test", out)
     assert re.search(r"cosine kNN \(k=\d, chosen on val from 1, 5\)", out)
     assert 0.45 < first["logistic_test_acc"] < 1.0  # a real problem: better than chance (1/3), not trivial
 
-    again = main(tiny_probe_args(root, tmp_path))
+    again = run(tiny_probe_args(root, tmp_path))
     out = capsys.readouterr().out
     assert out.count("loaded from cache") == 3 and "extracted" not in out
     assert again == first
@@ -89,7 +89,7 @@ def test_probe_on_a_folder_caches_features_and_its_checkpoint_predicts_the_same(
     data.setup("fit")
     files = [path for path, _ in data.test_set.samples]
     labels = [data.class_names[label] for _, label in data.test_set.samples]
-    rows = main(["predict", "--ckpt", first["checkpoint"], *files, "--out", str(tmp_path / "p.csv"), "--top_k", "1"])
+    rows = run(["predict", "--ckpt", first["checkpoint"], *files, "--out", str(tmp_path / "p.csv"), "--top_k", "1"])
     assert [Path(r["path"]) for r in rows] == [Path(f) for f in files]
     predicted_right = np.mean([r["classes"][0] == label for r, label in zip(rows, labels)])
     assert predicted_right == pytest.approx(first["logistic_test_acc"], abs=1e-9)
@@ -111,7 +111,7 @@ def test_probe_checkpoint_is_a_fit_checkpoint_and_a_pretrained_source(tmp_path):
     from vit.checkpoint import load_classifier, read_checkpoint
 
     root = noisy_colour_folder(tmp_path / "images", per_class=8)
-    result = main(tiny_probe_args(root, tmp_path))
+    result = run(tiny_probe_args(root, tmp_path))
     checkpoint = read_checkpoint(result["checkpoint"])
     meta = checkpoint["vit"]
     assert meta["task"] == "classify" and meta["class_names"] == sorted(CLASSES) and not meta["ema"]
@@ -168,7 +168,7 @@ def test_vit_probe_on_the_digits_in_under_30_s(tmp_path, digits_run, digit_pngs)
     # `vit predict` on the test digits as 8-bit PNGs scores the probe's test accuracy (PNG pixels are k/255 where
     # the datamodule holds v/16, and PIL resizes them: a digit or two may flip).
     paths, labels = digit_pngs
-    rows = main(["predict", "--ckpt", str(tmp_path / "trained.ckpt"), *map(str, paths), "--out",
+    rows = run(["predict", "--ckpt", str(tmp_path / "trained.ckpt"), *map(str, paths), "--out",
                  str(tmp_path / "p.csv"), "--top_k", "1"])
     accuracy = np.mean([int(r["classes"][0]) == label for r, label in zip(rows, labels)])
     assert accuracy == pytest.approx(figures["trained"][0], abs=2 / len(labels))

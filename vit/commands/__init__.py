@@ -33,12 +33,17 @@ def usage() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run ``vit`` with ``argv`` (default: the command line). Returns nothing: as a console script, a
-    returned object would become the exit status."""
-    args = sys.argv[1:] if argv is None else list(argv)
+    """The console script: run ``vit`` with ``argv`` (default: the command line). Returns nothing, since
+    a console script's return value becomes its exit status."""
+    run(sys.argv[1:] if argv is None else argv)
+
+
+def run(argv: Sequence[str]) -> object:
+    """Run one `vit` command and return what it returns (predictions, the CLI object, ...)."""
+    args = list(argv)
     if not args or args[0] in ("-h", "--help"):
         print(usage())
-        return
+        return None
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
         print(f"vit: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
@@ -49,9 +54,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ):
         module = "vit.cli"  # predict over a DataModule: LightningCLI's
     if module == "vit.cli":
-        importlib.import_module(module).cli(args)
-    else:
-        importlib.import_module(module).main(rest)
+        return importlib.import_module(module).cli(args)
+    return importlib.import_module(module).main(rest)
 
 
 if __name__ == "__main__":
