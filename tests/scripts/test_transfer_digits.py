@@ -1,0 +1,23 @@
+"""scripts/transfer_digits.py runs end to end (tiny settings: a smoke test; the figures are in the README)."""
+
+import importlib.util
+import json
+
+import pytest
+
+from tests import SCRIPTS
+
+
+@pytest.mark.slow
+def test_transfer_script_reports_the_three_methods(tmp_path):
+    spec = importlib.util.spec_from_file_location("transfer_digits", SCRIPTS / "transfer_digits.py")
+    transfer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(transfer)
+    out = tmp_path / "transfer.json"
+    summary = transfer.main(["--pretrain_epochs", "1", "--steps", "3", "--lrs", "0.003", "--seeds", "0",
+                             "--json", str(out)])
+    assert json.loads(out.read_text()) == summary
+    assert set(summary) == {"scratch", "linear probe", "fine-tune"}
+    for result in summary.values():  # one draw: the mean is that run, a count of the 179 test digits 5-9
+        (run,) = result["runs"]
+        assert result["mean"] == run and abs(run * 179 - round(run * 179)) < 1e-4
