@@ -1,9 +1,8 @@
-"""Parallel text for the Transformer: corpus reading, padded batches of similar length, DataModules.
+"""Parallel text for the Transformer: padded batches of similar length, and the DataModules.
 
-* ``TranslationDataModule`` reads ``source<TAB>target`` lines (the Tatoeba/Anki export) or two
-  aligned files. Lines without a tab or with an empty side are skipped and reported by number;
-  lines that are not UTF-8, or longer than ``max_length`` tokens, are an error naming the line
-  (or, with ``skip_bad_lines``, skipped and counted).
+* ``TranslationDataModule`` reads corpora with `vit.data.corpus` (TSV or aligned files); pairs longer
+  than ``max_length`` tokens are an error naming the line (or, with ``skip_bad_lines``, left out and
+  counted).
 * ``SyntheticTranslationDataModule`` serves the seeded toy tasks of `vit.data.synthetic`.
 """
 
@@ -12,99 +11,17 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from vit.data.corpus import Corpus, read_pairs
 from vit.data.synthetic import SYNTHETIC_TASKS, Pair, synthetic_pairs
 from vit.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_KINDS, Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
-
-
-# ---- reading parallel text --------------------------------------------------------------------
-@dataclass
-class Corpus:
-    """Pairs read from a file, the line each came from, and the lines left out with the reason."""
-
-    pairs: list[Pair] = field(default_factory=list)
-    lines: list[int] = field(default_factory=list)
-    problems: list[tuple[int, str]] = field(default_factory=list)
-
-    def add(self, number: int, source: str, target: str) -> None:
-        source, target = source.strip(), target.strip()
-        if not source or not target:
-            self.problems.append((number, "empty source" if not source else "empty target"))
-        else:
-            self.pairs.append((source, target))
-            self.lines.append(number)
-
-
-def read_lines(path: str | Path, *, skip_bad_lines: bool = False) -> list[str | None]:
-    """A UTF-8 file's lines; a line that is not UTF-8 is an error naming it, or None with ``skip_bad_lines``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"parallel corpus {str(path)!r} not found. Expected a UTF-8 text file, e.g. an Anki/Tatoeba "
-            "export (https://www.manythings.org/anki/) with one 'source<TAB>target' pair per line."
-        )
-    lines: list[str | None] = []
-    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
-        try:
-            lines.append(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            where = f"{path} line {number}: not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
-            if not skip_bad_lines:
-                raise ValueError(f"{where}; re-encode the file, or set data.skip_bad_lines to skip it") from None
-            lines.append(None)
-    return lines
-
-
-def read_tsv_pairs(path: str | Path, *, skip_bad_lines: bool = False) -> Corpus:
-    """Read ``source<TAB>target[<TAB>anything]`` lines."""
-    corpus = Corpus()
-    lines = read_lines(path, skip_bad_lines=skip_bad_lines)
-    for number, line in enumerate(lines, start=1):
-        if line is None:
-            corpus.problems.append((number, "not valid UTF-8"))
-            continue
-        fields = line.split("\t")
-        if len(fields) < 2:
-            corpus.problems.append((number, "no tab between source and target"))
-            continue
-        corpus.add(number, fields[0], fields[1])
-    return corpus
-
-
-def read_aligned_pairs(source_path: str | Path, target_path: str | Path, *, skip_bad_lines: bool = False) -> Corpus:
-    """Read two files whose line i are translations of each other."""
-    sources = read_lines(source_path, skip_bad_lines=skip_bad_lines)
-    targets = read_lines(target_path, skip_bad_lines=skip_bad_lines)
-    if len(sources) != len(targets):
-        raise ValueError(
-            f"aligned files differ in length: {source_path} has {len(sources)} lines, "
-            f"{target_path} has {len(targets)}"
-        )
-    corpus = Corpus()
-    for number, (source, target) in enumerate(zip(sources, targets), start=1):
-        if source is None or target is None:
-            corpus.problems.append((number, "not valid UTF-8"))
-        else:
-            corpus.add(number, source, target)
-    return corpus
-
-
-def read_pairs(spec: str | Sequence[str], *, skip_bad_lines: bool = False) -> Corpus:
-    """A TSV path, or a [source file, target file] pair of aligned files."""
-    if isinstance(spec, (str, Path)):
-        return read_tsv_pairs(spec, skip_bad_lines=skip_bad_lines)
-    if len(spec) == 2:
-        return read_aligned_pairs(spec[0], spec[1], skip_bad_lines=skip_bad_lines)
-    raise ValueError(f"a split is a TSV path or [source_file, target_file], got {spec!r}")
 
 
 # ---- datasets and batches ---------------------------------------------------------------------
@@ -426,15 +343,5 @@ class SyntheticTranslationDataModule(TranslationDataModule):
         raise ValueError(f"unknown split {split!r}")
 
 
-__all__ = [
-    "Corpus",
-    "LengthBucketBatchSampler",
-    "PairDataset",
-    "SyntheticTranslationDataModule",
-    "TranslationDataModule",
-    "collate_pairs",
-    "read_aligned_pairs",
-    "read_lines",
-    "read_pairs",
-    "read_tsv_pairs",
-]
+__all__ = ["LengthBucketBatchSampler", "PairDataset", "SyntheticTranslationDataModule", "TranslationDataModule",
+           "collate_pairs"]

@@ -293,7 +293,7 @@ class ImageClassifier(LightningModule):
         out_dir = self.trainer.log_dir  # the logger's run folder, else default_root_dir
         if out_dir is not None and self.trainer.is_global_zero:
             path = save_confusion_matrix(confusion, self.class_names, Path(out_dir) / "confusion_matrix.png")
-            log.info("confusion matrix saved to %s", path)
+            rank_zero_info(f"confusion matrix saved to {path}")
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
         """Class probabilities (B, num_classes); the batch is images or (images, anything)."""
