@@ -118,3 +118,32 @@ def digit_pngs(tmp_path_factory) -> tuple[list[Path], np.ndarray]:
         Image.fromarray(np.clip(digits.images[i] * 16, 0, 255).astype(np.uint8)).save(path)
         paths.append(path)
     return paths, digits.target[test_idx]
+
+
+@dataclass
+class Exported:
+    """The `fitted` checkpoint exported by `vit export`: ONNX (fp32 and int8) and safetensors."""
+
+    ckpt: Path
+    onnx: Path
+    onnx_int8: Path
+    safetensors: Path  # the folder: model.safetensors + config.json
+    printed: str
+
+
+@pytest.fixture(scope="session")
+def exported(fitted, tmp_path_factory) -> Exported:
+    """One export of each format (the ONNX exporter takes several seconds), shared by the tests."""
+    import contextlib
+    import io
+
+    from vit.commands import main
+
+    root = tmp_path_factory.mktemp("exported")
+    best = next((fitted / "ckpt").glob("best-*.ckpt"))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        main(["export", "--ckpt", str(best), "--format", "onnx", "--out", str(root / "onnx"), "--quantize", "int8"])
+        main(["export", "--ckpt", str(best), "--format", "safetensors", "--out", str(root / "st")])
+    return Exported(best, root / "onnx" / "model.onnx", root / "onnx" / "model.int8.onnx", root / "st",
+                    printed.getvalue())

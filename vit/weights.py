@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = {".pth", ".pt", ".bin", ".ckpt"}
 SUFFIXES = PICKLE_SUFFIXES | {".safetensors", ".npz"}
+HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in a Hugging Face hub folder (`vit export`, timm)
 
 
 @dataclass
@@ -42,8 +43,13 @@ class LoadResult:
 
 
 def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
-    """Read a checkpoint file into a flat {name: tensor} dict, in the file's own naming."""
+    """Read a checkpoint file (or a hub folder's weights) into a flat {name: tensor} dict, in the file's naming."""
     path = Path(path)
+    if path.is_dir():
+        found = [path / name for name in HUB_WEIGHTS if (path / name).is_file()]
+        if not found:
+            raise FileNotFoundError(f"{path}: a folder without {' or '.join(HUB_WEIGHTS)}")
+        path = found[0]
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint file not found: {path}")
     suffix = path.suffix.lower()
@@ -321,7 +327,7 @@ def _hub_advice(name: str, repo_id: str, cache: str, reason: str) -> str:
 
 
 def load_pretrained(model: VisionTransformer, source: str | os.PathLike) -> LoadResult:
-    """Load a checkpoint file (.safetensors, .pth, .bin, .npz) or a timm pretrained name.
+    """Load a checkpoint file (.safetensors, .pth, .bin, .npz), a hub folder or a timm pretrained name.
 
     timm, torchvision and big_vision/original-ViT layouts are recognised. A head of another
     size stays freshly initialised, another patch grid resamples ``pos_embed``; any other

@@ -20,15 +20,18 @@ def test_vit_help_lists_every_command(capsys):
     assert "unknown command 'nonsense'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", ["vit.commands.predict", "vit.commands.attention", "vit.checkpoint", "vit.data.io"])
+@pytest.mark.parametrize("module", ["vit.commands.predict", "vit.commands.attention", "vit.commands.export",
+                                    "vit.checkpoint", "vit.data.io"])
 def test_prediction_side_imports_no_lightning(module):
-    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightning'))"
+    # nor onnx/onnxruntime: they load only for ONNX files
+    code = (f"import sys, {module}; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'onnx', 'onnxruntime')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
 
 def test_every_command_has_useful_help(capsys):
-    for name in ("predict", "attention", "translate"):
+    for name in ("predict", "attention", "translate", "export"):
         with pytest.raises(SystemExit) as done:
             main([name, "--help"])
         assert done.value.code == 0

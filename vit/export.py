@@ -1,0 +1,271 @@
+"""Ship a trained classifier: ONNX for a service, safetensors + config.json for timm users.
+
+Both start from `vit.checkpoint.load_classifier` (the evaluated weights: the EMA copy when training
+kept one) and carry what prediction needs besides the weights: the class names and how to prepare
+an image (size, channels, mean/std, crop_pct, interpolation).
+
+* ONNX (`export_onnx`): torch's ``torch.export``-based exporter (``dynamo=True``; it needs onnxscript),
+  opset 18, a dynamic batch axis; the preparation goes into the model's ``metadata_props`` as JSON
+  strings. Each file is run by onnxruntime against PyTorch on a sample batch before it is written.
+  ``quantize="int8"`` adds a copy whose Linear layers (MatMul with a weight) are quantised dynamically.
+* safetensors (`export_safetensors`): ``model.safetensors`` + ``config.json`` in timm's Hugging Face
+  hub layout (architecture, num_classes, label_names, model_args, pretrained_cfg), loadable with
+  ``timm.create_model("local-dir:DIR", pretrained=True)``.
+
+Every file is written atomically (`vit.checkpoint.save_atomic`); nothing is written when a check fails.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vit.checkpoint import Classifier, save_atomic
+from vit.nn.vision import MODEL_CONFIGS, VisionTransformer
+
+OPSET = 18  # SDPA decomposes to MatMul/Softmax, which onnxruntime fuses; opset 23's Attention op ran slower on CPU
+INPUT_NAME, OUTPUT_NAME = "images", "logits"
+ONNX_TOLERANCE = 1e-4  # max |logit difference| allowed between onnxruntime and PyTorch in fp32
+# What `vit predict model.onnx` reads back from the metadata (JSON strings).
+METADATA_KEYS = ("model_name", "class_names", "img_size", "in_chans", "mean", "std", "crop_pct", "interpolation")
+# VisionTransformer arguments that shape the weights or the forward pass, i.e. what timm needs to rebuild it.
+ARCH_ARGS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
+             "global_pool", "dynamic_img_size")
+
+
+def need_onnx() -> None:
+    """A clear error when the optional ONNX packages are missing."""
+    missing = [m for m in ("onnx", "onnxruntime", "onnxscript") if not _importable(m)]
+    if missing:
+        raise ImportError(f"ONNX export needs {', '.join(missing)}: pip install 'vit[export]' "
+                          "(or pip install onnx onnxruntime onnxscript)")
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def preprocessing(classifier: Classifier) -> dict[str, Any]:
+    """The classifier's name, classes and input preparation, as plain JSON-able values."""
+    return {
+        "model_name": classifier.model_name, "class_names": list(classifier.class_names),
+        "img_size": list(classifier.img_size), "in_chans": classifier.in_chans, "mean": list(classifier.mean),
+        "std": list(classifier.std), "crop_pct": classifier.crop_pct, "interpolation": classifier.interpolation,
+    }
+
+
+# ---- ONNX ------------------------------------------------------------------------------------
+@dataclass
+class OnnxCheck:
+    """How an exported file agrees with PyTorch on the sample batch."""
+
+    path: Path
+    max_abs_diff: float
+    top1_agreement: float  # fraction of the batch whose top class is the same
+    batch_size: int
+
+    def __str__(self) -> str:
+        return (f"{self.path}: onnxruntime vs PyTorch on a batch of {self.batch_size}: max |logit diff| "
+                f"{self.max_abs_diff:.2e}, same top-1 on {self.top1_agreement:.0%}")
+
+
+def sample_batch(classifier: Classifier, batch_size: int, seed: int = 0) -> torch.Tensor:
+    """Normalised-looking random images (B, C, H, W), the same for every call with the same seed."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(batch_size, classifier.in_chans, *classifier.img_size, generator=generator)
+
+
+def onnx_bytes(classifier: Classifier, opset: int = OPSET) -> bytes:
+    """The classifier as a serialised ONNX model with a dynamic batch axis and the preprocessing metadata."""
+    need_onnx()
+    model = classifier.model.eval()
+    # Traced with 2 images: batch 1 would let torch.export specialise the batch axis to a constant.
+    example = sample_batch(classifier, 2)
+    batch = torch.export.Dim("batch", min=1)
+    with torch.no_grad():
+        program = torch.onnx.export(
+            model, (example,), dynamo=True, opset_version=opset, input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME], dynamic_shapes={"x": {0: batch}}, verbose=False,
+        )
+    proto = program.model_proto
+    set_metadata(proto, preprocessing(classifier))
+    return proto.SerializeToString()
+
+
+def set_metadata(proto: Any, values: dict[str, Any]) -> None:
+    """Write ``values`` into an ONNX ModelProto's metadata_props as JSON strings (replacing same keys)."""
+    kept = [p for p in proto.metadata_props if p.key not in values]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
+    for key, value in values.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, json.dumps(value)
+
+
+def quantize_int8(model: bytes) -> bytes:
+    """Dynamic int8 quantisation of the Linear layers (MatMul nodes with a weight initializer) by onnxruntime.
+
+    Weights become int8 per output channel; activations are quantised per batch at run time. The
+    attention products (both operands activations) and the head (Gemm) stay fp32. The metadata is kept.
+    """
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    proto = onnx.load_from_string(model)
+    weights = {init.name for init in proto.graph.initializer}
+    linear = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+
+    def drop_hint(record: logging.LogRecord) -> bool:
+        # The quantizer logs (on the root logger) a hint to run shape-inference pre-processing first: that
+        # serves static quantisation, not dynamic quantisation of named nodes; export_onnx checks the result.
+        return "pre-processing before quantization" not in record.getMessage()
+
+    logging.getLogger().addFilter(drop_hint)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            source, target = Path(tmp, "fp32.onnx"), Path(tmp, "int8.onnx")
+            source.write_bytes(model)
+            quantize_dynamic(source, target, op_types_to_quantize=["MatMul"], nodes_to_quantize=linear,
+                             per_channel=True, weight_type=QuantType.QInt8)
+            quantized = onnx.load(target)
+    finally:
+        logging.getLogger().removeFilter(drop_hint)
+    set_metadata(quantized, {p.key: json.loads(p.value) for p in proto.metadata_props})
+    return quantized.SerializeToString()
+
+
+def check_onnx(model: bytes, classifier: Classifier, path: Path, batch_size: int = 8) -> OnnxCheck:
+    """Run ``model`` with onnxruntime and PyTorch on the same sample batch (not the traced batch size)."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+    x = sample_batch(classifier, batch_size, seed=1)
+    with torch.no_grad():
+        expected = classifier(x).float()
+    got = torch.from_numpy(session.run(None, {INPUT_NAME: x.numpy()})[0])
+    if got.shape != expected.shape:
+        raise ValueError(f"{path}: onnxruntime returned logits of shape {tuple(got.shape)}, "
+                         f"PyTorch {tuple(expected.shape)}")
+    same = (got.argmax(-1) == expected.argmax(-1)).float().mean().item()
+    return OnnxCheck(path, (got - expected).abs().max().item(), same, batch_size)
+
+
+def export_onnx(
+    classifier: Classifier, out_dir: str | os.PathLike, *, quantize: str | None = None, opset: int = OPSET,
+    name: str = "model",
+) -> list[OnnxCheck]:
+    """Write ``out_dir/model.onnx`` (and ``model.int8.onnx`` with ``quantize="int8"``), each checked first.
+
+    Raises ``ValueError`` without writing anything if the fp32 export differs from PyTorch by more than
+    `ONNX_TOLERANCE`. The int8 file is checked and reported, not held to that tolerance.
+    """
+    if quantize not in (None, "int8"):
+        raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+    classifier = classifier.cpu().eval()
+    out_dir = Path(out_dir)
+    fp32 = onnx_bytes(classifier, opset)
+    path = out_dir / f"{name}.onnx"
+    check = check_onnx(fp32, classifier, path)
+    if not check.max_abs_diff <= ONNX_TOLERANCE:
+        raise ValueError(f"{check}: above the tolerance {ONNX_TOLERANCE}; nothing written")
+    files = [(path, fp32, check)]
+    if quantize == "int8":
+        int8 = quantize_int8(fp32)
+        int8_path = out_dir / f"{name}.int8.onnx"
+        files.append((int8_path, int8, check_onnx(int8, classifier, int8_path)))
+    for target, data, _ in files:
+        save_atomic(lambda f, data=data: f.write(data), target)
+    return [c for _, _, c in files]
+
+
+# ---- safetensors + timm config ---------------------------------------------------------------
+def _arch_args(config: dict[str, Any]) -> dict[str, Any]:
+    """The weight- and forward-shaping arguments of a VisionTransformer config, defaults filled in."""
+    defaults = {k: p.default for k, p in inspect.signature(VisionTransformer).parameters.items()}
+    args = {k: config.get(k, defaults[k]) for k in ARCH_ARGS}
+    size = args["img_size"]
+    if not isinstance(size, int):  # JSON-friendly: a square as one int, like timm
+        size = [int(s) for s in size]
+        size = size[0] if size[0] == size[1] else size
+    return {**args, "img_size": size}
+
+
+def timm_architecture(model_name: str, model: VisionTransformer) -> tuple[str, dict[str, Any]]:
+    """A timm architecture name and the ``model_args`` that turn it into ``model``.
+
+    Our name when timm knows it; otherwise (e.g. the digits models) the timm-named config that needs
+    the fewest overrides, then the closest width. ``model_args`` holds only what differs from it.
+    """
+    import timm
+
+    ours = _arch_args({"img_size": model.img_size, "patch_size": model.patch_size[0], "in_chans": model.in_chans,
+                       "embed_dim": model.embed_dim, "depth": len(model.blocks),
+                       "num_heads": model.blocks[0].attn.num_heads, "mlp_ratio": _mlp_ratio(model),
+                       "qkv_bias": model.blocks[0].attn.qkv.bias is not None, "global_pool": model.global_pool,
+                       "dynamic_img_size": model.dynamic_img_size})
+    if model.patch_size[0] != model.patch_size[1]:
+        ours["patch_size"] = list(model.patch_size)
+
+    def overrides(name: str) -> dict[str, Any]:
+        return {k: v for k, v in ours.items() if _arch_args(MODEL_CONFIGS[name])[k] != v}
+
+    candidates = [n for n in MODEL_CONFIGS if timm.is_model(n)]
+    if model_name in candidates:
+        return model_name, overrides(model_name)
+    best = min(candidates, key=lambda n: (len(overrides(n)), abs(MODEL_CONFIGS[n]["embed_dim"] - ours["embed_dim"])))
+    return best, overrides(best)
+
+
+def _mlp_ratio(model: VisionTransformer) -> float:
+    return model.blocks[0].mlp.fc1.out_features / model.embed_dim
+
+
+def timm_config(classifier: Classifier) -> dict[str, Any]:
+    """``config.json`` in timm's Hugging Face hub layout for the classifier's weights."""
+    model = classifier.model
+    architecture, model_args = timm_architecture(classifier.model_name, model)
+    config: dict[str, Any] = {
+        "architecture": architecture,
+        "num_classes": model.num_classes,
+        "num_features": model.num_features,
+        "global_pool": model.global_pool,
+        "label_names": list(classifier.class_names),
+    }
+    if model_args:
+        config["model_args"] = model_args
+    config["pretrained_cfg"] = {
+        "input_size": [classifier.in_chans, *classifier.img_size],
+        "fixed_input_size": not model.dynamic_img_size,
+        "interpolation": classifier.interpolation,
+        "crop_pct": classifier.crop_pct,
+        "crop_mode": "center",
+        "mean": list(classifier.mean),
+        "std": list(classifier.std),
+        "num_classes": model.num_classes,
+        "pool_size": None,
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+    }
+    return config
+
+
+def export_safetensors(classifier: Classifier, out_dir: str | os.PathLike) -> list[Path]:
+    """Write ``out_dir/model.safetensors`` (timm's state-dict names) and ``out_dir/config.json``."""
+    from safetensors.torch import save
+
+    out_dir = Path(out_dir)
+    state = {k: v.detach().cpu().contiguous() for k, v in classifier.model.state_dict().items()}
+    data = save(state, metadata={"format": "pt"})
+    config = json.dumps(timm_config(classifier), indent=2).encode()
+    weights = save_atomic(lambda f: f.write(data), out_dir / "model.safetensors")
+    return [weights, save_atomic(lambda f: f.write(config), out_dir / "config.json")]
