@@ -174,6 +174,11 @@ class Classifier(nn.Module):
         """Number of input channels the model expects."""
         return self.model.in_chans
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are."""
+        return self.model.cls_token.device
+
     def forward(self, x: Tensor) -> Tensor:
         """Logits (B, num_classes)."""
         return self.model(x)

@@ -82,3 +82,110 @@ def test_predict_on_image_files_matches_the_datamodule_inputs(digits_run, digit_
     predicted = ours.argmax(-1)
     assert len(set(predicted.tolist())) == 10  # a trained model: every class is predicted somewhere
     assert (predicted == torch.as_tensor(labels)).float().mean() >= 0.9
+
+
+def digit_folder(folder: Path, n: int = 8) -> Path:
+    """``n`` sklearn digits as 8x8 grayscale PNGs."""
+    from sklearn.datasets import load_digits
+
+    folder.mkdir()
+    for i, image in enumerate(load_digits().images[:n]):
+        Image.fromarray(np.clip(image * 16, 0, 255).astype(np.uint8)).save(folder / f"digit{i}.png")
+    return folder
+
+
+def test_predict_with_the_onnx_export_gives_the_checkpoints_predictions(exported, tmp_path):
+    folder = digit_folder(tmp_path / "images")
+    args = [str(folder), "--top_k", "10", "--out"]
+    from_ckpt = main(["predict", "--ckpt", str(exported.ckpt), *args, str(tmp_path / "a.json")])
+    from_onnx = main(["predict", "--ckpt", str(exported.onnx), *args, str(tmp_path / "b.json")])
+    assert json.loads((tmp_path / "b.json").read_text()) == from_onnx and len(from_onnx) == 8
+    for a, b in zip(from_ckpt, from_onnx):
+        assert a["path"] == b["path"] and a["classes"][0] == b["classes"][0]
+        np.testing.assert_allclose(sorted(a["probs"]), sorted(b["probs"]), atol=1e-5)
+    from_int8 = main(["predict", "--ckpt", str(exported.onnx_int8), *args, str(tmp_path / "c.csv")])
+    for a, c in zip(from_ckpt, from_int8):
+        assert sorted(c["classes"]) == sorted(a["classes"])  # the same classes, probabilities close
+        np.testing.assert_allclose(sorted(a["probs"]), sorted(c["probs"]), atol=0.01)
+
+
+def test_the_console_script_exits_0_with_an_onnx_model(exported, tmp_path, monkeypatch):
+    """`vit` is ``sys.exit(main())``: run from the command line, main returns None (exit status 0), since
+    ``sys.exit(rows)`` would print the rows and exit with status 1."""
+    import sys
+
+    folder = digit_folder(tmp_path / "images", n=2)
+    monkeypatch.setattr(sys, "argv", ["vit", "predict", "--ckpt", str(exported.onnx), str(folder),
+                                      "--out", str(tmp_path / "p.csv")])
+    assert main() is None
+    assert len(list(csv.DictReader((tmp_path / "p.csv").open()))) == 2
+
+
+def test_predict_bf16_runs_autocast_and_warns_where_the_cpu_emulates_it(exported, tmp_path, monkeypatch):
+    import warnings
+
+    import vit.inference
+
+    folder = digit_folder(tmp_path / "images")
+    args = ["predict", "--ckpt", str(exported.ckpt), str(folder), "--top_k", "10", "--out", str(tmp_path / "p.json")]
+    fp32 = main(args)
+    monkeypatch.setattr(vit.inference, "cpu_has_native_bf16", lambda: False)
+    with pytest.warns(UserWarning, match="no native bf16.*slower than fp32"):
+        bf16 = main([*args, "--precision", "bf16"])
+    for a, b in zip(fp32, bf16):
+        assert dict(zip(a["classes"], a["probs"])) == pytest.approx(dict(zip(b["classes"], b["probs"])), abs=0.01)
+    monkeypatch.setattr(vit.inference, "cpu_has_native_bf16", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        main([*args, "--precision", "bf16"])
+    with pytest.raises(ValueError, match=r"model.onnx: precision 'bf16' is for checkpoints"):
+        main(["predict", "--ckpt", str(exported.onnx), str(folder), "--precision", "bf16"])
+    with pytest.raises(ValueError, match=r"model.onnx: compile applies to checkpoints"):
+        main(["predict", "--ckpt", str(exported.onnx), str(folder), "--compile"])
+
+
+def test_predict_names_a_bad_onnx_file(exported, tmp_path):
+    import onnx
+
+    folder = digit_folder(tmp_path / "images", n=1)
+    proto = onnx.load(exported.onnx)
+    del proto.metadata_props[:]
+    onnx.save(proto, tmp_path / "bare.onnx")
+    with pytest.raises(ValueError, match=r"bare.onnx: the ONNX metadata lacks model_name, class_names.*vit export"):
+        main(["predict", "--ckpt", str(tmp_path / "bare.onnx"), str(folder)])
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    with pytest.raises(ValueError, match=r"junk\.onnx: not a readable ONNX model"):
+        main(["predict", "--ckpt", str(tmp_path / "junk.onnx"), str(folder)])
+    with pytest.raises(FileNotFoundError, match=r"ONNX model not found: .*missing\.onnx"):
+        main(["predict", "--ckpt", str(tmp_path / "missing.onnx"), str(folder)])
+
+
+@pytest.mark.slow
+def test_onnx_export_gives_the_checkpoints_top1_on_every_test_digit(digits_run, digit_pngs, tmp_path):
+    """The issue's bar: `vit predict model.onnx` and `vit predict best.ckpt` agree on every file; int8 stays close."""
+    from vit.commands.predict import predict_files
+    from vit.export import export_onnx
+    from vit.inference import load_model
+
+    classifier = load_classifier(digits_run.best)
+    export_onnx(classifier, tmp_path, quantize="int8")
+    paths, labels = digit_pngs
+    rows = {name: predict_files(load_model(path), paths, top_k=10) for name, path in
+            [("ckpt", digits_run.best), ("onnx", tmp_path / "model.onnx"), ("int8", tmp_path / "model.int8.onnx")]}
+    top1 = {name: np.array([int(r["classes"][0]) for r in found]) for name, found in rows.items()}
+    assert (top1["onnx"] == top1["ckpt"]).all()
+    for a, b in zip(rows["ckpt"], rows["onnx"]):
+        assert dict(zip(a["classes"], a["probs"])) == pytest.approx(dict(zip(b["classes"], b["probs"])), abs=1e-5)
+    accuracy = {name: (found == labels).mean() for name, found in top1.items()}
+    assert accuracy["ckpt"] >= 0.9
+    assert accuracy["int8"] >= accuracy["ckpt"] - 0.01, accuracy  # the issue's goal is 0.5 points; see the note
+
+
+@pytest.mark.slow
+def test_predict_compile_gives_the_eager_probabilities(fitted, tmp_path):
+    folder = digit_folder(tmp_path / "images")
+    best = str(next((fitted / "ckpt").glob("best-*.ckpt")))
+    args = ["predict", "--ckpt", best, str(folder), "--top_k", "10", "--out", str(tmp_path / "p.json")]
+    eager, compiled = main(args), main([*args, "--compile"])
+    for a, b in zip(eager, compiled):
+        assert dict(zip(a["classes"], a["probs"])) == pytest.approx(dict(zip(b["classes"], b["probs"])), abs=1e-5)

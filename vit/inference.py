@@ -1,0 +1,120 @@
+"""Models to predict with, without Lightning: a `vit fit` checkpoint (torch) or its ONNX export (onnxruntime).
+
+`load_model(path)` returns a `vit.checkpoint.Classifier` for a checkpoint and an `OnnxClassifier` for a
+``.onnx`` file written by `vit export`. Both map images (B, C, H, W) to logits and carry ``class_names``,
+``in_chans``, ``img_size``, ``device`` and ``eval_transform()``, built from the same few numbers, so a
+file is prepared the same way whichever runs it. onnxruntime is imported only for ``.onnx`` files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import warnings
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from vit.checkpoint import Classifier, load_classifier
+
+PRECISIONS = ("fp32", "bf16")
+ONNX_SUFFIX = ".onnx"
+
+
+class OnnxClassifier:
+    """An ONNX classifier from `vit export`, run by onnxruntime on the CPU; metadata says how to prepare images."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, path: str | os.PathLike, threads: int | None = None) -> None:
+        from vit.export import METADATA_KEYS
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"ONNX model not found: {path}")
+        try:
+            import onnxruntime
+        except ImportError as e:
+            raise ImportError(f"running {path} needs onnxruntime: pip install 'vit[export]'") from e
+        options = onnxruntime.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        try:
+            self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own exception types for unreadable files
+            raise ValueError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from e
+        meta = self.session.get_modelmeta().custom_metadata_map
+        missing = [k for k in METADATA_KEYS if k not in meta]
+        if missing:
+            raise ValueError(f"{path}: the ONNX metadata lacks {', '.join(missing)}; "
+                             "export the model with `vit export --format onnx`")
+        try:
+            values = {k: json.loads(meta[k]) for k in METADATA_KEYS}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: ONNX metadata that is not JSON ({e})") from e
+        self.path, self.model_name = path, values["model_name"]
+        self.class_names: list[str] = list(values["class_names"])
+        self.img_size: tuple[int, int] = tuple(values["img_size"])
+        self.in_chans: int = int(values["in_chans"])
+        self.mean, self.std = tuple(values["mean"]), tuple(values["std"])
+        self.crop_pct, self.interpolation = float(values["crop_pct"]), values["interpolation"]
+        self.input_name = self.session.get_inputs()[0].name
+
+    def eval_transform(self, crop_pct: float | None = None) -> Callable:
+        """The transform the checkpoint's test split went through: resize, centre crop, normalise."""
+        from vit.data.transforms import eval_transform
+
+        return eval_transform(self.in_chans, self.img_size, self.crop_pct if crop_pct is None else crop_pct,
+                              self.interpolation, self.mean, self.std)
+
+    def __call__(self, images: Tensor) -> Tensor:
+        """Logits (B, num_classes) of images (B, C, H, W)."""
+        return torch.from_numpy(self.session.run(None, {self.input_name: images.float().cpu().numpy()})[0])
+
+
+def load_model(
+    path: str | os.PathLike, device: str | torch.device = "cpu", *, compile: bool = False,
+    threads: int | None = None,
+) -> Classifier | OnnxClassifier:
+    """A `vit fit` checkpoint as a torch `Classifier` (``compile``: torch.compile it), or a ``.onnx`` export."""
+    if Path(path).suffix.lower() == ONNX_SUFFIX:
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"{path}: ONNX models run on the CPU here (onnxruntime), not on {device}")
+        if compile:
+            raise ValueError(f"{path}: compile applies to checkpoints; onnxruntime optimises ONNX models itself")
+        return OnnxClassifier(path, threads)
+    classifier = load_classifier(path, map_location=device)
+    if compile:
+        classifier.model.compile()  # in place: the state-dict keys stay the same
+    return classifier
+
+
+@cache
+def cpu_has_native_bf16() -> bool | None:
+    """Whether the CPU computes bf16 in hardware (AVX512-BF16, AMX, Arm BF16); None if unknown (no /proc/cpuinfo).
+
+    Without it, torch emulates bf16 matmuls and autocast runs several times slower than fp32.
+    """
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    flags = {flag for line in text.splitlines() if line.startswith(("flags", "Features")) for flag in line.split()}
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def autocast(precision: str, device: torch.device | str = "cpu") -> contextlib.AbstractContextManager:
+    """torch autocast for ``precision`` ("fp32": none; "bf16"), warning when a CPU only emulates bf16."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    device = torch.device(device)
+    if device.type == "cpu" and cpu_has_native_bf16() is False:
+        warnings.warn("this CPU has no native bf16 (no avx512_bf16/amx_bf16 flag): bf16 autocast is emulated "
+                      "and usually several times slower than fp32 here", UserWarning, stacklevel=2)
+    return torch.autocast(device.type, dtype=torch.bfloat16)
