@@ -177,3 +177,41 @@ def test_bad_arguments_are_clear():
     assert ImageClassifier().mean == (0.5,)
     rgb = ImageClassifier(model="vit_cifar_patch4_32", model_kwargs={"depth": 1})
     assert rgb.std == (0.229, 0.224, 0.225)
+
+
+def test_compile_keeps_the_checkpoint_keys():
+    torch.manual_seed(0)
+    eager = tiny(ema_decay=0.9)
+    torch.manual_seed(0)
+    compiled = tiny(ema_decay=0.9, compile=True)
+    assert compiled.hparams.compile and not eager.hparams.compile
+    assert list(compiled.state_dict()) == list(eager.state_dict())  # no "_orig_mod." anywhere
+    assert all(not k.startswith("_orig_mod") for k in compiled.model.state_dict())
+
+
+@pytest.mark.slow
+def test_compiled_training_and_eval_match_eager(tmp_path):
+    """torch.compile (inductor, on the CPU) changes the speed, not the numbers: loss, gradients, logits."""
+    torch.manual_seed(0)
+    eager = tiny()
+    torch.manual_seed(0)
+    compiled = tiny(compile=True)
+    x, y = next(iter(loader()))
+    losses = []
+    for model in (eager, compiled):
+        model.train()
+        loss = model.train_loss(model.model(x), y)
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[1], losses[0])
+    for (name, p), q in zip(eager.model.named_parameters(), compiled.model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled.eval()(x), eager.eval()(x), atol=1e-5, rtol=1e-4)
+    # a compiled fit writes a checkpoint that the Lightning-free loader reads
+    t = trainer(tmp_path, max_steps=2)
+    t.fit(compiled.train(), loader())
+    t.save_checkpoint(tmp_path / "compiled.ckpt")
+    loaded = load_classifier(tmp_path / "compiled.ckpt")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), compiled.eval()(x), atol=1e-5, rtol=1e-4)
