@@ -3,7 +3,8 @@
 For a named config both models are built from the same config dict with the same weights,
 then timed in alternation (ours, timm, timm, ours, ...) so that a noisy, shared machine
 hurts both equally. Each row reports the median images/s of several runs, the median of
-the paired ratios ours/timm, and the achieved GFLOP/s (FLOPs counted by torch).
+the paired ratios ours/timm, the achieved GFLOP/s (FLOPs counted by torch) and the MFU: that rate over
+the matrix-multiply peak measured in the same run (a large square matmul in the row's precision).
 
     python scripts/benchmark.py                                  # vit_small_patch16_224, batch 32
     python scripts/benchmark.py --model vit_base_patch16_224 --batch-size 16 --runs 9
@@ -101,8 +102,19 @@ def time_it(step: Callable[[], None], iters: int, device: torch.device) -> float
     return (time.perf_counter() - start) / iters
 
 
+def matmul_peak(precision: str, device: str = "cpu", size: int | None = None, repeats: int = 3) -> float:
+    """GFLOP/s of the best of ``repeats`` large square matmuls in ``precision``: the MFU's denominator."""
+    device = torch.device(device)
+    size = size or (8192 if device.type == "cuda" else 1024)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    a @ b  # warm-up: kernels chosen, memory touched
+    best = min(time_it(lambda: a @ b, 1, device) for _ in range(repeats))
+    return 2 * size**3 / best / 1e9
+
+
 def benchmark_row(name: str, batch_size: int, mode: str, precision: str, runs: int, iters: int,
-                  warmup: int, device: str = "cpu", compile: bool = False) -> dict:
+                  warmup: int, device: str = "cpu", compile: bool = False, peak_gflop_s: float | None = None) -> dict:
     ours, theirs, images = build_pair(name, batch_size, device)
     # With --compile both models are compiled alike; the warm-up pays the compile time.
     wrap = torch.compile if compile else (lambda m: m)
@@ -125,6 +137,8 @@ def benchmark_row(name: str, batch_size: int, mode: str, precision: str, runs: i
     ratios = [o / t for o, t in zip(ips["ours"], ips["timm"])]
     flops = {who: count_flops(m, images, mode, precision) for who, m in (("ours", ours), ("timm", theirs))}
     median_s = {who: statistics.median(secs) for who, secs in seconds.items()}
+    gflop_s = {who: flops[who] / median_s[who] / 1e9 for who in flops}
+    peak = peak_gflop_s or matmul_peak(precision, device)
     return {
         "model": name,
         "batch_size": batch_size,
@@ -135,8 +149,11 @@ def benchmark_row(name: str, batch_size: int, mode: str, precision: str, runs: i
         "ratio_median": statistics.median(ratios),
         "ratio_min": min(ratios),
         "ratio_max": max(ratios),
-        "ours_gflop_s": flops["ours"] / median_s["ours"] / 1e9,
-        "timm_gflop_s": flops["timm"] / median_s["timm"] / 1e9,
+        "ours_gflop_s": gflop_s["ours"],
+        "timm_gflop_s": gflop_s["timm"],
+        "peak_gflop_s": peak,
+        "ours_mfu": gflop_s["ours"] / peak,
+        "timm_mfu": gflop_s["timm"] / peak,
         "ours_gflop_per_step": flops["ours"] / 1e9,
         "timm_gflop_per_step": flops["timm"] / 1e9,
         "runs": runs,
@@ -148,13 +165,14 @@ def benchmark_row(name: str, batch_size: int, mode: str, precision: str, runs: i
 
 def print_table(rows: list[dict]) -> None:
     header = (f"{'mode':6s} {'precision':9s} {'ours img/s':>11s} {'timm img/s':>11s} {'ours/timm':>10s} "
-              f"{'(min–max)':>13s} {'ours GFLOP/s':>13s} {'timm GFLOP/s':>13s}")
+              f"{'(min–max)':>13s} {'ours GFLOP/s':>13s} {'timm GFLOP/s':>13s} {'ours MFU':>9s} {'timm MFU':>9s}")
     print(header)
     print("-" * len(header))
     for r in rows:
         spread = f"{r['ratio_min']:.3f}–{r['ratio_max']:.3f}"
         print(f"{r['mode']:6s} {r['precision']:9s} {r['ours_img_s']:11.1f} {r['timm_img_s']:11.1f} "
-              f"{r['ratio_median']:10.3f} {spread:>13s} {r['ours_gflop_s']:13.1f} {r['timm_gflop_s']:13.1f}")
+              f"{r['ratio_median']:10.3f} {spread:>13s} {r['ours_gflop_s']:13.1f} {r['timm_gflop_s']:13.1f} "
+              f"{r['ours_mfu']:9.1%} {r['timm_mfu']:9.1%}")
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -171,21 +189,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--json", default="benchmark.json", help="where to write the results")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
+    parser.add_argument("--peak_size", type=int, default=None,
+                        help="side of the square matmul that measures the peak (default: 1024 CPU, 8192 GPU)")
     args = parser.parse_args(argv)
 
     print(f"{args.model}, batch {args.batch_size}, {args.device}, torch {torch.__version__}, "
           f"timm {timm.__version__}, {torch.get_num_threads()} threads, "
           f"{platform.processor() or platform.machine()}", flush=True)
+    peaks = {precision: matmul_peak(precision, args.device, args.peak_size) for precision in args.precision}
+    print("matmul peak: " + ", ".join(f"{p} {g:.1f} GFLOP/s" for p, g in peaks.items()), flush=True)
     rows = [
         benchmark_row(args.model, args.batch_size, mode, precision, args.runs, args.iters,
-                      max(args.warmup, 1 if args.compile else 0), args.device, args.compile)
+                      max(args.warmup, 1 if args.compile else 0), args.device, args.compile, peaks[precision])
         for precision in args.precision
         for mode in args.mode
     ]
     print_table(rows)
     with open(args.json, "w") as f:
-        json.dump({"torch": torch.__version__, "timm": timm.__version__,
-                   "threads": torch.get_num_threads(), "rows": rows}, f, indent=2)
+        json.dump({"torch": torch.__version__, "timm": timm.__version__, "threads": torch.get_num_threads(),
+                   "matmul_peak_gflop_s": peaks, "rows": rows}, f, indent=2)
     print(f"wrote {args.json}")
     return rows
 

@@ -4,21 +4,29 @@ import importlib.util
 import json
 
 import pytest
+import torch
 
 from tests import SCRIPTS
 
 SCRIPT = SCRIPTS / "benchmark.py"
 
 
-def test_benchmark_script_writes_a_row_per_mode_and_precision(tmp_path):
+def load_script():
     spec = importlib.util.spec_from_file_location("benchmark", SCRIPT)
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)
+    return benchmark
+
+
+def test_benchmark_script_writes_a_row_per_mode_and_precision(tmp_path):
+    benchmark = load_script()
     out = tmp_path / "bench.json"
     rows = benchmark.main(["--model", "vit_digits_patch2_8", "--batch-size", "4", "--runs", "1",
-                           "--iters", "1", "--warmup", "0", "--json", str(out)])
-    saved = json.loads(out.read_text())["rows"]
-    assert saved == rows
+                           "--iters", "1", "--warmup", "0", "--peak_size", "256", "--json", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["rows"] == rows
+    peaks = saved["matmul_peak_gflop_s"]
+    assert set(peaks) == {"fp32", "bf16"} and min(peaks.values()) > 0
     assert {(r["mode"], r["precision"]) for r in rows} == {
         ("infer", "fp32"), ("train", "fp32"), ("infer", "bf16"), ("train", "bf16")
     }
@@ -27,3 +35,16 @@ def test_benchmark_script_writes_a_row_per_mode_and_precision(tmp_path):
         assert r["ratio_median"] == pytest.approx(r["ours_img_s"] / r["timm_img_s"])
         # the cls-only last block means we count fewer FLOPs than timm for the same logits
         assert 0 < r["ours_gflop_per_step"] <= r["timm_gflop_per_step"]
+        # MFU: the achieved rate over the matmul peak measured in the same run, for the row's precision
+        assert r["peak_gflop_s"] == peaks[r["precision"]]
+        assert r["ours_mfu"] == pytest.approx(r["ours_gflop_s"] / r["peak_gflop_s"]) and r["ours_mfu"] > 0
+        assert r["timm_mfu"] == pytest.approx(r["timm_gflop_s"] / r["peak_gflop_s"]) and r["timm_mfu"] > 0
+
+
+def test_matmul_peak_counts_2n3_flops():
+    benchmark = load_script()
+    calls = []
+    benchmark.time_it = lambda step, iters, device: (calls.append(step()), 0.5)[1]  # every matmul takes 0.5 s
+    assert benchmark.matmul_peak("fp32", size=64, repeats=2) == pytest.approx(2 * 64**3 / 0.5 / 1e9)
+    assert calls[0].shape == (64, 64) and calls[0].dtype == torch.float32
+    assert benchmark.matmul_peak("bf16", size=64, repeats=1) > 0 and calls[-1].dtype == torch.bfloat16
