@@ -41,10 +41,19 @@ def test_benchmark_script_writes_a_row_per_mode_and_precision(tmp_path):
         assert r["timm_mfu"] == pytest.approx(r["timm_gflop_s"] / r["peak_gflop_s"]) and r["timm_mfu"] > 0
 
 
-def test_matmul_peak_counts_2n3_flops():
+def test_matmul_peak_counts_2n3_flops_of_the_faster_layout():
     benchmark = load_script()
-    calls = []
-    benchmark.time_it = lambda step, iters, device: (calls.append(step()), 0.5)[1]  # every matmul takes 0.5 s
-    assert benchmark.matmul_peak("fp32", size=64, repeats=2) == pytest.approx(2 * 64**3 / 0.5 / 1e9)
-    assert calls[0].shape == (64, 64) and calls[0].dtype == torch.float32
-    assert benchmark.matmul_peak("bf16", size=64, repeats=1) > 0 and calls[-1].dtype == torch.bfloat16
+    results, seconds = [], iter([0.5, 0.5, 0.25, 0.25])  # a @ b twice, then F.linear(a, b) twice
+
+    def fake_time_it(step, iters, device):
+        results.append(step())
+        return next(seconds)
+
+    benchmark.time_it = fake_time_it
+    assert benchmark.matmul_peak("fp32", size=64, repeats=2) == pytest.approx(2 * 64**3 / 0.25 / 1e9)
+    assert len(results) == 4 and all(r.shape == (64, 64) and r.dtype == torch.float32 for r in results)
+    assert torch.equal(results[0], results[1]) and not torch.equal(results[1], results[2])  # two layouts
+    results.clear()
+    seconds = iter([1.0, 1.0])
+    assert benchmark.matmul_peak("bf16", size=64, repeats=1) == pytest.approx(2 * 64**3 / 1e9)
+    assert results[-1].dtype == torch.bfloat16
