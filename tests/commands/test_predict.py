@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from vit.checkpoint import load_classifier
-from vit.commands import main
+from vit.commands import main, run
 
 
 def test_predict_writes_topk_csv_and_json(fitted, tmp_path, capsys):
@@ -97,13 +97,13 @@ def digit_folder(folder: Path, n: int = 8) -> Path:
 def test_predict_with_the_onnx_export_gives_the_checkpoints_predictions(exported, tmp_path):
     folder = digit_folder(tmp_path / "images")
     args = [str(folder), "--top_k", "10", "--out"]
-    from_ckpt = main(["predict", "--ckpt", str(exported.ckpt), *args, str(tmp_path / "a.json")])
-    from_onnx = main(["predict", "--ckpt", str(exported.onnx), *args, str(tmp_path / "b.json")])
+    from_ckpt = run(["predict", "--ckpt", str(exported.ckpt), *args, str(tmp_path / "a.json")])
+    from_onnx = run(["predict", "--ckpt", str(exported.onnx), *args, str(tmp_path / "b.json")])
     assert json.loads((tmp_path / "b.json").read_text()) == from_onnx and len(from_onnx) == 8
     for a, b in zip(from_ckpt, from_onnx):
         assert a["path"] == b["path"] and a["classes"][0] == b["classes"][0]
         np.testing.assert_allclose(sorted(a["probs"]), sorted(b["probs"]), atol=1e-5)
-    from_int8 = main(["predict", "--ckpt", str(exported.onnx_int8), *args, str(tmp_path / "c.csv")])
+    from_int8 = run(["predict", "--ckpt", str(exported.onnx_int8), *args, str(tmp_path / "c.csv")])
     for a, c in zip(from_ckpt, from_int8):
         assert sorted(c["classes"]) == sorted(a["classes"])  # the same classes, probabilities close
         np.testing.assert_allclose(sorted(a["probs"]), sorted(c["probs"]), atol=0.01)
@@ -128,10 +128,10 @@ def test_predict_bf16_runs_autocast_and_warns_where_the_cpu_emulates_it(exported
 
     folder = digit_folder(tmp_path / "images")
     args = ["predict", "--ckpt", str(exported.ckpt), str(folder), "--top_k", "10", "--out", str(tmp_path / "p.json")]
-    fp32 = main(args)
+    fp32 = run(args)
     monkeypatch.setattr(vit.inference, "cpu_has_native_bf16", lambda: False)
     with pytest.warns(UserWarning, match="no native bf16.*slower than fp32"):
-        bf16 = main([*args, "--precision", "bf16"])
+        bf16 = run([*args, "--precision", "bf16"])
     for a, b in zip(fp32, bf16):
         assert dict(zip(a["classes"], a["probs"])) == pytest.approx(dict(zip(b["classes"], b["probs"])), abs=0.01)
     monkeypatch.setattr(vit.inference, "cpu_has_native_bf16", lambda: True)
@@ -186,6 +186,6 @@ def test_predict_compile_gives_the_eager_probabilities(fitted, tmp_path):
     folder = digit_folder(tmp_path / "images")
     best = str(next((fitted / "ckpt").glob("best-*.ckpt")))
     args = ["predict", "--ckpt", best, str(folder), "--top_k", "10", "--out", str(tmp_path / "p.json")]
-    eager, compiled = main(args), main([*args, "--compile"])
+    eager, compiled = run(args), main([*args, "--compile"])
     for a, b in zip(eager, compiled):
         assert dict(zip(a["classes"], a["probs"])) == pytest.approx(dict(zip(b["classes"], b["probs"])), abs=1e-5)
