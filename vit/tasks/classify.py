@@ -62,7 +62,8 @@ class ImageClassifier(LightningModule):
         mixup_alpha, cutmix_alpha: timm ``Mixup`` strengths; mixup is on when either is > 0.
         mixup_prob: probability of applying mixup or cutmix to a batch.
         mixup_switch_prob: probability of cutmix instead of mixup when both are on.
-        ema_decay: decay of timm's ``ModelEmaV3``; ``None`` = no EMA. Validation and test use it.
+        ema_decay: decay of timm's ``ModelEmaV3`` (warmed up over the first steps); ``None`` = no EMA.
+            Validation and test use it.
         finetune: what trains (`vit.tasks.finetune`): "full", "linear_probe", "partial" or "staged".
         freeze_blocks: "partial": the patch embedding and this many first blocks stay frozen.
         head_epochs: "staged": epochs that train the head alone before everything trains.
@@ -138,7 +139,9 @@ class ImageClassifier(LightningModule):
         if hp.ema_decay is not None:
             from timm.utils import ModelEmaV3
 
-            self.model_ema = ModelEmaV3(self.model, decay=hp.ema_decay)
+            # Warm-up: the decay grows with the step (1 - (1 + step)^-2/3, capped at ema_decay), so a short
+            # run's EMA is not mostly its random initialisation.
+            self.model_ema = ModelEmaV3(self.model, decay=hp.ema_decay, use_warmup=True)
             # The copy follows the weights by averaging, never by gradients: freeze it, or DDP
             # fails on parameters that require grad but take no part in the loss.
             self.model_ema.requires_grad_(False)
