@@ -2,19 +2,24 @@
 
 Every DataModule knows ``num_classes``, ``class_names``, ``img_size``, ``in_chans``, ``mean``, ``std``,
 ``crop_pct`` and ``interpolation`` right after ``__init__``, so the CLI can link them into the model
-(and from there into the checkpoint). Batches are ``(images (B, C, H, W) float, labels (B,) int64)``.
+(and from there into the checkpoint). Batches are ``(images (B, C, H, W) float, labels (B,) int64)``
+by the time the model sees them: training images leave the workers as uint8, and
+``on_after_batch_transfer`` normalises (and, in training, randomly erases) them on the device.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from vit.data import transforms
+from vit.data.fast import collate
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augment
 
 
@@ -25,6 +30,8 @@ class ImageDataModule(LightningDataModule):
     pass the rest on as ``**kwargs``; `vit fit --help` still shows every argument with its default.
     Training transforms are timm's ``create_transform`` (random resized crop, flip, RandAugment or
     colour jitter, random erasing); evaluation is resize + centre crop (``crop_pct``) + normalise.
+    The training split yields uint8 images; normalisation and random erasing run batched on the
+    device after the transfer (`vit.data.fast`), which keeps loader workers about twice as fast.
 
     Args:
         batch_size: images per batch (per device).
@@ -91,8 +98,16 @@ class ImageDataModule(LightningDataModule):
         return self.augment.auto_augment
 
     def train_transform(self) -> Callable:
-        """timm's training transform with this DataModule's augmentation."""
+        """timm's training transform with this DataModule's augmentation, up to uint8 (C, H, W)."""
         return transforms.train_transform(self.augment, self.img_size, self.interpolation, self.mean, self.std)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Finish uint8 training batches on the device: normalise, and randomly erase while training."""
+        x, y = batch
+        if isinstance(x, Tensor) and x.dtype == torch.uint8:
+            training = self.trainer is not None and self.trainer.training
+            x = transforms.batch_augment(self.augment, self.mean, self.std)(x, erase=training)
+        return x, y
 
     def eval_transform(self) -> Callable:
         """timm's evaluation transform: resize, centre crop (crop_pct), normalise."""
@@ -134,7 +149,7 @@ class ImageDataModule(LightningDataModule):
         sampler = self.train_sampler() if train else None
         return DataLoader(
             dataset, batch_size=self.batch_size, shuffle=train and sampler is None, sampler=sampler,
-            num_workers=self.num_workers, drop_last=train and len(dataset) > self.batch_size,
+            num_workers=self.num_workers, drop_last=train and len(dataset) > self.batch_size, collate_fn=collate,
             pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0,
         )
 

@@ -1,5 +1,8 @@
 """Image transforms: timm's training augmentation and evaluation crop, shared by every image pipeline.
 
+Training images leave the workers as uint8 and are normalised and erased per batch on the device
+(`batch_augment`, called by ``ImageDataModule.on_after_batch_transfer``); see `vit.data.fast`.
+
 The DataModules, `vit predict`, `vit attention` and the exports all build their evaluation
 transform here from the same few numbers (size, crop_pct, interpolation, mean, std), which a
 checkpoint carries, so a file is prepared for prediction exactly as it was for testing.
@@ -38,6 +41,22 @@ def _posterize(img: Image.Image, bits_to_keep: int, **kwargs: Any) -> Image.Imag
     return posterize(img, bits_to_keep, **kwargs)
 
 
+def swap_ops(transform: Callable, replacements: dict[Callable, Callable]) -> Callable:
+    """Swap the op functions of timm's AutoAugment/RandAugment/AugMix inside ``transform``, in place.
+
+    Only the function an op calls changes; its probability, magnitude sampling and random draws stay
+    timm's. Returns ``transform``.
+    """
+    for t in getattr(transform, "transforms", [transform]):
+        ops = list(getattr(t, "ops", []))  # RandAugment, AugMixAugment
+        ops += [op for sub_policy in getattr(t, "policy", []) for op in sub_policy]  # AutoAugment
+        for op in ops:
+            fn = getattr(op, "aug_fn", None)
+            if fn in replacements:
+                op.aug_fn = replacements[fn]
+    return transform
+
+
 def guard_posterize(transform: Callable) -> Callable:
     """Let timm's AutoAugment/RandAugment/AugMix posterize keep 0 bits, in place; returns ``transform``.
 
@@ -49,26 +68,38 @@ def guard_posterize(transform: Callable) -> Callable:
     """
     from timm.data import auto_augment
 
-    for t in getattr(transform, "transforms", [transform]):
-        ops = list(getattr(t, "ops", []))  # RandAugment, AugMixAugment
-        ops += [op for sub_policy in getattr(t, "policy", []) for op in sub_policy]  # AutoAugment
-        for op in ops:
-            if getattr(op, "aug_fn", None) is auto_augment.posterize:
-                op.aug_fn = _posterize
-    return transform
+    return swap_ops(transform, {auto_augment.posterize: _posterize})
 
 
 def train_transform(
     augment: Augment, img_size: int, interpolation: str, mean: Sequence[float], std: Sequence[float],
 ) -> Callable:
-    """timm's training transform: random resized crop, flip, RandAugment or colour jitter, normalise, erase."""
-    from timm.data import create_transform
+    """timm's training transform up to uint8 (3, S, S): random resized crop, flip, RandAugment or colour jitter.
 
-    return guard_posterize(create_transform(
+    Normalisation and random erasing follow on the batch (`batch_augment`), as in timm's prefetcher
+    path; `vit.data.fast` says what is faster and why the augmentation stays timm's.
+    """
+    from timm.data import create_transform
+    from timm.data.auto_augment import posterize
+
+    from vit.data.fast import FastTrainTransform, exact_ops
+
+    # mean only sets the fill colour of timm's geometric ops here; the float steps are batch_augment's
+    crop_flip, augment, _ = create_transform(
         input_size=(3, img_size, img_size), is_training=True, scale=augment.scale, hflip=augment.hflip,
         color_jitter=augment.color_jitter or None, auto_augment=augment.auto_augment,
-        re_prob=augment.re_prob, re_mode="pixel", interpolation=interpolation, mean=mean, std=std,
-    ))
+        interpolation=interpolation, mean=mean, std=std, use_prefetcher=True, separate=True,
+    )
+    crop, *flip = crop_flip.transforms  # RandomResizedCropAndInterpolation[, RandomHorizontalFlip]
+    augment = swap_ops(augment, {posterize: _posterize, **exact_ops()})
+    return FastTrainTransform(crop, flip[0].p if flip else 0.0, augment if augment.transforms else None)
+
+
+def batch_augment(augment: Augment, mean: Sequence[float], std: Sequence[float]) -> Callable:
+    """The end of the training transform, on a uint8 batch on its device: normalise, random erasing."""
+    from vit.data.fast import BatchAugment
+
+    return BatchAugment(mean, std, augment.re_prob, re_mode="pixel")
 
 
 def eval_transform(

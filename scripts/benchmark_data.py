@@ -1,0 +1,206 @@
+"""Loader throughput per core: our ImageFolder training pipeline against torchvision's ImageFolder
+with timm's ``create_transform``, on the same ImageNet-sized JPEGs, with the same DeiT augmentation.
+
+What one DataLoader worker does is timed on one thread (num_workers=0, so no process start-up or
+IPC): read, decode, augment and collate batches of ``--batch_size``. The two pipelines run in
+alternation (ours, timm, ours, ...) so that a shared, noisy machine hurts both alike; the median
+img/s of ``--runs`` runs each, and the median of the paired ratios, are reported. A per-stage
+breakdown follows (ms per image). Ours leaves normalisation and random erasing to the device
+(``ImageDataModule.on_after_batch_transfer``); their cost on this CPU is shown, not counted.
+
+``--model_img_s`` turns the per-core rate into loader cores per GPU. Its default, 3000 img/s, is
+issue 9's goal for ``vit_base_patch16_224`` training in bf16 on one H200 (not measured here).
+
+    python scripts/benchmark_data.py                          # 2 classes x 100 JPEGs, 500x375
+    python scripts/benchmark_data.py --runs 7 --json data.json
+    python scripts/benchmark_data.py --root /data/imagenet    # any root/train/<class>/<image> folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+DEIT = dict(auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25, color_jitter=0.4, interpolation="bicubic")
+
+
+def photos() -> list[np.ndarray]:
+    """Real photos available offline: sklearn's two samples, and scikit-image's when it is installed."""
+    from sklearn.datasets import load_sample_images
+
+    found = list(load_sample_images().images)
+    try:
+        from skimage import data
+    except ImportError:
+        return found
+    return found + [getattr(data, name)() for name in ("astronaut", "chelsea", "coffee", "rocket")]
+
+
+def write_jpegs(root: Path, classes: int = 2, per_class: int = 100, size: tuple[int, int] = (500, 375),
+                seed: int = 0) -> Path:
+    """root/{train,val}/c<k>/<i>.jpg: random crops (half the area or more) of real photos, randomly
+    flipped, resized to ``size`` (ImageNet's typical 500x375) and saved at JPEG quality 90."""
+    rng = np.random.default_rng(seed)
+    sources = [Image.fromarray(p) for p in photos()]
+    for split, n in (("train", per_class), ("val", 1)):
+        for c in range(classes):
+            folder = root / split / f"c{c}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                src = sources[rng.integers(len(sources))]
+                w, h = src.size
+                cw, ch = (int(side * rng.uniform(0.7, 1.0)) for side in (w, h))
+                x, y = rng.integers(0, w - cw + 1), rng.integers(0, h - ch + 1)
+                img = src.crop((x, y, x + cw, y + ch)).resize(size, Image.Resampling.BICUBIC)
+                if rng.random() < 0.5:
+                    img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+                img.save(folder / f"{i}.jpg", quality=90)
+    return root
+
+
+def pipelines(root: Path, img_size: int, batch_size: int) -> dict[str, DataLoader]:
+    """Our ImageFolder's training loader, and torchvision's ImageFolder + timm's create_transform."""
+    from timm.data import create_transform
+    from torchvision.datasets import ImageFolder as TorchvisionFolder
+
+    from vit.data import ImageFolder
+    from vit.data.transforms import guard_posterize
+
+    dm = ImageFolder(str(root), batch_size=batch_size, num_workers=0, img_size=img_size, **DEIT)
+    dm.setup("fit")
+    # timm's transform as DeiT configures it; guarded, or Pillow 13 crashes it on ~0.3% of images
+    transform = guard_posterize(create_transform(img_size, is_training=True, re_mode="pixel", **DEIT))
+    theirs = TorchvisionFolder(str(root / "train"), transform=transform)
+    return {"ours": dm.train_dataloader(),
+            "timm": DataLoader(theirs, batch_size=batch_size, shuffle=True, drop_last=True)}
+
+
+def img_per_s(loader: DataLoader, images: int) -> float:
+    """Images per second through ``loader`` (what one worker does), over about ``images`` images."""
+    done, start = 0, time.perf_counter()
+    while done < images:
+        for x, _ in loader:
+            done += len(x)
+            if done >= images:
+                break
+    return done / (time.perf_counter() - start)
+
+
+def per_image_ms(steps: list[tuple[str, Callable]], inputs: list, repeat: int) -> dict[str, float]:
+    """Mean ms per image of each step of a chain, applied in order to each input."""
+    total = dict.fromkeys([name for name, _ in steps], 0.0)
+    for _ in range(repeat):
+        for x in inputs:
+            for name, step in steps:
+                start = time.perf_counter()
+                x = step(x)
+                total[name] += time.perf_counter() - start
+    return {name: 1e3 * t / (repeat * len(inputs)) for name, t in total.items()}
+
+
+def stages(loaders: dict[str, DataLoader], files: list[str], repeat: int) -> dict[str, dict[str, float]]:
+    """Where the time goes, per image: decoding, then each transform step, then collation."""
+    from vit.data import fast
+    from vit.data.io import load_image
+    from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augment, batch_augment
+
+    decode = ("decode", load_image)
+    ours = loaders["ours"].dataset.transform  # FastTrainTransform
+
+    def crop_flip(img: Image.Image) -> np.ndarray:
+        c = ours.crop
+        return fast.resized_crop(img, c.get_params(img, c.scale, c.ratio), c.size, c.interpolation,
+                                 bool(torch.rand(1) < ours.hflip))
+
+    def augment(planes: np.ndarray) -> Image.Image:
+        return ours.augment(Image.merge("RGB", [Image.fromarray(p) for p in planes]))
+
+    def to_tensor(img: Image.Image) -> torch.Tensor:
+        return torch.from_numpy(np.array(img)).permute(2, 0, 1)
+
+    ours_steps = [decode, ("crop+resize+flip", crop_flip), ("augment", augment), ("to tensor", to_tensor)]
+    rows = {"ours": per_image_ms(ours_steps, files, repeat)}
+    theirs = loaders["timm"].dataset.transform.transforms  # crop, flip, RandAugment, ToTensor, Normalize, erase
+    names = ["crop+resize", "flip", "augment", "to tensor", "normalise", "erase"]
+    rows["timm"] = per_image_ms([decode, *zip(names, theirs)], files, repeat)
+    # ours normalises and erases on the device, per batch: its cost on this CPU, for reference
+    batch = torch.stack([ours(load_image(f)) for f in files])
+    finish = batch_augment(Augment(re_prob=DEIT["re_prob"]), IMAGENET_MEAN, IMAGENET_STD)
+    start = time.perf_counter()
+    for _ in range(repeat):
+        finish(batch)
+    rows["ours"]["(device) normalise+erase"] = 1e3 * (time.perf_counter() - start) / (repeat * len(files))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", help="a folder with train/<class>/<images>; default: JPEGs written to a temp dir")
+    parser.add_argument("--per_class", type=int, default=100, help="JPEGs per class to write (2 classes)")
+    parser.add_argument("--img_size", type=int, default=224)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--images", type=int, default=192, help="images per timed run")
+    parser.add_argument("--runs", type=int, default=5, help="timed runs per pipeline; medians are reported")
+    parser.add_argument("--model_img_s", type=float, default=3000.0,
+                        help="the model's training img/s per GPU (default: issue 9's ViT-B/16 bf16 H200 goal)")
+    parser.add_argument("--host_cores", type=int, default=16, help="CPU cores per GPU on the training host")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # as in a DataLoader worker
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.root) if args.root else write_jpegs(Path(tmp), per_class=args.per_class)
+        loaders = pipelines(root, args.img_size, args.batch_size)
+        for loader in loaders.values():
+            img_per_s(loader, args.batch_size)  # warm-up: imports, first allocations
+        rates: dict[str, list[float]] = {"ours": [], "timm": []}
+        for _ in range(args.runs):
+            for name, loader in loaders.items():
+                rates[name].append(img_per_s(loader, args.images))
+        files = [path for path, _ in loaders["timm"].dataset.samples[:: max(1, len(loaders["timm"].dataset) // 32)]]
+        breakdown = stages(loaders, files, repeat=2)
+
+    ours, theirs = statistics.median(rates["ours"]), statistics.median(rates["timm"])
+    result = {
+        "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread",
+        "img_size": args.img_size, "batch_size": args.batch_size, "augmentation": DEIT,
+        "ours_img_s": ours, "timm_img_s": theirs,
+        "ratio_median": statistics.median(a / b for a, b in zip(rates["ours"], rates["timm"])),
+        "runs": rates, "stages_ms": breakdown, "model_img_s": args.model_img_s,
+        "cores_needed": {name: math.ceil(args.model_img_s / rate) for name, rate in (("ours", ours), ("timm", theirs))},
+        "host_img_s": {name: rate * args.host_cores for name, rate in (("ours", ours), ("timm", theirs))},
+    }
+    report(result, args.host_cores)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
+
+
+def report(r: dict, host_cores: int) -> None:
+    print(f"{r['machine']}; {r['img_size']}px, batch {r['batch_size']}, {r['augmentation']}")
+    print(f"per core: ours {r['ours_img_s']:.0f} img/s, torchvision+timm {r['timm_img_s']:.0f} img/s, "
+          f"ratio {r['ratio_median']:.2f} (median of {len(r['runs']['ours'])} paired runs)")
+    print(f"{'ms per image':25s}" + "".join(f"{name:>10s}" for name in r["stages_ms"]))
+    steps = dict.fromkeys(step for row in r["stages_ms"].values() for step in row)
+    for step in steps:
+        print(f"{step:25s}" + "".join(f"{row[step]:10.2f}" if step in row else f"{'':10s}"
+                                      for row in r["stages_ms"].values()))
+    need = r["cores_needed"]
+    print(f"at {r['model_img_s']:.0f} img/s per GPU: {need['ours']} loader cores (ours), {need['timm']} (timm); "
+          f"{host_cores} cores give {r['host_img_s']['ours']:.0f} and {r['host_img_s']['timm']:.0f} img/s")
+
+
+if __name__ == "__main__":
+    main()
