@@ -13,16 +13,18 @@ One training image, as a DataLoader worker sees it (timm's ``create_transform`` 
 This is timm's prefetcher split: workers hand over 1 byte per value instead of 4, and the
 per-pixel float work runs where it is nearly free. Every random draw on the CPU side is timm's
 (same generators, same order), so with the same seeds an image gets the same crop box, flip and
-augmentation ops as under timm's transform. Where the pixels differ:
+augmentation ops as under timm's transform (tests/data/test_fast.py). Where the pixels differ:
 
-* the resize: torch's antialiased bicubic/bilinear is PIL's filter computed in a different
-  fixed-point order, within 1 grey level of PIL on well under 1% of pixels;
+* the resize: torch's antialiased bicubic/bilinear is PIL's filter, applied in PIL's order of
+  passes but rounded in another fixed-point order: within 2 grey levels of PIL, and off by one
+  on about 0.3% of pixels;
 * nothing else: the numpy shear/translate ops reproduce PIL's bicubic affine bit for bit
-  (same double arithmetic in the same order), at a fraction of its per-pixel cost.
+  (the same double arithmetic in the same order).
 
-Measured per image on one core (500x375 JPEGs, 224 crops): PIL's crop + bicubic resize ~1.1 ms
-vs torch ~0.4 ms; PIL's bicubic shear/translate ~5 ms vs numpy ~1.5 ms (RandAugment draws one of
-these on a third of the images, so they were most of its cost).
+Why these two: per 224 image on one core, PIL's crop + bicubic resize took ~1.5 ms (torch, with
+the conversions: ~0.7 ms), and PIL's bicubic shear/translate 2.5-4 ms each (numpy: ~1.7 ms), one
+of which RandAugment applies to ~27% of images (2 layers x p 0.5 x 4 of 15 ops). Rotate (both
+coordinates move) stays PIL's: an exact numpy version would not be faster.
 """
 
 from __future__ import annotations
@@ -268,17 +270,26 @@ class BatchAugment:
     def __init__(self, mean: Sequence[float], std: Sequence[float], re_prob: float = 0.0,
                  re_mode: str = "pixel") -> None:
         self.mean, self.std, self.re_prob, self.re_mode = tuple(mean), tuple(std), re_prob, re_mode
+        self._on_device: dict[torch.device, tuple[Tensor, Tensor, Callable]] = {}
+
+    def _constants(self, device: torch.device) -> tuple[Tensor, Tensor, Callable]:
+        """255 mean, 255 std (1, C, 1, 1) and the eraser on ``device``, made once: copying them there
+        every batch would wait for the device each time."""
+        if device not in self._on_device:
+            from timm.data.random_erasing import RandomErasing
+
+            scale = lambda values: (torch.tensor(values) * 255).view(1, -1, 1, 1).to(device)
+            eraser = RandomErasing(self.re_prob, mode=self.re_mode, device=device)
+            self._on_device[device] = (scale(self.mean), scale(self.std), eraser)
+        return self._on_device[device]
 
     def __call__(self, x: Tensor, erase: bool = True) -> Tensor:
         if x.dtype != torch.uint8 or x.ndim != 4:
             raise ValueError(f"BatchAugment expects uint8 images (B, C, H, W), got {x.dtype} {tuple(x.shape)}")
-        mean = torch.tensor(self.mean, device=x.device).view(1, -1, 1, 1) * 255
-        std = torch.tensor(self.std, device=x.device).view(1, -1, 1, 1) * 255
+        mean, std, eraser = self._constants(x.device)
         x = x.float().sub_(mean).div_(std)  # = (x / 255 - mean) / std, as ToTensor + Normalize
         if erase and self.re_prob > 0:
-            from timm.data.random_erasing import RandomErasing
-
-            x = RandomErasing(self.re_prob, mode=self.re_mode, device=x.device)(x)
+            x = eraser(x)  # timm's RandomErasing, image by image within the batch
         return x
 
     def __repr__(self) -> str:
