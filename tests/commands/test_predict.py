@@ -186,6 +186,6 @@ def test_predict_compile_gives_the_eager_probabilities(fitted, tmp_path):
     folder = digit_folder(tmp_path / "images")
     best = str(next((fitted / "ckpt").glob("best-*.ckpt")))
     args = ["predict", "--ckpt", best, str(folder), "--top_k", "10", "--out", str(tmp_path / "p.json")]
-    eager, compiled = run(args), main([*args, "--compile"])
+    eager, compiled = run(args), run([*args, "--compile"])
     for a, b in zip(eager, compiled):
         assert dict(zip(a["classes"], a["probs"])) == pytest.approx(dict(zip(b["classes"], b["probs"])), abs=1e-5)

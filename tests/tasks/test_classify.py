@@ -215,3 +215,9 @@ def test_compiled_training_and_eval_match_eager(tmp_path):
     loaded = load_classifier(tmp_path / "compiled.ckpt")
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), compiled.eval()(x), atol=1e-5, rtol=1e-4)
+
+
+def test_uint8_training_images_without_the_datamodule_hook_are_a_clear_error(tmp_path):
+    images = torch.randint(0, 256, (8, 1, 8, 8), dtype=torch.uint8)  # what an image DataModule's workers hand over
+    with pytest.raises(TypeError, match=r"arrived as uint8.*on_after_batch_transfer"):
+        trainer(tmp_path, max_steps=1).fit(tiny(), DataLoader(TensorDataset(images, torch.zeros(8).long()), 8))

@@ -94,8 +94,15 @@ def test_bad_strategies_are_clear_errors():
 def test_the_parameter_group_table_is_logged_at_fit_start(tmp_path, caplog):
     import logging
 
-    with caplog.at_level(logging.INFO):
-        fit(tiny(finetune="linear_probe", layer_decay=0.75), 1, tmp_path, max_steps=1)
+    # Lightning's logger stops propagating to the root (where caplog listens) when it was imported before any
+    # logging was configured, which depends on test order; listen on it directly.
+    lightning_log = logging.getLogger("lightning.pytorch")
+    lightning_log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
+            fit(tiny(finetune="linear_probe", layer_decay=0.75), 1, tmp_path, max_steps=1)
+    finally:
+        lightning_log.removeHandler(caplog.handler)
     table = caplog.text
     assert "parameter group" in table and "peak lr" in table and "weight decay" in table
     assert "head_decay" in table and "layer1_decay" in table

@@ -224,6 +224,9 @@ class ImageClassifier(LightningModule):
     # --- steps -----------------------------------------------------------------------------
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
+        if x.dtype == torch.uint8:  # an image DataModule's training batch that skipped its transfer hook
+            raise TypeError("training images arrived as uint8: they are normalised on the device by the "
+                            "DataModule's on_after_batch_transfer; pass datamodule=... to Trainer.fit")
         if self.mixup is not None:
             if len(x) % 2:  # timm's Mixup pairs each sample with its mirror in the batch
                 x, y = x[:-1], y[:-1]
