@@ -7,9 +7,9 @@ the paired ratios ours/timm, the achieved GFLOP/s (FLOPs counted by torch) and t
 the matrix-multiply peak measured in the same run (a large square matmul in the row's precision).
 
     python scripts/benchmark.py                                  # vit_small_patch16_224, batch 32
-    python scripts/benchmark.py --model vit_base_patch16_224 --batch-size 16 --runs 9
+    python scripts/benchmark.py --model vit_base_patch16_224 --batch_size 16 --runs 9
     python scripts/benchmark.py --precision bf16 --mode train --json bench.json
-    python scripts/benchmark.py --device cuda --model vit_base_patch16_224 --batch-size 256 --compile
+    python scripts/benchmark.py --device cuda --model vit_base_patch16_224 --batch_size 256 --compile
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="vit_small_patch16_224", choices=vit.list_models())
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch_size", "--batch-size", type=int, default=32)
     parser.add_argument("--mode", nargs="+", default=["infer", "train"], choices=["infer", "train"])
     parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--runs", type=int, default=7, help="timed runs per model; the median is reported")

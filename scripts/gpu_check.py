@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--model", default="vit_base_patch16_224")
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--batch_size", "--batch-size", type=int, default=256)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of every step")
     parser.add_argument("--out", default="gpu_check")
     args = parser.parse_args(argv)
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     benchmark = load_benchmark()
     model, batch = ("vit_digits_patch4_16", 8) if args.quick else (args.model, args.batch_size)
     runs = ["--runs", "1", "--iters", "1", "--warmup", "0"] if args.quick else ["--runs", "5", "--iters", "5"]
-    common = ["--model", model, "--batch-size", str(batch), "--device", args.device, *runs]
+    common = ["--model", model, "--batch_size", str(batch), "--device", args.device, *runs]
     report["eager"] = benchmark.main([*common, "--json", str(out / "bench_eager.json")])
     if not args.quick:
         report["compiled"] = benchmark.main(

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.conftest import subprocess_env
 from vit.commands import COMMANDS, main
 
 
@@ -20,14 +21,19 @@ def test_vit_help_lists_every_command(capsys):
     assert "unknown command 'nonsense'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", ["vit.commands.predict", "vit.commands.attention", "vit.commands.export",
-                                    "vit.checkpoint", "vit.data.io"])
-def test_prediction_side_imports_no_lightning(module):
-    # nor onnx/onnxruntime: they load only for ONNX files
-    code = (f"import sys, {module}; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'onnx', 'onnxruntime')))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]"
+def test_prediction_side_imports_no_lightning():
+    # nor onnx/onnxruntime: they load only for ONNX files. One fresh interpreter imports the modules in turn and
+    # names each one that brought a heavy package in (the first to import it is the culprit).
+    modules = ["vit.checkpoint", "vit.data.io", "vit.commands.predict", "vit.commands.attention",
+               "vit.commands.export", "vit.commands.probe"]
+    code = ("import importlib, sys\n"
+            f"for name in {modules!r}:\n"
+            "    importlib.import_module(name)\n"
+            "    heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'onnx', 'onnxruntime'))\n"
+            "    print(name, heavy)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env=subprocess_env())
+    assert done.stdout.splitlines() == [f"{name} []" for name in modules]
 
 
 def test_every_command_has_useful_help(capsys):
@@ -43,7 +49,7 @@ def test_the_installed_console_script_exits_zero_after_a_fit(tmp_path):
     """`vit` as installed (not main() in-process): a fit that succeeds must exit 0, whatever main returns."""
     import shutil
 
-    from tests.conftest import short_digits_run, subprocess_env
+    from tests.conftest import short_digits_run
 
     vit = shutil.which("vit")
     assert vit, "the `vit` console script is not installed (pip install -e .)"

@@ -140,13 +140,6 @@ def test_probe_help_and_errors(capsys):
     assert "--C must be positive" in capsys.readouterr().err
 
 
-def test_importing_the_probe_imports_no_lightning():
-    code = "import sys, vit.commands.probe; print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightning'))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          env=subprocess_env())
-    assert done.stdout.strip() == "[]"
-
-
 @pytest.mark.slow
 def test_vit_probe_on_the_digits_in_under_30_s(tmp_path, digits_run, digit_pngs):
     """The done-when figure: the command, imports included, from random init and from a trained checkpoint."""

@@ -21,7 +21,7 @@ def load_script():
 def test_benchmark_script_writes_a_row_per_mode_and_precision(tmp_path):
     benchmark = load_script()
     out = tmp_path / "bench.json"
-    rows = benchmark.main(["--model", "vit_digits_patch2_8", "--batch-size", "4", "--runs", "1",
+    rows = benchmark.main(["--model", "vit_digits_patch2_8", "--batch_size", "4", "--runs", "1",
                            "--iters", "1", "--warmup", "0", "--peak_size", "256", "--json", str(out)])
     saved = json.loads(out.read_text())
     assert saved["rows"] == rows
