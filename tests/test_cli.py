@@ -187,9 +187,25 @@ def test_ddp_on_two_cpu_processes_with_ema(tmp_path):
     assert sorted((tmp_path / "world_size").read_text().split()) == ["0/2", "1/2"]
     rows = list(csv.DictReader((tmp_path / "logs" / "digits" / "version_0" / "metrics.csv").open()))
     val_acc = [float(r["val_acc"]) for r in rows if r.get("val_acc")]
-    assert len(val_acc) == 1 and 0.0 <= val_acc[0] <= 1.0
     saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 2 and any(k.startswith("model_ema.") for k in saved["state_dict"])
+    # The synced val_acc, recomputed in one process: each rank's first 2 batches of its DistributedSampler
+    # share, scored with the EMA weights the checkpoint kept (validation ran after the last step).
+    import yaml
+    from torch.utils.data import DistributedSampler
+
+    from vit.data.digits import Digits
+
+    config = yaml.safe_load((tmp_path / "logs" / "digits" / "version_0" / "config.yaml").read_text())
+    data = Digits(**{k: v for k, v in config["data"]["init_args"].items() if k != "augment"})  # val: no augment
+    data.setup("validate")
+    model = load_classifier(tmp_path / "ckpt" / "last.ckpt").eval()
+    shares = [list(DistributedSampler(data.val_set, 2, rank, shuffle=False)) for rank in (0, 1)]
+    seen = [i for share in shares for i in share[:2 * data.batch_size]]
+    x, y = torch.stack([data.val_set[i][0] for i in seen]), torch.tensor([int(data.val_set[i][1]) for i in seen])
+    with torch.no_grad():
+        expected = (model(x).argmax(1) == y).float().mean().item()
+    assert len(val_acc) == 1 and val_acc[0] == pytest.approx(expected, abs=1e-6)
 
 
 @pytest.mark.slow
