@@ -208,5 +208,6 @@ def cli(argv: list[str] | None = None, **kwargs: Any) -> VitCLI:
     """Run the `vit` LightningCLI on ``argv`` (default: the command line) and return it."""
     return VitCLI(
         model_class=None, datamodule_class=None, subclass_mode_model=True, subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True}, args=argv, parser_kwargs={"description": DESCRIPTION}, **kwargs,
+        save_config_kwargs={"overwrite": True}, args=argv,
+        parser_kwargs={"description": DESCRIPTION, "prog": "vit"}, **kwargs,
     )

@@ -1,25 +1,15 @@
 """scripts/benchmark.py runs end to end (tiny config, one run: a smoke test, not a timing)."""
 
-import importlib.util
 import json
 
 import pytest
 import torch
 
-from tests import SCRIPTS
-
-SCRIPT = SCRIPTS / "benchmark.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("benchmark", SCRIPT)
-    benchmark = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(benchmark)
-    return benchmark
+from tests import load_script
 
 
 def test_benchmark_script_writes_a_row_per_mode_and_precision(tmp_path):
-    benchmark = load_script()
+    benchmark = load_script("benchmark")
     out = tmp_path / "bench.json"
     rows = benchmark.main(["--model", "vit_digits_patch2_8", "--batch_size", "4", "--runs", "1",
                            "--iters", "1", "--warmup", "0", "--peak_size", "256", "--json", str(out)])
@@ -42,7 +32,7 @@ def test_benchmark_script_writes_a_row_per_mode_and_precision(tmp_path):
 
 
 def test_matmul_peak_counts_2n3_flops_of_the_faster_layout():
-    benchmark = load_script()
+    benchmark = load_script("benchmark")
     results, seconds = [], iter([0.5, 0.5, 0.25, 0.25])  # a @ b twice, then F.linear(a, b) twice
 
     def fake_time_it(step, iters, device):

@@ -1,22 +1,14 @@
 """scripts/benchmark_data.py runs end to end (tiny sizes, one run: a smoke test, not a timing)."""
 
-import importlib.util
 import json
 
 import pytest
 
-from tests import SCRIPTS
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("benchmark_data", SCRIPTS / "benchmark_data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests import load_script
 
 
 def test_benchmark_data_times_both_pipelines_and_sizes_the_loader(tmp_path):
-    benchmark = load_script()
+    benchmark = load_script("benchmark_data")
     out = tmp_path / "data.json"
     result = benchmark.main(["--per_class", "6", "--img_size", "32", "--batch_size", "4", "--images", "8",
                              "--runs", "1", "--model_img_s", "1000", "--json", str(out)])
@@ -30,7 +22,7 @@ def test_benchmark_data_times_both_pipelines_and_sizes_the_loader(tmp_path):
 def test_benchmark_data_writes_imagenet_sized_jpegs_from_real_photos(tmp_path):
     from PIL import Image
 
-    root = load_script().write_jpegs(tmp_path, classes=2, per_class=3)
+    root = load_script("benchmark_data").write_jpegs(tmp_path, classes=2, per_class=3)
     files = sorted((root / "train").rglob("*.jpg"))
     assert len(files) == 6 and len(list((root / "val").rglob("*.jpg"))) == 2
     with Image.open(files[0]) as img:

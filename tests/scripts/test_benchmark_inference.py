@@ -1,24 +1,17 @@
 """scripts/benchmark_inference.py runs end to end on a digits checkpoint (one short run: a smoke test, not a timing)."""
 
-import importlib.util
 import json
 
 import pytest
 
-from tests import SCRIPTS
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("benchmark_inference", SCRIPTS / "benchmark_inference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests import load_script
 
 
 def test_inference_benchmark_times_every_path_and_scores_the_digits(fitted, tmp_path, capsys):
     best = next((fitted / "ckpt").glob("best-*.ckpt"))
     out = tmp_path / "inference.json"
-    rows = load_script().main(["--ckpt", str(best), "--runs", "1", "--min_seconds", "0", "--json", str(out)])
+    benchmark = load_script("benchmark_inference")
+    rows = benchmark.main(["--ckpt", str(best), "--runs", "1", "--min_seconds", "0", "--json", str(out)])
     assert json.loads(out.read_text())["rows"] == rows
     assert [r["path"] for r in rows] == ["torch fp32 eager", "torch bf16", "onnx fp32", "onnx int8"]
     by_path = {r["path"]: r for r in rows}
@@ -35,7 +28,7 @@ def test_inference_benchmark_times_every_path_and_scores_the_digits(fitted, tmp_
 def test_inference_benchmark_refuses_a_non_digits_checkpoint_for_top1():
     from vit.checkpoint import Classifier
 
-    module = load_script()
+    module = load_script("benchmark_inference")
     rgb = module.random_classifier("vit_cifar_patch4_32", 10)
     assert isinstance(rgb, Classifier) and rgb.in_chans == 3
     with pytest.raises(ValueError, match=r"must be a digits checkpoint .* use --model NAME"):

@@ -1,23 +1,18 @@
 """scripts/gpu_check.py, the prepared GPU run, smoke-tested on the CPU so it cannot rot unseen."""
 
-import importlib.util
 import json
 
 import pytest
 import torch
 
-from tests import SCRIPTS
+from tests import load_script
 from vit.checkpoint import load_classifier
 from vit.data.digits import Digits
-
-SCRIPT = SCRIPTS / "gpu_check.py"
 
 
 @pytest.mark.slow
 def test_gpu_check_runs_every_step_on_cpu(tmp_path):
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = load_script("gpu_check")
     report = gpu_check.main(["--device", "cpu", "--quick", "--out", str(tmp_path)])
     assert json.loads((tmp_path / "gpu_check.json").read_text()) == report
     # the profiler saw torch's CPU flash kernel run for our attention, with no backend forced

@@ -1,18 +1,15 @@
 """scripts/transfer_digits.py runs end to end (tiny settings: a smoke test; the figures are in the README)."""
 
-import importlib.util
 import json
 
 import pytest
 
-from tests import SCRIPTS
+from tests import load_script
 
 
 @pytest.mark.slow
 def test_transfer_script_reports_the_three_methods(tmp_path):
-    spec = importlib.util.spec_from_file_location("transfer_digits", SCRIPTS / "transfer_digits.py")
-    transfer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(transfer)
+    transfer = load_script("transfer_digits")
     out = tmp_path / "transfer.json"
     summary = transfer.main(["--pretrain_epochs", "1", "--steps", "3", "--lrs", "0.003", "--seeds", "0",
                              "--json", str(out)])

@@ -36,12 +36,14 @@ def usage() -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     """The console script: run ``vit`` with ``argv`` (default: the command line). Returns nothing, since
     a console script's return value becomes its exit status."""
-    run(sys.argv[1:] if argv is None else argv)
+    run(argv)
 
 
-def run(argv: Sequence[str]) -> object:
-    """Run one `vit` command and return what it returns (predictions, the CLI object, ...)."""
-    args = list(argv)
+def run(argv: Sequence[str] | None = None) -> object:
+    """Run one `vit` command and return what it returns (predictions, the CLI object, ...).
+
+    ``argv`` defaults to the command line."""
+    args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help"):
         print(usage())
         return None
@@ -55,7 +57,8 @@ def run(argv: Sequence[str]) -> object:
     ):
         module = "vit.cli"  # predict over a DataModule: LightningCLI's
     if module == "vit.cli":
-        return importlib.import_module(module).cli(args)
+        # from the command line LightningCLI reads sys.argv itself (given both, it warns that they may differ)
+        return importlib.import_module(module).cli(None if argv is None else args)
     return importlib.import_module(module).main(rest)
 
 
