@@ -5,12 +5,14 @@ from __future__ import annotations
 import csv
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch import Trainer
@@ -23,7 +25,7 @@ from vit.checkpoint import DamagedCheckpointError, load_classifier
 from vit.cli import cli
 from vit.commands import main
 from vit.tasks import ImageClassifier
-from vit.training import TrainingReport
+from vit.training import RandomState, TrainingReport
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 STEPS = 4  # optimiser steps per epoch in these runs
@@ -201,3 +203,25 @@ def test_a_translator_checkpoint_given_to_an_image_recipe_is_a_clear_error(tmp_p
         main(["fit", *short_digits_run(tmp_path / "run"), "--ckpt_path", str(translator)])
     with pytest.raises(ValueError, match="holds a 'translate' task, not an image classifier"):
         ImageClassifier.load_from_checkpoint(translator, weights_only=True)
+
+
+def test_other_ranks_resume_on_their_own_streams_derived_from_rank_0s():
+    """Under DDP the checkpoint holds rank 0's generators: rank 0 resumes them exactly, others reseed by rank."""
+    from types import SimpleNamespace
+
+    def draws() -> tuple:
+        return random.random(), float(np.random.rand()), tuple(torch.rand(3).tolist())
+
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    saved = RandomState().state_dict()
+    expected = draws()  # what rank 0 draws after the save, in the uninterrupted run
+    after = {}
+    for rank in (0, 1, 2, 1):
+        callback = RandomState()
+        callback.setup(SimpleNamespace(global_rank=rank), None, "fit")
+        torch.manual_seed(123), np.random.seed(123), random.seed(123)  # whatever the process drew before
+        callback.load_state_dict(saved)
+        drawn = draws()
+        assert after.setdefault(rank, drawn) == drawn  # the same checkpoint, the same streams
+    assert after[0] == expected
+    assert len({after[0], after[1], after[2]}) == 3  # no two ranks alike

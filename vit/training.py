@@ -65,9 +65,17 @@ class RandomState(Callback):
     restores them when a run resumes from one.
 
     Shuffling, augmentation, dropout and stochastic depth draw from them, and Lightning does not save
-    them, so without this a resumed run draws other batches than the uninterrupted run. (Under DDP the
-    saved states are rank 0's.)
+    them, so without this a resumed run draws other batches than the uninterrupted run. Under DDP the
+    checkpoint holds rank 0's states (gathering every rank's would put a collective in every save):
+    rank 0 resumes exactly, and each other rank reseeds from the restored state plus its rank, so no
+    two ranks draw alike and a resume from the same checkpoint is still reproducible.
     """
+
+    def __init__(self) -> None:
+        self.rank = 0
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self.rank = trainer.global_rank  # setup runs before a checkpoint's callback states are loaded
 
     def state_dict(self) -> dict[str, Any]:
         # Only tensors, numbers and tuples, so the checkpoint still loads with weights_only=True.
@@ -87,6 +95,11 @@ class RandomState(Callback):
         cuda = state_dict["cuda"]
         if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
+        if self.rank > 0:  # rank 0's states, saved: give this rank its own streams, derived from them
+            seed = int(torch.randint(2**31, (1,)).item()) + 7919 * self.rank
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)  # also every CUDA device
 
 
 # ---- what a run worked around ------------------------------------------------------------------
