@@ -74,3 +74,11 @@ class RecordBackbone(Callback):
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         self._record(trainer, pl_module, trainer.current_epoch)
+
+
+class RecordSources(Callback):
+    """Append each training batch's source sentences to ``sources.<rank>`` in the working folder."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        with open(f"sources.{trainer.global_rank}", "a") as f:
+            f.writelines(text + "\n" for text in batch["source_text"])

@@ -156,7 +156,7 @@ class VitCLI(LightningCLI):
                 + f"\nResume from one of them with --ckpt_path PATH{hint}."
             )
         epoch, step = checkpoint_progress(intact[0])
-        print(f"--ckpt_path last: {found} is damaged; falling back to the newest intact checkpoint, {intact[0]} "
+        self.say(f"--ckpt_path last: {found} is damaged; falling back to the newest intact checkpoint, {intact[0]} "
               f"(epoch {epoch}, step {step})")
         return str(intact[0])
 
@@ -166,7 +166,7 @@ class VitCLI(LightningCLI):
         checkpoint = self.best_checkpoint
         best = checkpoint.best_model_path if checkpoint is not None else ""
         if self.trainer.fast_dev_run or not best:
-            print("test_after_fit: no best checkpoint was saved; testing the final weights")
+            self.say("test_after_fit: no best checkpoint was saved; testing the final weights")
             best = None
         results = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best)
         # Report the test counterpart of the metric the checkpoint was chosen by.
@@ -175,7 +175,12 @@ class VitCLI(LightningCLI):
         value = results[0].get(key) if results else None
         if value is not None:
             name = "accuracy" if key == "test_acc" else key.removeprefix("test_").replace("_", " ")
-            print(f"test {name} of {best or 'the final weights'}: {value:.4f}")
+            self.say(f"test {name} of {best or 'the final weights'}: {value:.4f}")
+
+    def say(self, message: str) -> None:
+        """Print once, not once per DDP process."""
+        if self.trainer.is_global_zero:
+            print(message)
 
 
 def check_checkpoint_task(config: Any) -> None:

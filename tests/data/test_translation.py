@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from torch.utils.data import SequentialSampler
 
 from tests.formats import CORPUS
 from vit.data.tokenizers import (
@@ -16,6 +17,7 @@ from vit.data.tokenizers import (
     tokenizer_from_dict,
 )
 from vit.data.translation import (
+    EpochSampler,
     LengthBucketBatchSampler,
     SyntheticTranslationDataModule,
     TranslationDataModule,
@@ -126,14 +128,14 @@ def test_collate_pads_shifts_targets_and_builds_masks():
 def test_length_buckets_cover_every_sentence_once_with_little_padding():
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(2, 60, (2000,), generator=g).tolist()
-    sampler = LengthBucketBatchSampler(lengths, 32, shuffle=True, seed=0)
+    sampler = LengthBucketBatchSampler(EpochSampler(lengths, seed=0), 32, lengths=lengths, shuffle=True)
 
     def padding_fraction(batches):
         padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
         return 1 - sum(lengths) / padded
 
     epoch1 = list(sampler)
-    sampler.set_epoch(1)  # Lightning calls this at every epoch start
+    sampler.sampler.set_epoch(1)  # Lightning calls this at every epoch start
     epoch2 = list(sampler)
     assert sorted(i for b in epoch1 for i in b) == list(range(2000))
     assert epoch1 != epoch2  # reshuffled every epoch ...
@@ -141,8 +143,25 @@ def test_length_buckets_cover_every_sentence_once_with_little_padding():
     order = torch.randperm(2000, generator=g).tolist()
     random_batches = [order[i : i + 32] for i in range(0, 2000, 32)]
     assert padding_fraction(epoch1) < 0.1 < 0.3 < padding_fraction(random_batches)
-    fixed = LengthBucketBatchSampler(lengths, 32, shuffle=False)
+    fixed = LengthBucketBatchSampler(SequentialSampler(lengths), 32, lengths=lengths, shuffle=False)
     assert list(fixed) == list(fixed) and len(list(fixed)) == len(fixed) == 63
+    assert len(sampler) == 63 and len(list(LengthBucketBatchSampler(EpochSampler(lengths), 32, True, lengths=lengths,
+                                                                    shuffle=True))) == 62  # 2000 = 62 x 32 + 16
+
+
+def test_under_ddp_each_rank_buckets_its_own_share_of_the_sentences():
+    """Lightning rebuilds the batch sampler on a DistributedSampler: the ranks' batches split the data."""
+    from torch.utils.data import DistributedSampler
+
+    lengths = torch.randint(2, 60, (1000,), generator=torch.Generator().manual_seed(0)).tolist()
+    shares = []
+    for rank in (0, 1):
+        share = DistributedSampler(lengths, num_replicas=2, rank=rank, shuffle=True, seed=0)
+        share.set_epoch(3)
+        batches = list(LengthBucketBatchSampler(share, 32, lengths=lengths, shuffle=True))
+        assert len(batches) == 16  # 500 each: the same count on every rank, so no rank waits for another
+        shares.append(sorted(i for b in batches for i in b))
+    assert sorted(shares[0] + shares[1]) == list(range(1000))
 
 
 def test_synthetic_data_module_holds_out_unseen_sources():

@@ -129,3 +129,28 @@ def test_tsv_config_runs_on_an_anki_export(tmp_path):
     dm = TranslationDataModule(str(corpus), tokenizer="bpe", bpe_vocab_size=120)
     _ = dm.pairs
     assert [n for n, _ in dm.malformed["train"]] == [len(lines) + 1]  # reported by line number
+
+
+@pytest.mark.slow
+def test_ddp_on_two_cpu_processes_splits_the_sentences_between_ranks(tmp_path):
+    """The length-bucketing batch sampler under DDP: each rank trains on its own half, and reports once."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+
+    cmd = [sys.executable, "-m", "vit", "fit", "--config", str(CONFIGS / "translate_reverse.yaml"),
+           "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.max_epochs=1",
+           "--trainer.enable_progress_bar=false", "--trainer.logger=false", "--checkpoint.dirpath=ckpt",
+           "--data.init_args.num_train=400", "--data.init_args.num_val=64", "--data.init_args.num_test=64",
+           "--model.init_args.embed_dim=32", "--trainer.callbacks+=tests.dummies.RecordSources"]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = [(tmp_path / f"sources.{rank}").read_text().splitlines() for rank in (0, 1)]
+    assert len(seen[0]) == len(seen[1]) == 200 and len(set(seen[0]) | set(seen[1])) == 400
+    assert done.stdout.count("test exact match of") == 1  # printed by rank 0 only

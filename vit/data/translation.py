@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler
 
 from vit.data.corpus import Corpus, read_pairs
 from vit.data.synthetic import SYNTHETIC_TASKS, Pair, synthetic_pairs
@@ -64,45 +64,61 @@ def collate_pairs(examples: list[Example]) -> dict[str, Any]:
     }
 
 
-class LengthBucketBatchSampler(Sampler[list[int]]):
-    """Batches of sentences of similar length, so little of each batch is padding.
+class EpochSampler(RandomSampler):
+    """A random order fixed by ``seed`` and the epoch, so a resumed run draws the uninterrupted run's order.
 
-    Training: shuffle, sort within pools of ``pool_batches`` batches, shuffle the batches, in an
-    order fixed by ``seed`` and the epoch (Lightning calls ``set_epoch``, so a resumed run draws
-    the batches the uninterrupted run would have). Evaluation: sorted by length, in a fixed order.
+    Lightning calls ``set_epoch`` at every epoch start. Being a ``RandomSampler`` tells Lightning that
+    training shuffles, so under DDP it swaps in a shuffling ``DistributedSampler`` (seeded the same way).
     """
 
-    def __init__(
-        self, lengths: Sequence[int], batch_size: int, *, shuffle: bool, seed: int = 0, pool_batches: int = 50
-    ) -> None:
-        self.lengths = list(lengths)
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.pool_batches = pool_batches
-        self.epoch = 0
+    def __init__(self, data_source: Sized, seed: int = 0) -> None:
+        super().__init__(data_source)
+        self.seed, self.epoch = seed, 0
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the order of this epoch."""
         self.epoch = epoch
 
-    def __len__(self) -> int:
-        return (len(self.lengths) + self.batch_size - 1) // self.batch_size
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(len(self.data_source), generator=g).tolist())
+
+
+class LengthBucketBatchSampler(BatchSampler):
+    """Batches of sentences of similar length, so little of each batch is padding.
+
+    Takes its indices from ``sampler``. Training (``shuffle``): sort within pools of ``pool_batches``
+    batches of the sampler's order, then shuffle the batches, by the sampler's seed and epoch.
+    Evaluation: sorted by length, in a fixed order. A ``BatchSampler`` with a ``sampler`` argument, so
+    under DDP Lightning rebuilds it on a ``DistributedSampler`` and each rank buckets its own share.
+    """
+
+    def __init__(
+        self, sampler: Sampler[int], batch_size: int, drop_last: bool = False, *, lengths: Sequence[int],
+        shuffle: bool, pool_batches: int = 50,
+    ) -> None:
+        super().__init__(sampler, batch_size, drop_last)
+        self.lengths = list(lengths)
+        self.shuffle = shuffle
+        self.pool_batches = pool_batches
 
     def __iter__(self) -> Iterator[list[int]]:
+        order = list(self.sampler)
         if not self.shuffle:
-            order = sorted(range(len(self.lengths)), key=self.lengths.__getitem__)
-            yield from (order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size))
-            return
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(len(self.lengths), generator=g).tolist()
-        pool = self.batch_size * self.pool_batches
-        batches = []
-        for start in range(0, len(order), pool):
-            chunk = sorted(order[start : start + pool], key=self.lengths.__getitem__)
-            batches += [chunk[i : i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
-        for i in torch.randperm(len(batches), generator=g).tolist():
-            yield batches[i]
+            order.sort(key=self.lengths.__getitem__)
+            batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        else:
+            pool = self.batch_size * self.pool_batches
+            batches = []
+            for start in range(0, len(order), pool):
+                chunk = sorted(order[start : start + pool], key=self.lengths.__getitem__)
+                batches += [chunk[i : i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+            # the sampler's seed and epoch (ours and DistributedSampler both have them) order the batches
+            g = torch.Generator().manual_seed(getattr(self.sampler, "seed", 0) + getattr(self.sampler, "epoch", 0))
+            batches = [batches[i] for i in torch.randperm(len(batches), generator=g).tolist()]
+        if self.drop_last:
+            batches = [b for b in batches if len(b) == self.batch_size]
+        yield from batches
 
 
 class TranslationDataModule(LightningDataModule):
@@ -279,9 +295,10 @@ class TranslationDataModule(LightningDataModule):
             raise ValueError(f"no {split} split: set data.{split} to a TSV path or [source, target] files")
         dataset = self.datasets[split]
         lengths = [len(s) + len(t) for s, t, *_ in dataset.examples]
-        sampler = LengthBucketBatchSampler(lengths, self.batch_size, shuffle=shuffle, seed=self.seed)
+        order = EpochSampler(dataset, seed=self.seed) if shuffle else SequentialSampler(dataset)
+        batches = LengthBucketBatchSampler(order, self.batch_size, lengths=lengths, shuffle=shuffle)
         return DataLoader(
-            dataset, batch_sampler=sampler, collate_fn=collate_pairs, num_workers=self.num_workers,
+            dataset, batch_sampler=batches, collate_fn=collate_pairs, num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )
 
@@ -343,5 +360,5 @@ class SyntheticTranslationDataModule(TranslationDataModule):
         raise ValueError(f"unknown split {split!r}")
 
 
-__all__ = ["LengthBucketBatchSampler", "PairDataset", "SyntheticTranslationDataModule", "TranslationDataModule",
-           "collate_pairs"]
+__all__ = ["EpochSampler", "LengthBucketBatchSampler", "PairDataset", "SyntheticTranslationDataModule",
+           "TranslationDataModule", "collate_pairs"]
