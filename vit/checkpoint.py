@@ -90,8 +90,11 @@ def describe_checkpoints(folder: str | os.PathLike, exclude: str | os.PathLike |
     lines = []
     paths = [p for p in Path(folder).glob("*.ckpt") if exclude is None or p.resolve() != Path(exclude).resolve()]
     for path in sorted(paths, key=lambda p: p.stat().st_mtime, reverse=True):
-        epoch, step = checkpoint_progress(path) if is_intact(path) else (None, None)
-        state = f"epoch {epoch}, step {step}" if epoch is not None else "damaged" if not is_intact(path) else "?"
+        if not is_intact(path):
+            state = "damaged"
+        else:
+            epoch, step = checkpoint_progress(path)
+            state = f"epoch {epoch}, step {step}" if epoch is not None else "?"
         lines.append(f"{path} ({state})")
     return lines
 

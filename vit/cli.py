@@ -47,7 +47,8 @@ LINKED_FROM_DATA: tuple[str, ...] = (
 
 DESCRIPTION = (
     "vit: train and evaluate Vision Transformers. Subcommands fit/validate/test/predict take YAML "
-    "recipes (see configs/). `vit --help` lists the other commands (predict --ckpt, attention, translate)."
+    "recipes (see configs/). `vit --help` lists the other commands (predict --ckpt, export, probe, attention, "
+    "translate)."
 )
 
 

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import warnings
-from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -64,12 +63,8 @@ class OnnxClassifier:
         self.crop_pct, self.interpolation = float(values["crop_pct"]), values["interpolation"]
         self.input_name = self.session.get_inputs()[0].name
 
-    def eval_transform(self, crop_pct: float | None = None) -> Callable:
-        """The transform the checkpoint's test split went through: resize, centre crop, normalise."""
-        from vit.data.transforms import eval_transform
-
-        return eval_transform(self.in_chans, self.img_size, self.crop_pct if crop_pct is None else crop_pct,
-                              self.interpolation, self.mean, self.std)
+    # the same transform as a checkpoint's, from the same attributes (read from the metadata above)
+    eval_transform = Classifier.eval_transform
 
     def __call__(self, images: Tensor) -> Tensor:
         """Logits (B, num_classes) of images (B, C, H, W)."""

@@ -14,6 +14,7 @@ Imports no Lightning.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def main(argv: Sequence[str]) -> list[Path]:
     classifier = load_classifier(args.ckpt)
     if args.format == "safetensors":
         files = export.export_safetensors(classifier, args.out)
-        config = export.timm_config(classifier)
+        config = json.loads(Path(args.out, "config.json").read_text())  # what was written
         print(f"wrote {', '.join(map(str, files))} (timm architecture {config['architecture']}"
               f"{' with model_args' if 'model_args' in config else ''}, {config['num_classes']} classes)")
         print(f"load it with timm: timm.create_model('local-dir:{args.out}', pretrained=True)")

@@ -248,11 +248,7 @@ def probe_checkpoint(module: Any, head: tuple[Tensor, Tensor], results: dict[str
     model = module.eval_model
     state = {f"model.{k}": v.detach().cpu().clone() for k, v in model.state_dict().items()}
     state["model.head.weight"], state["model.head.bias"] = head
-    meta = {
-        "task": "classify", "model_name": module.model_name, "model_config": dict(module.model_config),
-        "class_names": list(module.class_names), "mean": list(module.mean), "std": list(module.std),
-        "crop_pct": module.crop_pct, "interpolation": module.interpolation, "ema": False,
-    }
+    meta = {**module.checkpoint_meta(), "ema": False}  # the weights are under "model.", whichever they came from
     return {META_KEY: meta, "state_dict": state, "probe": results}
 
 

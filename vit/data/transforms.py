@@ -80,7 +80,6 @@ def train_transform(
     path; `vit.data.fast` says what is faster and why the augmentation stays timm's.
     """
     from timm.data import create_transform
-    from timm.data.auto_augment import posterize
 
     from vit.data.fast import FastTrainTransform, exact_ops
 
@@ -91,7 +90,7 @@ def train_transform(
         interpolation=interpolation, mean=mean, std=std, use_prefetcher=True, separate=True,
     )
     crop, *flip = crop_flip.transforms  # RandomResizedCropAndInterpolation[, RandomHorizontalFlip]
-    augment = swap_ops(augment, {posterize: _posterize, **exact_ops()})
+    augment = guard_posterize(swap_ops(augment, exact_ops()))
     return FastTrainTransform(crop, flip[0].p if flip else 0.0, augment if augment.transforms else None)
 
 

@@ -365,7 +365,11 @@ class ImageClassifier(LightningModule):
             )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[META_KEY] = {
+        checkpoint[META_KEY] = self.checkpoint_meta()
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """What `vit.checkpoint.load_classifier` needs besides the weights: task, model, classes, preparation."""
+        return {
             "task": "classify",
             "model_name": self.model_name,
             "model_config": dict(self.model_config),
