@@ -49,7 +49,8 @@ def test_vit_attention_writes_a_png_per_image(tmp_path, digits_checkpoint, capsy
         with Image.open(out / f"{name}.png") as png:
             assert png.format == "PNG" and png.width > 200
     results = json.loads((out / "predictions.json").read_text())
-    assert [r["image"] for r in results] == [str(rgb), str(gray)]
+    assert [r["path"] for r in results] == [str(rgb), str(gray)]
+    assert [r["error"] for r in results] == [None, None]
     for r in results:
         assert len(r["top_k"]) == 3
         probs = [p["probability"] for p in r["top_k"]]
@@ -65,8 +66,9 @@ def test_vit_attention_writes_a_png_per_image(tmp_path, digits_checkpoint, capsy
 
     predicted = predict_files(load_classifier(digits_checkpoint), [rgb, gray], top_k=3)
     for ours, theirs in zip(results, predicted):
-        assert [p["name"] for p in ours["top_k"]] == theirs["classes"]
-        np.testing.assert_allclose([p["probability"] for p in ours["top_k"]], theirs["probs"], atol=1e-5)
+        assert [p["class"] for p in ours["top_k"]] == [p["class"] for p in theirs["top_k"]]
+        np.testing.assert_allclose([p["probability"] for p in ours["top_k"]],
+                                   [p["probability"] for p in theirs["top_k"]], atol=1e-5)
 
 
 def test_vit_attention_choices_and_native_size(tmp_path, digits_checkpoint):
@@ -116,15 +118,18 @@ def test_vit_attention_reports_bad_inputs(tmp_path, digits_checkpoint):
 
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"not a jpeg at all")
-    with pytest.raises(OSError, match=r"cannot read image .*broken\.jpg"):
-        main(["--ckpt", str(digits_checkpoint), str(broken), "--out", str(tmp_path)])
+    with pytest.raises(OSError, match=r"^none of the 1 image file could be read$"):
+        main(["--ckpt", str(digits_checkpoint), str(broken), "--out", str(tmp_path / "maps")])
+    assert json.loads((tmp_path / "maps" / "predictions.json").read_text())[0]["error"]
     with pytest.raises(FileNotFoundError, match=r"no such image file or folder: .*missing\.png"):
         main(["--ckpt", str(digits_checkpoint), str(tmp_path / "missing.png"), "--out", str(tmp_path)])
     image = tmp_path / "ok.png"
     Image.new("L", (8, 8)).save(image)
-    with pytest.raises(OSError, match="broken"):  # a bad file stops the run before anything is written
-        main(["--ckpt", str(digits_checkpoint), str(image), str(broken), "--out", str(tmp_path / "none")])
-    assert not (tmp_path / "none").exists()
+    with pytest.raises(OSError) as stopped:  # --strict: a bad file stops the run before predictions.json
+        main(["--ckpt", str(digits_checkpoint), str(image), str(broken), "--out", str(tmp_path / "strict"),
+              "--strict"])
+    assert str(stopped.value) == f"cannot read {broken}: not an image in a format PIL reads"
+    assert not (tmp_path / "strict" / "predictions.json").exists()
     with pytest.raises(ValueError, match="--head 7: the model has 4 heads"):
         main(["--ckpt", str(digits_checkpoint), str(image), "--out", str(tmp_path), "--head", "7"])
     with pytest.raises(ValueError, match="--target_class 'cat'"):
@@ -132,3 +137,43 @@ def test_vit_attention_reports_bad_inputs(tmp_path, digits_checkpoint):
               "--target_class", "cat"])
     with pytest.raises(ValueError, match=r"layer 5 does not exist: the model has 2 layers"):
         main(["--ckpt", str(digits_checkpoint), str(image), "--out", str(tmp_path), "--layer", "5"])
+
+
+def test_vit_attention_over_a_folder_skips_unreadable_files_and_writes_predicts_records(
+    tmp_path, digits_checkpoint, capsys,
+):
+    from vit.commands import run
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(3):
+        Image.fromarray((np.random.default_rng(i).random((8, 8)) * 255).astype(np.uint8)).save(folder / f"d{i}.png")
+    (folder / "a_random.jpg").write_bytes(np.random.default_rng(0).bytes(3000))
+    good = (folder / "d0.png").read_bytes()
+    (folder / "b_cut.png").write_bytes(good[: len(good) // 2])
+    (folder / "notes.txt").write_text("not an image")
+
+    out = tmp_path / "maps"
+    results = run(["attention", "--ckpt", str(digits_checkpoint), str(folder), "--out", str(out), "--top_k", "3",
+                   "--rollout", "none", "--layer", "-1"])
+    assert json.loads((out / "predictions.json").read_text()) == results
+    assert [Path(r["path"]).name for r in results] == ["a_random.jpg", "b_cut.png", "d0.png", "d1.png", "d2.png"]
+    assert [r["png"] for r in results] == [None, None, *(str(out / f"d{i}.png") for i in range(3))]
+    assert results[0]["error"] == "not an image in a format PIL reads" and "truncated" in results[1]["error"]
+    assert sorted(p.name for p in out.glob("*.png")) == ["d0.png", "d1.png", "d2.png"]
+    printed = capsys.readouterr().out
+    assert f"skipped 1 non-image file in {folder} (e.g. notes.txt)" in printed
+    assert "wrote 3 figure(s) and" in printed and "2 files could not be read" in printed
+    assert f"  {folder / 'a_random.jpg'}: not an image in a format PIL reads" in printed
+
+    # One layout for both commands: `vit predict`'s records, plus the figure.
+    predicted = run(["predict", "--ckpt", str(digits_checkpoint), str(folder), "--top_k", "3",
+                     "--out", str(tmp_path / "p.json")])
+    assert json.loads((tmp_path / "p.json").read_text()) == predicted
+    for ours, theirs in zip(results, predicted):
+        assert set(ours) == set(theirs) | {"png"} and set(theirs) == {"path", "top_k", "error"}
+        assert (ours["path"], ours["error"]) == (theirs["path"], theirs["error"])
+        assert [p["class"] for p in ours["top_k"]] == [p["class"] for p in theirs["top_k"]]
+        assert [p["name"] for p in ours["top_k"]] == [p["name"] for p in theirs["top_k"]]
+        np.testing.assert_allclose([p["probability"] for p in ours["top_k"]],
+                                   [p["probability"] for p in theirs["top_k"]], atol=1e-5)

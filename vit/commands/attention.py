@@ -3,7 +3,9 @@
     vit attention --ckpt model.ckpt cat.jpg dog.png photos/ --out maps/
 
 writes ``maps/cat.png`` (layers x heads of cls-to-patch overlays, plus the rollout overlay),
-and ``maps/predictions.json`` with the top-k classes of every image. Images are prepared as
+and ``maps/predictions.json``: the records of `vit predict` (path, top_k, error) with the figure
+added as ``"png"``. A file that cannot be read gets a record with its reason in ``"error"``
+(``"png": null``) and the run goes on; ``--strict`` stops at it instead. Images are prepared as
 `vit predict` prepares them (the checkpoint's size, centre crop, mean and std), so both
 commands report the same classes; ``--native_size`` keeps each image's own size instead.
 """
@@ -14,16 +16,28 @@ import argparse
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from PIL import Image
 from torch import Tensor
 from torchvision.transforms import v2
 
 from vit.checkpoint import Classifier, load_classifier
-from vit.data.io import list_images, load_image
+from vit.commands.predict import (
+    ImagePaths,
+    Unreadable,
+    UnreadableImageError,
+    check_some_readable,
+    describe_run,
+    failures,
+    record,
+    top_k_entries,
+)
+from vit.data.io import find_images
 from vit.explain.maps import collect_attention, gradient_rollout, rollout_streaming
 from vit.explain.plot import plot_attention, to_display_image
 from vit.nn.vision import VisionTransformer
@@ -44,7 +58,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Command-line options of `vit attention`."""
     parser = argparse.ArgumentParser(
         prog="vit attention",
-        description="Write attention-map overlays and the top-k classes for each image.",
+        description="Write attention-map overlays for each image, and predictions.json with one record per "
+        'file: {"path", "top_k": [{"class", "name", "probability"}], "error", "png"}, as `vit predict` writes. '
+        "A file that cannot be read is reported and skipped; the exit status is non-zero only when no file "
+        "could be read.",
     )
     parser.add_argument("images", nargs="+", type=Path, help="image files, or folders searched recursively")
     parser.add_argument("--ckpt", required=True, type=Path, help="checkpoint written by `vit fit`")
@@ -77,6 +94,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--alpha", type=float, default=0.5, help="opacity of the heat map")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
+    parser.add_argument("--strict", action="store_true",
+                        help="stop at the first file that cannot be read, before writing predictions.json "
+                        "(figures drawn so far stay); by default it is reported and skipped")
     args = parser.parse_args(list(argv))
     if args.top_k < 1:
         parser.error(f"--top_k must be at least 1, got {args.top_k}")
@@ -118,13 +138,12 @@ def _target_index(target: str | None, class_names: Sequence[str]) -> int | None:
     return index
 
 
-def prepare_image(path: Path, classifier: Classifier, *, native_size: bool = False) -> PreparedImage:
-    """Read an image in the model's mode (L or RGB) and normalise it with the checkpoint's mean/std.
+def prepare_image(image: Image.Image, classifier: Classifier, *, native_size: bool = False) -> PreparedImage:
+    """Normalise a decoded image (in the model's mode, L or RGB) with the checkpoint's mean/std.
 
     By default it is resized and centre-cropped exactly as `vit predict` does; with
     ``native_size`` it keeps its own size, rounded down to a multiple of the patch size.
     """
-    image = load_image(path, mode="L" if classifier.in_chans == 1 else "RGB")  # errors name the file
     if native_size:
         ph, pw = classifier.model.patch_size
         size = [max(ph, image.height // ph * ph), max(pw, image.width // pw * pw)]
@@ -170,10 +189,7 @@ def explain_image(
         label = f"rollout ({rollout})"
 
     probs, indices = maps.top_k(top_k)
-    predictions = [
-        {"class": int(i), "name": str(class_names[i]), "probability": round(float(p), 6)}
-        for p, i in zip(probs[0].tolist(), indices[0].tolist())
-    ]
+    predictions = top_k_entries(probs[0].tolist(), indices[0].tolist(), class_names)
     best = predictions[0]
     fig = plot_attention(
         prepared.display, cls_maps, layers=maps.layers, heads=head_labels,
@@ -195,9 +211,10 @@ def _output_names(images: Sequence[Path]) -> list[str]:
 
 
 def main(argv: Sequence[str]) -> list[dict]:
-    """Run `vit attention` with the given arguments (without the command name); returns the results."""
+    """Run `vit attention` with the given arguments (without the command name); returns the records."""
     args = parse_args(argv)
-    files = list_images(args.images)  # fails on a missing file before any work
+    found = find_images(args.images)  # fails on a missing file before any work
+    files = found.files
     classifier = load_classifier(args.ckpt, map_location=args.device)
     model = classifier.model
     num_heads = model.blocks[0].attn.num_heads
@@ -206,12 +223,23 @@ def main(argv: Sequence[str]) -> list[dict]:
     target = _target_index(args.target_class, classifier.class_names)
     if args.native_size:
         model.dynamic_img_size = True  # position embeddings are resampled to each image's grid
-    # Decode every image first, so a bad file stops the command before it writes anything.
-    prepared = [prepare_image(path, classifier, native_size=args.native_size) for path in files]
+    for line in found.describe_skipped():
+        print(line)
+    mode = "L" if classifier.in_chans == 1 else "RGB"
+    # The loader of `vit predict`, one image at a time (sizes differ with --native_size): a file that
+    # cannot be decoded comes back as Unreadable instead of stopping the run.
+    images = ImagePaths(files, partial(prepare_image, classifier=classifier, native_size=args.native_size), mode)
 
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
-    for path, name, image in zip(files, _output_names(files), prepared):
+    for index, (path, name) in enumerate(zip(files, _output_names(files))):
+        _, image = images[index]  # decoded here: one image in memory at a time
+        if isinstance(image, Unreadable):
+            if args.strict:
+                raise UnreadableImageError(f"cannot read {path}: {image.reason}")
+            results.append({**record(path, error=image.reason), "png": None})
+            print(f"{path}: cannot read: {image.reason}")
+            continue
         image.tensor = image.tensor.to(args.device)
         fig, predictions = explain_image(
             model, image, class_names=classifier.class_names, layers=args.layer, heads=heads,
@@ -220,11 +248,13 @@ def main(argv: Sequence[str]) -> list[dict]:
         )
         png = args.out / f"{name}.png"
         fig.savefig(png, dpi=100)
-        results.append({"image": str(path), "png": str(png), "top_k": predictions})
+        results.append({**record(path, predictions), "png": str(png)})
         ranked = ", ".join(f"{p['name']} {p['probability']:.1%}" for p in predictions)
         print(f"{path}: {ranked}  -> {png}")
 
     summary = args.out / "predictions.json"
     summary.write_text(json.dumps(results, indent=2))
-    print(f"wrote {len(results)} figure(s) and {summary}")
+    written = len(results) - len(failures(results))
+    print(describe_run(f"wrote {written} figure(s) and {summary}", results, summary))
+    check_some_readable(results)
     return results

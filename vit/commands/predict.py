@@ -2,8 +2,13 @@
 
 Classifies image files with a checkpoint from `vit fit`, or its ONNX export from `vit export` (run by
 onnxruntime); the file alone says how to prepare the images (size, channels, mean/std, crop) and what
-the classes are called. Folders are searched recursively for image files. Writes one row per image:
-the path, then the top-k class names and probabilities. Imports no Lightning.
+the classes are called. Folders are searched recursively for image files. Writes one record per file:
+
+    {"path": "photos/cat.jpg", "top_k": [{"class": 3, "name": "cat", "probability": 0.91}, ...], "error": null}
+
+A file that cannot be decoded gets ``"top_k": []`` and the reason in ``"error"``, and the run goes on
+(``--strict`` stops at it instead). `vit attention` writes the same records, plus ``"png"``. The CSV
+has the columns path, class_1, prob_1, ..., class_k, prob_k, error. Imports no Lightning.
 """
 
 from __future__ import annotations
@@ -12,18 +17,46 @@ import argparse
 import csv
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
+from PIL import UnidentifiedImageError
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from vit.checkpoint import Classifier
-from vit.data.io import list_images, load_image
+from vit.data.io import check_image_file, find_images, load_image
+from vit.errors import UserError
 from vit.inference import PRECISIONS, OnnxClassifier, autocast, load_model
 
 
+# ---- reading files, bad ones included ---------------------------------------------------------
+class Unreadable(NamedTuple):
+    """Stands in for the tensor of a file that could not be decoded, so the batch goes on without it."""
+
+    reason: str
+
+
+class UnreadableImageError(UserError, OSError):
+    """An image file that cannot be decoded (with --strict), or no file at all that can be."""
+
+
+def read_failure(path: str | Path, error: Exception) -> str:
+    """Why ``path`` could not be decoded, in a few words (the path itself is said elsewhere)."""
+    cause = error.__cause__ or error
+    if isinstance(cause, UnidentifiedImageError):
+        # PIL's "cannot identify image file '...'" repeats the path; the header check says what it is
+        return check_image_file(str(path)) or "not an image in a format PIL reads"
+    if isinstance(cause, OSError) and cause.strerror:  # no such file, permission denied, ...
+        return cause.strerror
+    return str(cause) or type(cause).__name__  # e.g. "image file is truncated (49 bytes not processed)"
+
+
 class ImagePaths(Dataset):
-    """Image files decoded in the model's mode and prepared by ``transform``."""
+    """Image files decoded in the model's mode and prepared by ``transform``; a file that cannot be
+    decoded yields `Unreadable` in place of its tensor, so one bad file costs one row, not the run."""
 
     def __init__(self, files: Sequence[Path], transform: Callable, mode: str) -> None:
         self.files, self.transform, self.mode = list(files), transform, mode
@@ -31,8 +64,67 @@ class ImagePaths(Dataset):
     def __len__(self) -> int:
         return len(self.files)
 
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return self.transform(load_image(self.files[index], mode=self.mode))
+    def __getitem__(self, index: int) -> tuple[int, Tensor | Unreadable]:
+        try:
+            image = load_image(self.files[index], mode=self.mode)
+        except OSError as e:  # load_image turns every decoding failure into an OSError
+            return index, Unreadable(read_failure(self.files[index], e))
+        return index, self.transform(image)
+
+
+@dataclass
+class Batch:
+    """A batch of `ImagePaths` items: the decoded images stacked, the failures set aside."""
+
+    indices: list[int]  # file index of each row of ``images``
+    images: Tensor | None  # (B, C, H, W); None when no file of the batch could be decoded
+    failed: list[tuple[int, str]]  # (file index, reason)
+
+
+def collate_readable(items: Sequence[tuple[int, Tensor | Unreadable]]) -> Batch:
+    """Stack the decoded images of a batch and keep the unreadable ones apart (runs in the workers)."""
+    good = [(i, x) for i, x in items if not isinstance(x, Unreadable)]
+    failed = [(i, x.reason) for i, x in items if isinstance(x, Unreadable)]
+    images = torch.stack([x for _, x in good]) if good else None
+    return Batch([i for i, _ in good], images, failed)
+
+
+# ---- records ----------------------------------------------------------------------------------
+def top_k_entries(probs: Sequence[float], indices: Sequence[int], class_names: Sequence[str]) -> list[dict]:
+    """``[{"class": index, "name": ..., "probability": ...}, ...]``, in the order given (most likely first)."""
+    return [{"class": int(i), "name": str(class_names[i]), "probability": round(float(p), 6)}
+            for p, i in zip(probs, indices)]
+
+
+def record(path: str | Path, top_k: list[dict] | None = None, error: str | None = None) -> dict:
+    """One file's result, the same for `vit predict` and `vit attention`: path, top_k, error."""
+    return {"path": str(path), "top_k": top_k or [], "error": error}
+
+
+def failures(rows: Sequence[dict]) -> list[tuple[str, str]]:
+    """(path, reason) of the records whose file could not be read."""
+    return [(r["path"], r["error"]) for r in rows if r["error"]]
+
+
+def describe_run(written: str, rows: Sequence[dict], out: Path, shown: int = 10) -> str:
+    """The closing summary: what was written, then the unreadable files and why, the first ``shown`` of them."""
+    bad = failures(rows)
+    if not bad:
+        return written
+    where = "field" if out.suffix.lower() == ".json" else "column"
+    noun = "file" if len(bad) == 1 else "files"
+    lines = [f"{written}; {len(bad)} {noun} could not be read (the reason is in the error {where} of {out}):"]
+    lines += [f"  {path}: {reason}" for path, reason in bad[:shown]]
+    if len(bad) > shown:
+        lines.append(f"  ... and {len(bad) - shown} more")
+    return "\n".join(lines)
+
+
+def check_some_readable(rows: Sequence[dict]) -> None:
+    """Raise `UnreadableImageError` (for `vit`: exit status 1) when not one file could be read."""
+    if rows and len(failures(rows)) == len(rows):
+        noun = "file" if len(rows) == 1 else "files"
+        raise UnreadableImageError(f"none of the {len(rows)} image {noun} could be read")
 
 
 def progress(iterable, total: int, description: str):
@@ -44,49 +136,54 @@ def progress(iterable, total: int, description: str):
     return track(iterable, description=description, total=total)
 
 
+# ---- predicting -------------------------------------------------------------------------------
 @torch.no_grad()
 def predict_files(
     classifier: Classifier | OnnxClassifier, files: Sequence[Path], top_k: int = 5, batch_size: int = 64,
-    crop_pct: float | None = None, precision: str = "fp32",
+    crop_pct: float | None = None, precision: str = "fp32", *, strict: bool = False, num_workers: int = 0,
 ) -> list[dict]:
-    """Top-k predictions per file: ``{"path", "classes": [...], "probs": [...]}``.
+    """One `record` per file, in the order of ``files``: the top-k classes, or the reason it could not be read.
 
     ``crop_pct=None`` uses the centre crop the model was evaluated with; ``precision="bf16"`` runs a torch
-    model under autocast.
+    model under autocast; ``strict`` raises `UnreadableImageError` at the first file that cannot be read.
     """
     if precision != "fp32" and isinstance(classifier, OnnxClassifier):
         raise ValueError(f"{classifier.path}: precision {precision!r} is for checkpoints (torch autocast); "
                          "an ONNX export runs as exported (fp32, or int8 with `vit export --quantize int8`)")
     top_k = min(top_k, len(classifier.class_names))
     mode = "L" if classifier.in_chans == 1 else "RGB"
-    loader = DataLoader(ImagePaths(files, classifier.eval_transform(crop_pct), mode), batch_size=batch_size)
-    rows: list[dict] = []
+    dataset = ImagePaths(files, classifier.eval_transform(crop_pct), mode)
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_readable)
+    rows: list[dict | None] = [None] * len(dataset)
     for batch in progress(loader, len(loader), "predicting"):
+        for index, reason in batch.failed:
+            if strict:
+                raise UnreadableImageError(f"cannot read {dataset.files[index]}: {reason}")
+            rows[index] = record(dataset.files[index], error=reason)
+        if batch.images is None:
+            continue
         with autocast(precision, classifier.device):
-            logits = classifier(batch.to(classifier.device))
-        probs = logits.float().softmax(dim=-1)
-        values, indices = probs.topk(top_k, dim=-1)
-        for p, idx in zip(values.tolist(), indices.tolist()):
-            rows.append({
-                "path": str(files[len(rows)]), "classes": [classifier.class_names[i] for i in idx],
-                "probs": [round(v, 6) for v in p],
-            })
+            logits = classifier(batch.images.to(classifier.device))
+        values, indices = logits.float().softmax(dim=-1).topk(top_k, dim=-1)
+        for index, p, idx in zip(batch.indices, values.tolist(), indices.tolist()):
+            rows[index] = record(dataset.files[index], top_k_entries(p, idx, classifier.class_names))
     return rows
 
 
 def write_predictions(rows: Sequence[dict], out: str | Path) -> Path:
-    """Write predictions as JSON (``.json``) or CSV (anything else: path, class_1, prob_1, ...)."""
+    """Write records as JSON (``.json``) or CSV (anything else: path, class_1, prob_1, ..., error)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() == ".json":
         out.write_text(json.dumps(list(rows), indent=2))
         return out
-    k = max(len(r["classes"]) for r in rows)
+    k = max((len(r["top_k"]) for r in rows), default=0)
     with out.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["path"] + [f"{name}_{i}" for i in range(1, k + 1) for name in ("class", "prob")])
+        writer.writerow(["path", *(f"{name}_{i}" for i in range(1, k + 1) for name in ("class", "prob")), "error"])
         for r in rows:
-            writer.writerow([r["path"]] + [v for pair in zip(r["classes"], r["probs"]) for v in pair])
+            cells = [v for entry in r["top_k"] for v in (entry["name"], entry["probability"])]
+            writer.writerow([r["path"], *cells, *[""] * (2 * k - len(cells)), r["error"] or ""])
     return out
 
 
@@ -94,13 +191,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Command-line options of `vit predict --ckpt`."""
     parser = argparse.ArgumentParser(
         prog="vit predict",
-        description="Classify image files with a checkpoint from `vit fit` and write the top-k classes. "
+        description="Classify image files with a checkpoint from `vit fit` and write the top-k classes, one "
+        "record per file. A file that cannot be read gets a record with its reason in the error field "
+        "and is listed at the end; the exit status is non-zero only when no file could be read. "
         "(`vit predict --config ...` without --ckpt runs LightningCLI's predict on a datamodule.)",
     )
     parser.add_argument("--ckpt", required=True,
                         help="checkpoint written by `vit fit`, or a .onnx file written by `vit export`")
     parser.add_argument("inputs", nargs="+", help="image files and/or folders (searched recursively)")
-    parser.add_argument("--out", default="predictions.csv", help="output .csv or .json (default: %(default)s)")
+    parser.add_argument("--out", default="predictions.csv",
+                        help="output .csv (path, class_1, prob_1, ..., error) or .json (a list of "
+                        '{"path", "top_k": [{"class", "name", "probability"}], "error"}) (default: %(default)s)')
     parser.add_argument("--top_k", type=int, default=5, help="classes per image (default: %(default)s)")
     parser.add_argument("--batch_size", type=int, default=64, help="images per batch (default: %(default)s)")
     parser.add_argument("--crop_pct", type=float, default=None,
@@ -110,6 +211,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="bf16: torch autocast (fast only where the CPU/GPU has bf16 units; default: fp32)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the checkpoint's model (pays a compile on the first batch)")
+    parser.add_argument("--strict", action="store_true",
+                        help="stop at the first file that cannot be read, writing nothing")
     args = parser.parse_args(list(argv))
     if args.top_k < 1:
         parser.error(f"--top_k must be at least 1, got {args.top_k}")
@@ -117,11 +220,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str]) -> list[dict]:
-    """Run `vit predict --ckpt ...` with the given arguments (without the command name)."""
+    """Run `vit predict --ckpt ...` with the given arguments (without the command name); returns the records."""
     args = parse_args(argv)
     classifier = load_model(args.ckpt, args.device, compile=args.compile)
-    files = list_images(args.inputs)
-    rows = predict_files(classifier, files, args.top_k, args.batch_size, args.crop_pct, args.precision)
+    found = find_images(args.inputs)
+    for line in found.describe_skipped():
+        print(line)
+    rows = predict_files(classifier, found.files, args.top_k, args.batch_size, args.crop_pct, args.precision,
+                         strict=args.strict)
     out = write_predictions(rows, args.out)
-    print(f"wrote {len(rows)} predictions to {out}")
+    print(describe_run(f"wrote {len(rows) - len(failures(rows))} predictions to {out}", rows, out))
+    check_some_readable(rows)
     return rows

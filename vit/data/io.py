@@ -6,15 +6,21 @@ built for ImageNet-sized trees (1.28M files): ``os.scandir`` and plain strings, 
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+
+from vit.errors import UserPathError, UserValueError
+
+log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 
@@ -71,11 +77,11 @@ def class_folders(root: str | os.PathLike) -> list[str]:
     """Sorted names of the sub-folders of ``root`` (one per class), or a clear error."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"image folder not found: {root}")
+        raise UserPathError(f"image folder not found: {root}")
     with os.scandir(root) as entries:
         classes = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
     if not classes:
-        raise ValueError(f"{root} has no class sub-folders; expected {root}/<class name>/<image files>")
+        raise UserValueError(f"{root} has no class sub-folders; expected {root}/<class name>/<image files>")
     return classes
 
 
@@ -90,7 +96,7 @@ def scan_class_folders(root: str | os.PathLike, classes: Sequence[str]) -> list[
     for label, name in enumerate(classes):
         folder = os.path.join(root, name)
         if not os.path.isdir(folder):
-            raise ValueError(f"class {name!r} has no folder {folder}")
+            raise UserValueError(f"class {name!r} has no folder {folder}")
         found = 0
         for path in sorted(_files_under(folder)):
             if is_image_file(path):
@@ -99,34 +105,60 @@ def scan_class_folders(root: str | os.PathLike, classes: Sequence[str]) -> list[
             else:
                 not_images[os.path.splitext(path)[1].lower() or os.path.basename(path)] += 1
         if found == 0:
-            raise ValueError(f"class folder {folder} has no images (expected files like *.jpg, *.png)")
+            raise UserValueError(f"class folder {folder} has no images (expected files like *.jpg, *.png)")
     if not_images:
         kinds = ", ".join(f"{n} {k}" for k, n in not_images.most_common())
-        warnings.warn(f"skipped {sum(not_images.values())} files under {root} that are not images ({kinds})",
-                      stacklevel=2)
+        # one log line, not a Python warning with its source line: nothing is wrong with the data
+        log.warning("skipped %d files under %s that are not images (%s)", sum(not_images.values()), root, kinds)
     return samples
 
 
-def list_images(inputs: Sequence[str | os.PathLike]) -> list[Path]:
-    """Image files among ``inputs`` (files, or folders searched recursively), in a stable order."""
-    files: list[Path] = []
-    skipped = 0
+@dataclass
+class FoundImages:
+    """What `find_images` found: image files, and per input folder the files skipped as not images."""
+
+    files: list[Path]
+    skipped: dict[str, list[str]] = field(default_factory=dict)  # input folder -> its non-image files
+
+    def describe_skipped(self) -> list[str]:
+        """One line per folder that held non-image files, e.g. "skipped 1 non-image file in photos (e.g. notes.txt)"."""
+        lines = []
+        for folder, paths in self.skipped.items():
+            examples = ", ".join(os.path.relpath(p, folder) for p in paths[:3])
+            noun = "file" if len(paths) == 1 else "files"
+            lines.append(f"skipped {len(paths)} non-image {noun} in {folder} (e.g. {examples})")
+        return lines
+
+
+def find_images(inputs: Sequence[str | os.PathLike]) -> FoundImages:
+    """Image files among ``inputs`` (files, or folders searched recursively), in a stable order.
+
+    Files named on their own are kept whatever their extension (the caller asked for them); in folders,
+    files without an image extension are skipped and counted. Nothing is opened.
+    """
+    found = FoundImages(files=[])
     for item in map(Path, inputs):
         if item.is_dir():
             for path in sorted(_files_under(str(item))):
                 if is_image_file(path):
-                    files.append(Path(path))
+                    found.files.append(Path(path))
                 else:
-                    skipped += 1
+                    found.skipped.setdefault(str(item), []).append(path)
         elif item.is_file():
-            files.append(item)
+            found.files.append(item)
         else:
-            raise FileNotFoundError(f"no such image file or folder: {item}")
-    if skipped:
-        warnings.warn(f"skipped {skipped} files that are not images", stacklevel=2)
-    if not files:
-        raise ValueError(f"no image files found in {', '.join(map(str, inputs))}")
-    return files
+            raise UserPathError(f"no such image file or folder: {item}")
+    if not found.files:
+        raise UserValueError(f"no image files found in {', '.join(map(str, inputs))}")
+    return found
+
+
+def list_images(inputs: Sequence[str | os.PathLike]) -> list[Path]:
+    """Image files among ``inputs``, as `find_images`; the skipped non-image files are only logged."""
+    found = find_images(inputs)
+    for line in found.describe_skipped():
+        log.info(line)
+    return found.files
 
 
 # ---- header checks ---------------------------------------------------------------------------
