@@ -49,7 +49,7 @@ def image_data(config: dict, root: Path) -> list[str]:
             write_cifar100(root, n_train=400, n_test=100)
         return [*args, "--data.init_args.download=false", f"--data.init_args.val_size={variant}",
                 "--data.init_args.img_size=32"]
-    for split, per_class in (("train", 160), ("val", 16)):  # 320 training JPEGs, 48x48, in two classes
+    for split, per_class in (("train", 160), ("val", 16), ("test", 16)):  # 320 training JPEGs, 48x48, 2 classes
         write_class_folders(root / split, ["n01", "n02"], per_class=per_class, size=48, seed=len(split))
     return [*args, "--data.init_args.img_size=32"]
 
@@ -107,7 +107,8 @@ def test_translate_reverse_recipe_runs_its_whole_pipeline(tmp_path, capsys):
     run = cli([
         "fit", *quiet_run(tmp_path, str(CONFIGS / "translate_reverse.yaml")), *CPU,
         "--data.init_args.num_train=2000", "--data.init_args.num_val=64", "--data.init_args.num_test=64",
-        "--trainer.max_steps=40", "--trainer.val_check_interval=20", "--model.init_args.embed_dim=32",
+        "--trainer.max_steps=40", "--trainer.log_every_n_steps=5", "--trainer.val_check_interval=20",
+        "--model.init_args.embed_dim=32",
     ])
     assert run.trainer.global_step == 40 and all(math.isfinite(v) for v in logged(run.trainer, "train_loss"))
     assert "test exact match of" in capsys.readouterr().out
@@ -120,7 +121,8 @@ def test_translate_tsv_recipe_runs_its_whole_pipeline(tmp_path):
     corpus.write_text("\n".join([*lines, "a line without a tab", "a very long line " * 30 + "\tx"]) + "\n")
     run = cli([
         "fit", *quiet_run(tmp_path, str(CONFIGS / "translate_tsv.yaml")), *CPU, f"--data.init_args.train={corpus}",
-        "--data.init_args.bpe_vocab_size=200", "--trainer.max_epochs=2", "--model.init_args.embed_dim=32",
+        "--data.init_args.bpe_vocab_size=200", "--trainer.max_epochs=2", "--trainer.log_every_n_steps=1",
+        "--model.init_args.embed_dim=32",
         "--model.init_args.warmup_steps=10", "--test_after_fit=false",
     ])
     assert run.trainer.global_step > 0 and all(math.isfinite(v) for v in logged(run.trainer, "train_loss"))

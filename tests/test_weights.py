@@ -2,8 +2,10 @@
 
 import hashlib
 import logging
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,7 @@ from timm.models.vision_transformer import _load_weights as timm_load_npz
 
 import vit
 from tests.conftest import subprocess_env
+from vit.errors import WeightsUnavailableError
 from vit.weights import convert_torchvision, read_state_dict
 
 
@@ -260,11 +263,33 @@ def test_timm_name_resolves_from_a_populated_cache_offline(filename, offline_hub
 
 def test_timm_name_offline_says_to_pass_a_local_file(offline_hub):
     model = vit.create_model("vit_tiny_patch16_224")
-    with pytest.raises(RuntimeError, match="pass the local file") as err:
+    with pytest.raises(WeightsUnavailableError, match="pass a local file") as err:
         vit.load_pretrained(model, TIMM_NAME)
     message = str(err.value)
     assert str(offline_hub / f"models--timm--{TIMM_NAME}") in message  # where it looked
     assert f"hf download timm/{TIMM_NAME} model.safetensors" in message  # how to fill it
+    assert "HF_HUB_OFFLINE=1" in message and "pretrained null" in message  # the other two ways on
+
+
+def test_timm_name_with_the_hub_unreachable_fails_within_seconds(offline_hub, monkeypatch):
+    """Not offline mode: the hub is a closed local port, which huggingface_hub retries for ~25 s a file."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    model = vit.create_model("vit_tiny_patch16_224")
+    start = time.perf_counter()
+    with pytest.raises(WeightsUnavailableError, match="unreachable") as err:
+        vit.load_pretrained(model, TIMM_NAME)
+    assert time.perf_counter() - start < 10
+    assert "Three ways on" in str(err.value)
+
+
+def closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.mark.slow

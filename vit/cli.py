@@ -18,12 +18,17 @@ back to the newest intact checkpoint); ``--test_after_fit`` and ``--num_threads`
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
+import re
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar, RichProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary
+from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import CheckpointIO
@@ -36,6 +41,8 @@ from vit.checkpoint import (
     read_checkpoint,
     task_of,
 )
+from vit.console import ModelReport, ProgressBar, quiet_dependencies
+from vit.errors import UserPathError, UserValueError, did_you_mean, find_user_error
 from vit.training import AtomicCheckpointIO, LastCheckpoint, RandomState, TrainingReport
 
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
@@ -50,6 +57,73 @@ DESCRIPTION = (
     "recipes (see configs/). `vit --help` lists the other commands (predict --ckpt, export, probe, attention, "
     "translate)."
 )
+
+
+class VitArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, whose errors are a few lines naming the key and the fix, not the usage and a dump
+    of jsonargparse's Union validation."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:  # a parser used internally, whose caller handles the error
+            super().error(message, ex)
+        user_error = find_user_error(ex) if ex is not None else None
+        command = "vit " + self.prog.split()[-1] if self.prog.split()[-1] != "vit" else "vit"
+        text = str(user_error) if user_error is not None else short_parse_error(message)
+        unknown = re.match(r"unrecognized arguments: (--[^\s=]+)", message)
+        if unknown:
+            options = [o for action in self._actions for o in action.option_strings]
+            text += did_you_mean(unknown.group(1), options)
+        sys.stderr.write(f"{command}: error: {text}\n(`{command} --help` lists the options)\n")
+        raise SystemExit(2)
+
+
+def short_parse_error(message: str) -> str:
+    """The cause in a jsonargparse error: the key, the bad value or option, and the nearest valid name."""
+    key = re.match(r'Parser key "([^"]+)":\s*(.*)', message, re.S)
+    if key is None:
+        return message.strip().splitlines()[0]
+    name, rest = key.group(1), key.group(2).strip()
+    problem = re.search(r"Problem with given class_path '([^']+)':\s*\n\s*(.+)", rest)
+    if problem:
+        class_path, reason = problem.group(1), problem.group(2).strip()
+        option = re.match(r"Option '([^']+)' is not accepted", reason) or re.match(
+            r'Key "([^"]+)" is not expected', reason)
+        if option:
+            hint = did_you_mean(option.group(1), accepted_arguments(class_path))
+            return f"{name}: {class_path} has no option {option.group(1)!r}{hint}"
+        missing = re.match(r"module '([^']+)' has no attribute '([^']+)'", reason)
+        if missing:
+            module = importlib.import_module(missing.group(1))
+            hint = did_you_mean(missing.group(2), [n for n in dir(module) if n[:1].isupper()])
+            return f"{name}: no class {missing.group(2)!r} in {missing.group(1)}{hint}"
+        return f"{name}: {class_path}: {reason}"
+    if "Union subtypes" not in rest:
+        return f"{name}: {rest}"
+    errors = [line.strip()[2:] for line in rest.splitlines()
+              if line.strip().startswith("- ") and "<class 'NoneType'>" not in line]
+    given = re.search(r"Given value: (.*)", rest)
+    value = f" {given.group(1)[:80]!r}" if given else ""
+    return f"{name}: invalid value{value}: " + "; ".join(e.replace("Expected a <class '", "expected ")
+                                                          .replace("'>", "") for e in errors)
+
+
+def accepted_arguments(class_path: str) -> list[str]:
+    """The init arguments of a class, following ``**kwargs`` into its bases as jsonargparse does."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return []
+    names: list[str] = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = list(inspect.signature(init).parameters.values())[1:]
+        names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
 
 
 class VitCLI(LightningCLI):
@@ -108,8 +182,11 @@ class VitCLI(LightningCLI):
         if logger is not False and not any(isinstance(c, LearningRateMonitor) for c in callbacks):
             callbacks.append(LearningRateMonitor(logging_interval="step"))
         show_bar = trainer_config.get("enable_progress_bar") is not False
-        if show_bar and not any(isinstance(c, ProgressBar) for c in callbacks):
-            callbacks.append(RichProgressBar())
+        if show_bar and not any(isinstance(c, LightningProgressBar) for c in callbacks):
+            callbacks.append(ProgressBar())
+        show_summary = trainer_config.get("enable_model_summary") is not False
+        if show_summary and not any(isinstance(c, ModelSummary) for c in callbacks):
+            callbacks.append(ModelReport())
         callbacks += [TrainingReport(), RandomState()]
         plugins = trainer_config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
@@ -128,7 +205,10 @@ class VitCLI(LightningCLI):
         # on a damaged file or another task's checkpoint), read what the file holds.
         subcommand = self.config.get("subcommand")
         if subcommand:
-            check_checkpoint_task(self.config[subcommand])
+            config = self.config[subcommand]
+            if subcommand != "fit" and config.get("ckpt_path") in ("best", "last"):
+                config["ckpt_path"] = checkpoint_by_name(config, config["ckpt_path"])
+            check_checkpoint_task(config)
 
     def before_fit(self) -> None:
         config = self._subcommand_config(self.config_init)
@@ -141,7 +221,7 @@ class VitCLI(LightningCLI):
         found = last_checkpoint(self.trainer)
         if found is None:
             dirs = [str(cb.dirpath) for cb in self.trainer.checkpoint_callbacks]
-            raise FileNotFoundError(
+            raise UserPathError(
                 f"--ckpt_path last: no last*.ckpt in {', '.join(dirs) or 'any checkpoint folder'}; "
                 "set `checkpoint.dirpath` to the folder of the interrupted run's checkpoints"
             )
@@ -169,14 +249,21 @@ class VitCLI(LightningCLI):
         if self.trainer.fast_dev_run or not best:
             self.say("test_after_fit: no best checkpoint was saved; testing the final weights")
             best = None
-        results = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best)
-        # Report the test counterpart of the metric the checkpoint was chosen by.
         monitor = (checkpoint.monitor if checkpoint is not None else None) or "val_acc"
-        key = "test_" + monitor.removeprefix("val_")
+        if not getattr(self.datamodule, "has_test_split", True):
+            # Nothing held out: report val, named as such (it chose the checkpoint, so it flatters).
+            results = self.trainer.validate(self.model, datamodule=self.datamodule, ckpt_path=best)
+            key, split = monitor, "val"
+        else:
+            results = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best)
+            # Report the test counterpart of the metric the checkpoint was chosen by.
+            key, split = "test_" + monitor.removeprefix("val_"), "test"
         value = results[0].get(key) if results else None
         if value is not None:
-            name = "accuracy" if key == "test_acc" else key.removeprefix("test_").replace("_", " ")
-            self.say(f"test {name} of {best or 'the final weights'}: {value:.4f}")
+            name = "accuracy" if key.endswith("_acc") else key.removeprefix(f"{split}_").replace("_", " ")
+            note = " (no test split is held out, and val chose this checkpoint: set data.test_fraction for " \
+                "an unbiased figure)" if split == "val" else ""
+            self.say(f"{split} {name} of {best or 'the final weights'}: {value:.4f}{note}")
 
     def say(self, message: str) -> None:
         """Print once, not once per DDP process."""
@@ -195,10 +282,39 @@ def check_checkpoint_task(config: Any) -> None:
     found = task_of(read_checkpoint(ckpt_path, mmap=True))  # a damaged file: an error naming it and its neighbours
     wanted = class_path.rsplit(".", 1)[-1]
     if found in TASKS and wanted in {t.__name__ for t in TASKS.values()} and TASKS[found].__name__ != wanted:
-        raise ValueError(
+        raise UserValueError(
             f"--ckpt_path {ckpt_path} holds a {TASKS[found].__name__} checkpoint ({found}), but the config's model "
             f"is {class_path}: use a checkpoint written by a recipe of the same task"
         )
+
+
+def experiment_folder(trainer: Any) -> Path:
+    """The folder `vit fit` puts this config's runs in (``version_N`` under it): the logger's save_dir/name;
+    without a logger setting, `vit fit`'s CSVLogger in default_root_dir (else the working directory)."""
+    root = Path(trainer.get("default_root_dir") or ".")  # `vit fit` says os.getcwd(): the same folder
+    logger = trainer.get("logger")
+    if isinstance(logger, list | tuple):  # several loggers: Lightning's log_dir is the first's
+        logger = logger[0] if logger else False
+    if logger is None or logger is True:
+        return root / "lightning_logs"
+    if logger is False:  # `vit fit` logs nothing; its checkpoints go to default_root_dir
+        return root
+    init_args = getattr(logger, "init_args", None) or {}
+    get = init_args.get if hasattr(init_args, "get") else lambda key: getattr(init_args, key, None)
+    return Path(get("save_dir") or root) / str(get("name") or "")
+
+
+def checkpoint_by_name(config: Any, which: str) -> str:
+    """``--ckpt_path best|last`` of validate/test/predict: the newest best-*.ckpt (the best of the latest run)
+    or last*.ckpt in the config's checkpoint folder, so a command need not name one run's file."""
+    dirpath = (config.get("checkpoint") or {}).get("dirpath")
+    folder = Path(dirpath) if dirpath else experiment_folder(config.get("trainer") or {}) / "checkpoints"
+    pattern = "best-*.ckpt" if which == "best" else "last*.ckpt"
+    found = [p for p in folder.glob(pattern) if p.is_file()]
+    if not found:
+        raise UserPathError(f"--ckpt_path {which}: no {pattern} in {folder}; run `vit fit` with this config first, "
+                            "set checkpoint.dirpath to the run's checkpoint folder, or pass --ckpt_path PATH")
+    return str(max(found, key=lambda p: p.stat().st_mtime))
 
 
 def last_checkpoint(trainer: Trainer) -> str | None:
@@ -212,8 +328,9 @@ def last_checkpoint(trainer: Trainer) -> str | None:
 
 def cli(argv: list[str] | None = None, **kwargs: Any) -> VitCLI:
     """Run the `vit` LightningCLI on ``argv`` (default: the command line) and return it."""
+    quiet_dependencies()
     return VitCLI(
         model_class=None, datamodule_class=None, subclass_mode_model=True, subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True}, args=argv,
+        save_config_kwargs={"overwrite": True}, args=argv, parser_class=VitArgumentParser,
         parser_kwargs={"description": DESCRIPTION, "prog": "vit"}, **kwargs,
     )

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from vit.checkpoint import Classifier, load_classifier
+from vit.errors import MissingPackageError, UserPathError, UserValueError
 
 PRECISIONS = ("fp32", "bf16")
 ONNX_SUFFIX = ".onnx"
@@ -34,27 +35,27 @@ class OnnxClassifier:
 
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"ONNX model not found: {path}")
+            raise UserPathError(f"ONNX model not found: {path}")
         try:
             import onnxruntime
         except ImportError as e:
-            raise ImportError(f"running {path} needs onnxruntime: pip install 'vit[export]'") from e
+            raise MissingPackageError(f"running {path} needs onnxruntime: pip install 'vit[export]'") from e
         options = onnxruntime.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
         try:
             self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types for unreadable files
-            raise ValueError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from e
+            raise UserValueError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from e
         meta = self.session.get_modelmeta().custom_metadata_map
         missing = [k for k in METADATA_KEYS if k not in meta]
         if missing:
-            raise ValueError(f"{path}: the ONNX metadata lacks {', '.join(missing)}; "
+            raise UserValueError(f"{path}: the ONNX metadata lacks {', '.join(missing)}; "
                              "export the model with `vit export --format onnx`")
         try:
             values = {k: json.loads(meta[k]) for k in METADATA_KEYS}
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: ONNX metadata that is not JSON ({e})") from e
+            raise UserValueError(f"{path}: ONNX metadata that is not JSON ({e})") from e
         self.path, self.model_name = path, values["model_name"]
         self.class_names: list[str] = list(values["class_names"])
         self.img_size: tuple[int, int] = tuple(values["img_size"])
@@ -78,9 +79,9 @@ def load_model(
     """A `vit fit` checkpoint as a torch `Classifier` (``compile``: torch.compile it), or a ``.onnx`` export."""
     if Path(path).suffix.lower() == ONNX_SUFFIX:
         if torch.device(device).type != "cpu":
-            raise ValueError(f"{path}: ONNX models run on the CPU here (onnxruntime), not on {device}")
+            raise UserValueError(f"{path}: ONNX models run on the CPU here (onnxruntime), not on {device}")
         if compile:
-            raise ValueError(f"{path}: compile applies to checkpoints; onnxruntime optimises ONNX models itself")
+            raise UserValueError(f"{path}: compile applies to checkpoints; onnxruntime optimises ONNX models itself")
         return OnnxClassifier(path, threads)
     classifier = load_classifier(path, map_location=device)
     if compile:
@@ -105,7 +106,7 @@ def cpu_has_native_bf16() -> bool | None:
 def autocast(precision: str, device: torch.device | str = "cpu") -> contextlib.AbstractContextManager:
     """torch autocast for ``precision`` ("fp32": none; "bf16"), warning when a CPU only emulates bf16."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        raise UserValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision == "fp32":
         return contextlib.nullcontext()
     device = torch.device(device)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vit.errors import UserPathError, UserValueError, WeightsUnavailableError
 from vit.nn.vision import VisionTransformer, resample_pos_embed
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,10 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
     if path.is_dir():
         found = [path / name for name in HUB_WEIGHTS if (path / name).is_file()]
         if not found:
-            raise FileNotFoundError(f"{path}: a folder without {' or '.join(HUB_WEIGHTS)}")
+            raise UserPathError(f"{path}: a folder without {' or '.join(HUB_WEIGHTS)}")
         path = found[0]
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint file not found: {path}")
+        raise UserPathError(f"checkpoint file not found: {path}")
     suffix = path.suffix.lower()
     try:
         if suffix == ".safetensors":
@@ -65,13 +66,13 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
             obj = torch.load(path, map_location="cpu", weights_only=True)
             return _unwrap(obj, path)
     except pickle.UnpicklingError as e:
-        raise ValueError(
+        raise UserValueError(
             f"{path}: refused to unpickle (weights_only=True allows tensors and plain containers "
             f"only): {e}"
         ) from e
     except Exception as e:  # a corrupt file fails in each library's own way; name the file
-        raise ValueError(f"{path}: not a readable {suffix} checkpoint ({type(e).__name__}: {e})") from e
-    raise ValueError(
+        raise UserValueError(f"{path}: not a readable {suffix} checkpoint ({type(e).__name__}: {e})") from e
+    raise UserValueError(
         f"{path}: unknown checkpoint suffix {suffix!r}; expected one of {', '.join(sorted(SUFFIXES))}"
     )
 
@@ -83,7 +84,7 @@ def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
             obj = obj[key]
             break
     if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
-        raise ValueError(f"{path}: expected a state dict of tensors, found {type(obj).__name__}")
+        raise UserValueError(f"{path}: expected a state dict of tensors, found {type(obj).__name__}")
     # Lightning prefixes the model's keys with its attribute name, DDP with 'module.'. A `vit fit`
     # checkpoint with EMA holds both copies; the EMA weights are the ones it validated and tested.
     for prefix in ("model_ema.module.", "model.", "module."):
@@ -135,7 +136,7 @@ def convert_npz(w: dict[str, Tensor]) -> dict[str, Tensor]:
         (p for p in ("", "opt/target/", "params/", "params/img/") if f"{p}embedding/kernel" in w), None
     )
     if prefix is None:
-        raise ValueError("not a ViT .npz: no 'embedding/kernel' array (looked under '', "
+        raise UserValueError("not a ViT .npz: no 'embedding/kernel' array (looked under '', "
                          "'opt/target/', 'params/', 'params/img/')")
     big_vision = prefix.startswith("params/") or f"{prefix}pos_embedding" in w
     stacked = f"{prefix}Transformer/encoderblock/LayerNorm_0/scale" in w
@@ -262,22 +263,27 @@ def _check(sd: dict[str, Tensor], model: VisionTransformer, result: LoadResult) 
         if wrong:
             lines.append(f"  shape mismatches: {show(wrong)}")
         lines.append("Check that the model config (patch size, width, depth, pooling) matches it.")
-        raise ValueError("\n".join(lines))
+        raise UserValueError("\n".join(lines))
 
 
 # ---------------------------------------------------------------------------- public
+
+
+HUB_FILES = ("model.safetensors", "pytorch_model.bin")  # what timm publishes in a `timm/<name>` repository
+HUB_PROBE_SECONDS = 5.0
 
 
 def _from_timm_hub(name: str) -> dict[str, Tensor]:
     """The weights of a timm pretrained name, in timm's names, from the Hugging Face cache or hub.
 
     timm publishes its ViT weights as ``timm/<name>`` repositories holding a timm-format
-    ``model.safetensors`` (or ``pytorch_model.bin``): read straight from the file that
-    ``hf_hub_download`` finds (with ``HF_HUB_OFFLINE=1``, in the cache alone), without building timm's
-    model. Weights published elsewhere or in another layout go through ``timm.create_model``.
+    ``model.safetensors`` (or ``pytorch_model.bin``): read straight from the cache when it holds one,
+    else downloaded, without building timm's model. Weights published elsewhere or in another layout go
+    through ``timm.create_model``. Offline, this fails within seconds: huggingface_hub itself retries an
+    unreachable hub for about 25 s per file.
     """
     import timm
-    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub import constants, hf_hub_download, try_to_load_from_cache
     from huggingface_hub.errors import EntryNotFoundError
     from timm.models import get_pretrained_cfg
 
@@ -285,18 +291,51 @@ def _from_timm_hub(name: str) -> dict[str, Tensor]:
     if cfg is None or not cfg.hf_hub_id or cfg.hf_hub_filename or cfg.source:
         return _from_timm_create_model(name)
     repo_id, _, revision = cfg.hf_hub_id.partition("@")
+    for filename in HUB_FILES:
+        cached = try_to_load_from_cache(repo_id, filename, revision=revision or None)
+        if isinstance(cached, str):
+            return read_state_dict(cached)
+    if constants.HF_HUB_OFFLINE:
+        raise WeightsUnavailableError(_hub_advice(name, repo_id, "not in the cache, and HF_HUB_OFFLINE is set"))
+    unreachable = _unreachable(constants.ENDPOINT)
+    if unreachable:
+        raise WeightsUnavailableError(_hub_advice(name, repo_id, f"not in the cache, and {unreachable}"))
     missing = []
-    for filename in ("model.safetensors", "pytorch_model.bin"):
+    for filename in HUB_FILES:
         try:
             path = hf_hub_download(repo_id, filename, revision=revision or None, library_name="timm",
                                    library_version=timm.__version__)
-        except EntryNotFoundError as e:  # not in the cache (offline) or not in the repository: try the next
+        except EntryNotFoundError as e:  # not in the repository: try the next
             missing.append(f"{filename}: {type(e).__name__}")
             continue
         except Exception as e:  # network, authentication, a broken cache: the same advice
-            raise RuntimeError(_hub_advice(name, repo_id, constants.HF_HUB_CACHE, f"{type(e).__name__}: {e}")) from e
+            raise WeightsUnavailableError(_hub_advice(name, repo_id, f"{type(e).__name__}: {e}")) from e
         return read_state_dict(path)
-    raise RuntimeError(_hub_advice(name, repo_id, constants.HF_HUB_CACHE, "; ".join(missing)))
+    raise WeightsUnavailableError(_hub_advice(name, repo_id, "; ".join(missing)))
+
+
+def _unreachable(endpoint: str, timeout: float = HUB_PROBE_SECONDS) -> str | None:
+    """Why the hub at ``endpoint`` cannot be reached (name lookup or TCP connect), or None; at most ``timeout``
+    seconds, name lookup included (run in a thread, since getaddrinfo has no timeout of its own)."""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    url = urlparse(endpoint)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    outcome: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(None)
+        except OSError as e:
+            outcome.append(f"the hub at {endpoint} is unreachable ({type(e).__name__}: {e})")
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return outcome[0] if outcome else f"the hub at {endpoint} did not answer within {timeout:g} s"
 
 
 def _from_timm_create_model(name: str) -> dict[str, Tensor]:
@@ -305,24 +344,28 @@ def _from_timm_create_model(name: str) -> dict[str, Tensor]:
     try:
         return timm.create_model(name, pretrained=True).state_dict()
     except Exception as e:  # any network or hub failure gets the same advice
-        raise RuntimeError(
-            f"could not fetch timm pretrained weights {name!r} ({type(e).__name__}: {e}). "
-            "Without network access, download the checkpoint on a connected machine and pass "
-            "the local file instead: load_pretrained(model, 'path/to/model.safetensors')"
+        raise WeightsUnavailableError(
+            f"could not fetch timm pretrained weights {name!r} ({type(e).__name__}: {e}).\n"
+            "Without network access, download the checkpoint on a connected machine and pass the local file "
+            "instead (--model.init_args.pretrained path/to/model.safetensors), or set "
+            "--model.init_args.pretrained null to train from scratch."
         ) from e
 
 
-def _hub_advice(name: str, repo_id: str, cache: str, reason: str) -> str:
-    """Where the weights of a timm name were looked for, and two ways to make them available offline."""
-    folder = Path(cache) / f"models--{repo_id.replace('/', '--')}"
+def _hub_advice(name: str, repo_id: str, reason: str) -> str:
+    """Where the weights of a timm name were looked for, and the three ways on without network."""
+    from huggingface_hub import constants
+
+    folder = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
     return (
-        f"could not load timm pretrained weights {name!r} from the Hugging Face hub ({reason}).\n"
-        f"Looked in the Hugging Face cache at {folder} (the cache is $HF_HUB_CACHE, else $HF_HOME/hub).\n"
-        f"To use it offline, either populate that cache on a machine with network access, with the same "
-        f"HF_HOME or HF_HUB_CACHE: `hf download {repo_id} model.safetensors`, and copy {folder.name} into "
-        f"{cache}; or download model.safetensors from https://huggingface.co/{repo_id} and pass the local "
-        "file instead: --model.init_args.pretrained path/to/model.safetensors "
-        "(load_pretrained(model, 'path/to/model.safetensors'))."
+        f"cannot load pretrained weights {name!r}: {reason}.\n"
+        f"Looked in the Hugging Face cache: {folder} ($HF_HUB_CACHE, else $HF_HOME/hub).\n"
+        "Three ways on:\n"
+        f"  1. fill the cache on a connected machine (`hf download {repo_id} model.safetensors`), copy "
+        f"{folder.name} here and set HF_HUB_OFFLINE=1;\n"
+        f"  2. pass a local file: --model.init_args.pretrained path/to/model.safetensors (or .pth, .npz; "
+        f"from https://huggingface.co/{repo_id});\n"
+        "  3. train from scratch: --model.init_args.pretrained null."
     )
 
 
@@ -341,7 +384,7 @@ def load_pretrained(model: VisionTransformer, source: str | os.PathLike) -> Load
         import timm
 
         if not timm.is_model(str(source).split(".")[0]):
-            raise FileNotFoundError(
+            raise UserPathError(
                 f"{source!r} is neither a checkpoint file nor a timm pretrained model name"
             )
         sd = _from_timm_hub(str(source))

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vit.commands import main
+from vit.commands import run
 
 
 def test_translate_command_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
-        main(["translate", "--ckpt", str(tmp_path / "nope.ckpt"), "a b"])
+        run(["translate", "--ckpt", str(tmp_path / "nope.ckpt"), "a b"])
     other = tmp_path / "other.ckpt"
     torch.save({"state_dict": {}, "hyper_parameters": {"num_classes": 10}}, other)
     with pytest.raises(ValueError, match="of the Translator task, but it holds no `vit fit` task"):
-        main(["translate", "--ckpt", str(other), "a b"])
+        run(["translate", "--ckpt", str(other), "a b"])

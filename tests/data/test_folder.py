@@ -6,6 +6,7 @@ import logging
 import re
 import zlib
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,18 +15,19 @@ from tests.formats import random_rgb, write_class_folders
 from vit.data import ImageFolder, ImageNet
 
 
-def test_imagefolder_single_folder_mixed_modes_and_non_images(tmp_path):
+def test_imagefolder_single_folder_mixed_modes_and_non_images(tmp_path, caplog):
     root = tmp_path / "pets"
     modes = ["RGB", "L", "P", "RGBA", "CMYK", "I;16"]
     write_class_folders(root, ["cat", "dog", "eel"], per_class=10, modes=modes)
     (root / "cat" / "notes.txt").write_text("not an image")
     (root / "dog" / "labels.csv").write_text("a,b")
     (root / "dog" / "more.txt").write_text("x")
-    with pytest.warns(UserWarning, match=r"skipped 3 files .* not images \(2 \.txt, 1 \.csv\)"):
+    with caplog.at_level(logging.WARNING, logger="vit.data.io"):
         dm = ImageFolder(str(root), val_fraction=0.2, test_fraction=0.2, batch_size=4, num_workers=0,
                          img_size=16, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)
         assert dm.class_names == ["cat", "dog", "eel"] and dm.num_classes == 3
         dm.setup("fit")
+    assert re.search(r"skipped 3 files .* not images \(2 \.txt, 1 \.csv\)", caplog.text)
     assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (18, 6, 6)
     assert Counter(label for _, label in dm.val_set.samples) == {0: 2, 1: 2, 2: 2}
     x, _ = next(iter(dm.train_dataloader()))
@@ -69,8 +71,66 @@ def test_bad_headers_are_all_reported_at_setup_before_any_step(tmp_path):
 
     dm = ImageFolder(str(root), val_fraction=0.3, batch_size=2, num_workers=0, img_size=8, skip_bad_images=True)
     dm.setup("fit")
-    paths = [p for p, _ in dm.train_set.samples + dm.val_set.samples]
+    paths = [p for p, _ in dm.train_set.samples + dm.val_set.samples + dm.test_set.samples]
     assert len(paths) == 13 and not any(name in p for p in paths for name in ("empty", "notes", "huge"))
+
+
+def check_headers_on_a_rank(rank: int, world: int, port: int, root: str, out: str) -> None:
+    """One DDP rank (gloo on localhost): `check_headers` over ``root``'s files, recording which files this rank
+    checked itself, then an ImageFolder set-up; writes what it saw to ``out/rank<rank>.json``."""
+    import json
+
+    import torch.distributed as dist
+
+    from vit.data import folder
+
+    checked: list[list[str]] = []
+    check_files = folder.check_image_files
+
+    def recording_check(paths, num_workers=None):
+        checked.append(list(paths))
+        return check_files(paths, num_workers=num_workers)
+
+    folder.check_image_files = recording_check  # check_headers calls it by this module's name
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        paths = sorted(str(p) for p in Path(root).rglob("*") if p.is_file())
+        bad = folder.check_headers(paths)
+        try:
+            ImageFolder(root, val_fraction=0.3, batch_size=2, num_workers=0, img_size=8).setup("fit")
+            error = None
+        except ValueError as e:
+            error = str(e)
+    finally:
+        dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"checked": checked[0], "bad": bad, "error": error}))
+
+
+@pytest.mark.slow
+def test_under_ddp_each_rank_checks_its_shard_of_headers_and_all_get_every_bad_file(tmp_path):
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from vit.data.io import check_image_files
+
+    root = tmp_path / "data"
+    write_bad_files(root)
+    paths = sorted(str(p) for p in root.rglob("*") if p.is_file())
+    expected = sorted(map(tuple, check_image_files(paths)))
+    assert len(expected) == 3
+    shards = [paths[0::2], paths[1::2]]
+    assert all(any(path in shard for path, _ in expected) for shard in shards)  # no rank sees them all alone
+    with socket.socket() as probe:  # a port free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(check_headers_on_a_rank, args=(2, port, str(root), str(tmp_path)), nprocs=2)
+    for rank, shard in enumerate(shards):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen["checked"] == shard  # its own share of the files, not all of them
+        assert sorted(map(tuple, seen["bad"])) == expected  # everyone's findings
+        assert "3 of 16 image files are unreadable" in seen["error"]  # so every rank stops, none waits
 
 
 def test_undecodable_image_is_named_with_the_option_or_replaced_and_counted(tmp_path):
@@ -79,13 +139,13 @@ def test_undecodable_image_is_named_with_the_option_or_replaced_and_counted(tmp_
     for bad in ("empty.jpg", "notes.jpg"):
         (root / "a" / bad).unlink()
     (root / "b" / "huge.png").unlink()
-    dm = ImageFolder(str(root), val_fraction=0.01, batch_size=2, num_workers=0, img_size=8)
+    dm = ImageFolder(str(root), val_fraction=0.01, test_fraction=0.0, batch_size=2, num_workers=0, img_size=8)
     dm.setup("fit")
     index = [p for p, _ in dm.train_set.samples].index(str(truncated))
     with pytest.raises(OSError, match=r"truncated\.jpg.*; set data\.skip_bad_images: true"):
         dm.train_set[index]
 
-    dm = ImageFolder(str(root), val_fraction=0.01, batch_size=2, num_workers=0, img_size=8,
+    dm = ImageFolder(str(root), val_fraction=0.01, test_fraction=0.0, batch_size=2, num_workers=0, img_size=8,
                      skip_bad_images=True, max_bad_fraction=0.1)
     dm.setup("fit")
     dataset = dm.train_set
@@ -110,8 +170,8 @@ def test_replacements_in_loader_workers_are_counted_and_reported(tmp_path, caplo
 
     root = tmp_path / "data"
     truncated = write_bad_files(root)
-    dm = ImageFolder(str(root), val_fraction=0.2, batch_size=4, num_workers=2, img_size=16, skip_bad_images=True,
-                     max_bad_fraction=0.5)
+    dm = ImageFolder(str(root), val_fraction=0.2, test_fraction=0.0, batch_size=4, num_workers=2, img_size=16,
+                     skip_bad_images=True, max_bad_fraction=0.5)
     model = ImageClassifier(model="vit_tiny_patch16_224", num_classes=2, img_size=16,
                             model_kwargs={"depth": 1, "patch_size": 8})
     trainer = Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -134,9 +194,9 @@ def test_imagefolder_errors_on_empty_class_and_unknown_val_class(tmp_path):
     write_class_folders(split / "train", ["a", "b"], per_class=3)
     write_class_folders(split / "val", ["a", "c"], per_class=2)
     with pytest.raises(ValueError, match=r"val has classes that .*train lacks: \['c'\]"):
-        ImageFolder(str(split))
+        ImageFolder(str(split)).setup("fit")  # the folder is read at setup, not in the constructor
     with pytest.raises(FileNotFoundError, match="image folder not found"):
-        ImageFolder(str(tmp_path / "nowhere"))
+        ImageFolder(str(tmp_path / "nowhere")).setup("fit")
 
 
 def test_imagefolder_train_val_test_layout(tmp_path):
@@ -165,7 +225,7 @@ def test_imagenet_jpeg_folders(tmp_path):
     assert x.shape == (4, 3, 32, 32) and y.tolist() == [0, 0, 1, 1]
     with pytest.raises(FileNotFoundError, match=r"imagenet2.val not found; expected .*train/<class>"):
         write_class_folders(tmp_path / "imagenet2" / "train", wnids, per_class=1)
-        ImageNet(str(tmp_path / "imagenet2"))
+        ImageNet(str(tmp_path / "imagenet2")).setup("fit")
 
 
 
@@ -176,7 +236,7 @@ def test_balanced_sampling_draws_an_imbalanced_folder_about_evenly(tmp_path):
     root = tmp_path / "data"
     write_class_folders(root / "many", [""], per_class=100, size=8)
     write_class_folders(root / "few", [""], per_class=10, size=8, seed=100)
-    dm = ImageFolder(str(root), val_fraction=0.2, num_workers=0, img_size=8, balanced_sampling=True,
+    dm = ImageFolder(str(root), val_fraction=0.2, test_fraction=0.0, num_workers=0, img_size=8, balanced_sampling=True,
                      check_images=False)
     dm.setup("fit")
     assert dm.class_counts("train") == [8, 80]  # classes sort: few, many (exactly 10%: no warning yet)
@@ -189,7 +249,7 @@ def test_balanced_sampling_draws_an_imbalanced_folder_about_evenly(tmp_path):
         assert abs(drawn.float().mean().item() - 0.5) < 0.04
     for path in sorted((root / "few").iterdir())[:5]:
         path.unlink()  # 5 of 100: under 10%
-    plain = ImageFolder(str(root), val_fraction=0.2, num_workers=0, img_size=8, check_images=False)
+    plain = ImageFolder(str(root), val_fraction=0.2, test_fraction=0.0, num_workers=0, img_size=8, check_images=False)
     with pytest.warns(UserWarning, match=r"imbalanced classes: 'few' has 4 training images, under 10% of .* 80"):
         plain.setup("fit")
     assert plain.train_sampler() is None

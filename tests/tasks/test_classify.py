@@ -31,7 +31,7 @@ def loader(n: int = 24, classes: int = 10, batch: int = 8, seed: int = 0) -> Dat
 
 def trainer(tmp_path, **kwargs) -> Trainer:
     defaults = dict(default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
-                    logger=False, enable_checkpointing=False, num_sanity_val_steps=0)
+                    logger=False, enable_checkpointing=False, num_sanity_val_steps=0, log_every_n_steps=1)
     return Trainer(**{**defaults, **kwargs})
 
 

@@ -8,8 +8,11 @@ argparse commands in this package that import no Lightning, so ``vit predict --c
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+
+from vit.errors import TRACEBACK_ENV, find_user_error, want_traceback
 
 # name -> (module whose main(argv) runs it, one line for `vit --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -29,14 +32,33 @@ def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: vit COMMAND [options]   (vit COMMAND --help for a command's options)", "", "commands:"]
     lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
-    lines += ["", "vit predict --config CFG (no --ckpt) runs LightningCLI's predict over the recipe's data."]
+    lines += ["", "vit predict --config CFG (no --ckpt) runs LightningCLI's predict over the recipe's data.",
+              "--traceback (or VIT_TRACEBACK=1) after any command shows the full traceback of an error."]
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The console script: run ``vit`` with ``argv`` (default: the command line). Returns nothing, since
-    a console script's return value becomes its exit status."""
-    run(argv)
+    a console script's return value becomes its exit status.
+
+    A mistake the user can fix (a `vit.errors.UserError`, also when a config parser wrapped it) prints
+    ``vit <command>: error: ...`` and exits 1; any other exception is a bug and shows its traceback.
+    """
+    args = sys.argv[1:] if argv is None else list(argv)
+    if "--traceback" in args:
+        args.remove("--traceback")
+        os.environ[TRACEBACK_ENV] = "1"
+    if argv is None:  # LightningCLI reads sys.argv itself: leave it without --traceback
+        sys.argv[1:] = args
+    try:
+        run(None if argv is None else args)
+    except Exception as e:
+        user_error = None if want_traceback() else find_user_error(e)
+        if user_error is None:
+            raise
+        command = f"vit {args[0]}" if args and args[0] in COMMANDS else "vit"
+        print(f"{command}: error: {user_error}\n(add --traceback for the full traceback)", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def run(argv: Sequence[str] | None = None) -> object:

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from vit.data import transforms
 from vit.data.fast import collate
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augment
+from vit.errors import UserValueError
 
 
 class ImageDataModule(LightningDataModule):
@@ -71,9 +72,9 @@ class ImageDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+            raise UserValueError(f"batch_size must be at least 1, got {batch_size}")
         if len(mean) != self.in_chans or len(std) != self.in_chans:
-            raise ValueError(f"mean and std need {self.in_chans} values, got {list(mean)} and {list(std)}")
+            raise UserValueError(f"mean and std need {self.in_chans} values, got {list(mean)} and {list(std)}")
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.img_size = img_size

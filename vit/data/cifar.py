@@ -14,6 +14,7 @@ from torchvision.datasets import CIFAR100 as CIFAR100Dataset
 
 from vit.data.base import ImageDataModule
 from vit.data.io import stratified_split
+from vit.errors import UserPathError, UserValueError
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
@@ -120,7 +121,7 @@ class CIFAR(ImageDataModule):
         super().__init__(batch_size=batch_size, img_size=img_size, mean=mean, std=std, color_jitter=color_jitter,
                          scale=scale, crop_pct=crop_pct, **kwargs)
         if variant not in (10, 100):
-            raise ValueError(f"CIFAR variant must be 10 or 100, got {variant}")
+            raise UserValueError(f"CIFAR variant must be 10 or 100, got {variant}")
         self.root, self.variant, self.download, self.val_size = Path(root), variant, download, val_size
         self.class_names = list(CIFAR10_CLASSES if variant == 10 else CIFAR100_CLASSES)
 
@@ -145,13 +146,13 @@ class CIFAR(ImageDataModule):
             hint = (
                 "the download failed (are you offline?); " if download else "set `download: true` or "
             )
-            raise FileNotFoundError(
+            raise UserPathError(
                 f"CIFAR-{self.variant} not found in {self.folder} (missing: {', '.join(missing) or 'none'}; "
                 f"expected {', '.join(self.expected_files)}). {hint}"
                 f"put the extracted python version of CIFAR-{self.variant} there. ({type(e).__name__}: {e})"
             ) from e
         except (pickle.UnpicklingError, EOFError, KeyError, ValueError) as e:
-            raise ValueError(
+            raise UserValueError(
                 f"{self.folder}: a CIFAR-{self.variant} file is damaged or not in the python pickle format "
                 f"({type(e).__name__}: {e}); delete the folder and download it again"
             ) from e
@@ -167,13 +168,13 @@ class CIFAR(ImageDataModule):
         train_full = self._dataset(train=True, download=False)
         test = self._dataset(train=False, download=False)
         if list(train_full.classes) != self.class_names:
-            raise ValueError(
+            raise UserValueError(
                 f"{self.folder}: class names in the meta file {list(train_full.classes)[:5]}... differ "
                 f"from CIFAR-{self.variant}'s {self.class_names[:5]}..."
             )
         if self.val_size > 0:
             if self.val_size >= len(train_full):
-                raise ValueError(f"val_size {self.val_size} leaves no training images of {len(train_full)}")
+                raise UserValueError(f"val_size {self.val_size} leaves no training images of {len(train_full)}")
             train_idx, val_idx = stratified_split(
                 train_full.targets, [self.val_size / len(train_full)], self.seed
             )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vit.data.synthetic import Pair
+from vit.errors import UserPathError, UserValueError
 
 
 @dataclass
@@ -34,7 +35,7 @@ def read_lines(path: str | Path, *, skip_bad_lines: bool = False) -> list[str | 
     """A UTF-8 file's lines; a line that is not UTF-8 is an error naming it, or None with ``skip_bad_lines``."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise UserPathError(
             f"parallel corpus {str(path)!r} not found. Expected a UTF-8 text file, e.g. an Anki/Tatoeba "
             "export (https://www.manythings.org/anki/) with one 'source<TAB>target' pair per line."
         )
@@ -45,7 +46,7 @@ def read_lines(path: str | Path, *, skip_bad_lines: bool = False) -> list[str | 
         except UnicodeDecodeError as e:
             where = f"{path} line {number}: not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
             if not skip_bad_lines:
-                raise ValueError(f"{where}; re-encode the file, or set data.skip_bad_lines to skip it") from None
+                raise UserValueError(f"{where}; re-encode the file, or set data.skip_bad_lines to skip it") from None
             lines.append(None)
     return lines
 
@@ -71,7 +72,7 @@ def read_aligned_pairs(source_path: str | Path, target_path: str | Path, *, skip
     sources = read_lines(source_path, skip_bad_lines=skip_bad_lines)
     targets = read_lines(target_path, skip_bad_lines=skip_bad_lines)
     if len(sources) != len(targets):
-        raise ValueError(
+        raise UserValueError(
             f"aligned files differ in length: {source_path} has {len(sources)} lines, "
             f"{target_path} has {len(targets)}"
         )
@@ -90,7 +91,7 @@ def read_pairs(spec: str | Sequence[str], *, skip_bad_lines: bool = False) -> Co
         return read_tsv_pairs(spec, skip_bad_lines=skip_bad_lines)
     if len(spec) == 2:
         return read_aligned_pairs(spec[0], spec[1], skip_bad_lines=skip_bad_lines)
-    raise ValueError(f"a split is a TSV path or [source_file, target_file], got {spec!r}")
+    raise UserValueError(f"a split is a TSV path or [source_file, target_file], got {spec!r}")
 
 
 __all__ = ["Corpus", "read_aligned_pairs", "read_lines", "read_pairs", "read_tsv_pairs"]

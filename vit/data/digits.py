@@ -7,11 +7,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import Dataset
 
 from vit.data.base import ImageDataModule
 from vit.data.io import stratified_split
+from vit.errors import UserValueError
 
 # Mean and std of the digits' pixels scaled to 0..1 (all 1,797 images).
 DIGITS_MEAN = (0.3053,)
@@ -84,9 +86,9 @@ class Digits(ImageDataModule):
             std=DIGITS_STD, crop_pct=1.0, interpolation="bilinear", seed=seed,
         )
         if img_size < 8:
-            raise ValueError(f"Digits img_size must be at least the native 8, got {img_size}")
+            raise UserValueError(f"Digits img_size must be at least the native 8, got {img_size}")
         if not 0 < val_fraction < 1 or not 0 < test_fraction < 1 or val_fraction + test_fraction >= 1:
-            raise ValueError(
+            raise UserValueError(
                 f"val_fraction ({val_fraction}) and test_fraction ({test_fraction}) must be in (0, 1) "
                 "and leave images for training"
             )
@@ -125,3 +127,5 @@ class Digits(ImageDataModule):
         self.train_set = make(train_idx, affine)
         self.val_set = make(val_idx, None)
         self.test_set = make(test_idx, None)
+        rank_zero_info(f"digits: {len(train_idx)} train, {len(val_idx)} val, {len(test_idx)} test images, "
+                       f"{self.num_classes} classes")

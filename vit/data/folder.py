@@ -29,6 +29,7 @@ from vit.data.io import (
     scan_class_folders,
     stratified_split,
 )
+from vit.errors import UserPathError, UserValueError
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +102,15 @@ class ImageFiles(Dataset):
 
 
 class ImageFolder(ImageDataModule):
-    """Your own images: ``root/<class>/<image>`` split by ``val_fraction`` (stratified, seeded),
+    """Your own images: ``root/<class>/<image>`` split into train/val/test by ``val_fraction`` and
+    ``test_fraction`` (stratified, seeded; 80/10/10 by default),
     or ``root/train/<class>/...`` and ``root/val/<class>/...`` (and optionally ``root/test/``).
 
     Images of any common mode (grayscale, palette, RGBA, CMYK, 16-bit) become RGB. Files that are
     not images (by extension) are skipped with one warning. At setup every image's header is checked;
     bad files are an error that lists them all, or with ``skip_bad_images`` are left out and listed.
-    Without a ``test/`` folder, testing uses ``test_fraction`` of a single folder, or else val.
+    With ``test_fraction: 0`` (or split folders without test/) there is no test split: `vit test` then runs on
+    val, and `vit fit` reports val figures, labelled as such.
 
     Args:
         root: the dataset folder.
@@ -126,8 +129,8 @@ class ImageFolder(ImageDataModule):
     def __init__(
         self,
         root: str,
-        val_fraction: float = 0.2,
-        test_fraction: float = 0.0,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
         skip_bad_images: bool = False,
         max_bad_fraction: float = 0.01,
         check_images: bool = True,
@@ -137,33 +140,58 @@ class ImageFolder(ImageDataModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
+        # Values only: the folder is read on first use (`class_names`, `setup`), so a wrong root is a plain
+        # error from the command rather than a config-validation failure inside jsonargparse.
+        if not 0 < val_fraction < 1 or not 0 <= test_fraction < 1 or val_fraction + test_fraction >= 1:
+            raise UserValueError(
+                f"val_fraction ({val_fraction}) and test_fraction ({test_fraction}) must be in [0, 1) "
+                "and leave images for training"
+            )
         self.root = Path(root)
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.skip_bad_images, self.max_bad_fraction, self.check_images = skip_bad_images, max_bad_fraction, check_images
         self.balanced_sampling = balanced_sampling
+        self._split_folders: bool | None = None
+
+    @property
+    def class_names(self) -> list[str]:
+        """The class folders' names (train/'s in the split layout), read from ``root`` on first use."""
+        if not self._class_names:
+            self._class_names = self._read_layout()
+        return self._class_names
+
+    @class_names.setter
+    def class_names(self, names: Sequence[str]) -> None:
+        self._class_names = list(names)
+
+    @property
+    def split_folders(self) -> bool:
+        """Whether ``root`` holds train/ and val/ (and maybe test/) folders, rather than class folders."""
+        if self._split_folders is None:
+            self._class_names = self._read_layout()
+        return bool(self._split_folders)
+
+    def _read_layout(self) -> list[str]:
+        """Check ``root``'s layout and return its class names."""
         if not self.root.is_dir():
-            raise FileNotFoundError(f"image folder not found: {self.root}")
-        self.split_folders = (self.root / "train").is_dir()
-        if self.split_folders:
-            self.class_names = class_folders(self.root / "train")
-            if not (self.root / "val").is_dir():
-                raise FileNotFoundError(
-                    f"{self.root} has train/ but no val/ folder; expected {self.root}/val/<class>/<images>"
-                )
-            for split in ("val", "test"):
-                if (self.root / split).is_dir():
-                    extra = sorted(set(class_folders(self.root / split)) - set(self.class_names))
-                    if extra:
-                        raise ValueError(
-                            f"{self.root / split} has classes that {self.root / 'train'} lacks: {extra}"
-                        )
-        else:
-            if not 0 < val_fraction < 1 or not 0 <= test_fraction < 1 or val_fraction + test_fraction >= 1:
-                raise ValueError(
-                    f"val_fraction ({val_fraction}) and test_fraction ({test_fraction}) must be in [0, 1) "
-                    "and leave images for training"
-                )
-            self.class_names = class_folders(self.root)
+            raise UserPathError(f"image folder not found: {self.root}")
+        self._split_folders = (self.root / "train").is_dir()
+        if not self._split_folders:
+            return class_folders(self.root)
+        class_names = class_folders(self.root / "train")
+        if not (self.root / "val").is_dir():
+            raise UserPathError(f"{self.root} has train/ but no val/ folder; expected {self.root}/val/<class>/<images>")
+        for split in ("val", "test"):
+            if (self.root / split).is_dir():
+                extra = sorted(set(class_folders(self.root / split)) - set(class_names))
+                if extra:
+                    raise UserValueError(f"{self.root / split} has classes that {self.root / 'train'} lacks: {extra}")
+        return class_names
+
+    @property
+    def has_test_split(self) -> bool:
+        """Whether test images are held out from train and val (a test/ folder, or ``test_fraction > 0``)."""
+        return (self.root / "test").is_dir() if self.split_folders else self.test_fraction > 0
 
     def _scan(self, folder: Path) -> list[tuple[str, int]]:
         present = class_folders(folder)
@@ -192,7 +220,7 @@ class ImageFolder(ImageDataModule):
             return splits
         report = describe_bad_files(sorted(bad.items()), len(paths))
         if not self.skip_bad_images:
-            raise ValueError(f"{self.root}: {report}\nRemove or fix them, or set data.skip_bad_images: true "
+            raise UserValueError(f"{self.root}: {report}\nRemove or fix them, or set data.skip_bad_images: true "
                              "to train without them.")
         log.warning("%s: leaving out %s", self.root, report)
         return {name: [s for s in samples if s[0] not in bad] for name, samples in splits.items()}
@@ -209,8 +237,9 @@ class ImageFolder(ImageDataModule):
         self.train_set = make(splits["train"], train_tf)
         self.val_set = make(splits["val"], eval_tf)
         self.test_set = make(splits["test"], eval_tf) if "test" in splits else self.val_set
-        rank_zero_info(f"{self.root}: {len(self.train_set)} train, {len(self.val_set)} val, {len(self.test_set)} test "
-                       f"images, {self.num_classes} classes")
+        test = f"{len(self.test_set)} test" if self.has_test_split else "no test (val stands in for it)"
+        rank_zero_info(f"{self.root}: {len(self.train_set)} train, {len(self.val_set)} val, {test} images, "
+                       f"{self.num_classes} classes")
         self._report_class_counts()
 
     def _report_class_counts(self) -> None:
@@ -274,13 +303,14 @@ class ImageNet(ImageFolder):
         color_jitter: float = 0.3,
         **kwargs: Any,
     ) -> None:
-        root_path = Path(root)
-        for split in ("train", "val"):
-            if not (root_path / split).is_dir():
-                raise FileNotFoundError(
-                    f"ImageNet folder {root_path / split} not found; "
-                    f"expected {root_path}/train/<class>/*.JPEG "
-                    f"and {root_path}/val/<class>/*.JPEG (the layout of timm and torchvision's ImageFolder)"
-                )
         super().__init__(root, skip_bad_images=skip_bad_images, batch_size=batch_size, num_workers=num_workers,
                          color_jitter=color_jitter, **kwargs)
+
+    def _read_layout(self) -> list[str]:
+        for split in ("train", "val"):
+            if not (self.root / split).is_dir():
+                raise UserPathError(
+                    f"ImageNet folder {self.root / split} not found; expected {self.root}/train/<class>/*.JPEG "
+                    f"and {self.root}/val/<class>/*.JPEG (the layout of timm and torchvision's ImageFolder)"
+                )
+        return super()._read_layout()

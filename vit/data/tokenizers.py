@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from vit.errors import UserValueError
+
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 TOKENIZER_KINDS = ("word", "char", "bpe")
@@ -167,7 +169,7 @@ def build_tokenizer(
         return CharTokenizer.fit(texts, lowercase=lowercase, min_freq=min_freq)
     if kind == "bpe":
         return BPETokenizer.fit(texts, vocab_size=bpe_vocab_size, lowercase=lowercase)
-    raise ValueError(f"tokenizer must be one of {TOKENIZER_KINDS}, got {kind!r}")
+    raise UserValueError(f"tokenizer must be one of {TOKENIZER_KINDS}, got {kind!r}")
 
 
 def tokenizer_from_dict(state: dict[str, Any]) -> Tokenizer:

@@ -20,6 +20,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, S
 from vit.data.corpus import Corpus, read_pairs
 from vit.data.synthetic import SYNTHETIC_TASKS, Pair, synthetic_pairs
 from vit.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, TOKENIZER_KINDS, Tokenizer, build_tokenizer
+from vit.errors import UserValueError
 
 log = logging.getLogger(__name__)
 
@@ -164,11 +165,11 @@ class TranslationDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         if tokenizer not in TOKENIZER_KINDS:
-            raise ValueError(f"data.tokenizer must be one of {TOKENIZER_KINDS}, got {tokenizer!r}")
+            raise UserValueError(f"data.tokenizer must be one of {TOKENIZER_KINDS}, got {tokenizer!r}")
         if max_length < 1:
-            raise ValueError(f"data.max_length must be >= 1, got {max_length}")
+            raise UserValueError(f"data.max_length must be >= 1, got {max_length}")
         if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"data.val_fraction must be in [0, 1), got {val_fraction}")
+            raise UserValueError(f"data.val_fraction must be in [0, 1), got {val_fraction}")
         self.paths = {"train": train, "val": val, "test": test}
         self.tokenizer_kind = tokenizer
         self.lowercase = lowercase
@@ -192,7 +193,7 @@ class TranslationDataModule(LightningDataModule):
         spec = self.paths[split]
         if spec is None:
             if split == "train":
-                raise ValueError("TranslationDataModule needs data.train: a TSV path or [source, target]")
+                raise UserValueError("TranslationDataModule needs data.train: a TSV path or [source, target]")
             return None
         corpus = read_pairs(spec, skip_bad_lines=self.skip_bad_lines)
         if corpus.problems:
@@ -202,7 +203,7 @@ class TranslationDataModule(LightningDataModule):
             more = f" and {len(problems) - 20} more" if len(problems) > 20 else ""
             log.warning("%s: skipped %d malformed line(s) in %s: %s%s", split, len(problems), spec, shown, more)
         if not corpus.pairs:
-            raise ValueError(f"{split} corpus {spec} holds no usable 'source<TAB>target' pair")
+            raise UserValueError(f"{split} corpus {spec} holds no usable 'source<TAB>target' pair")
         return corpus
 
     @property
@@ -216,7 +217,7 @@ class TranslationDataModule(LightningDataModule):
                 random.Random(self.seed).shuffle(order)
                 n_val = max(1, int(len(order) * self.val_fraction))
                 if n_val >= len(order):
-                    raise ValueError(f"only {len(order)} training pair(s): too few to hold out validation")
+                    raise UserValueError(f"only {len(order)} training pair(s): too few to hold out validation")
                 pick = lambda idx: Corpus([train.pairs[i] for i in idx], [train.lines[i] for i in idx])
                 corpora["val"], corpora["train"] = pick(order[:n_val]), pick(order[n_val:])
             self._corpora = {k: v for k, v in corpora.items() if v is not None}
@@ -270,7 +271,7 @@ class TranslationDataModule(LightningDataModule):
                 continue
             examples.append((s, t, source, target))
         if too_long and not self.skip_bad_lines:
-            raise ValueError(
+            raise UserValueError(
                 f"{split} corpus {self.paths[split] or self.paths['train']}: {len(too_long)} pair(s) are empty after "
                 f"tokenizing or longer than data.max_length={self.max_length} tokens, first {too_long[0]}; "
                 "raise data.max_length, or set data.skip_bad_lines to leave them out"
@@ -280,7 +281,7 @@ class TranslationDataModule(LightningDataModule):
                         len(too_long), len(corpus.pairs), self.max_length, ", ".join(too_long[:5]),
                         " ..." if len(too_long) > 5 else "")
         if not examples:
-            raise ValueError(f"{split}: no pair fits max_length={self.max_length} tokens; raise data.max_length")
+            raise UserValueError(f"{split}: no pair fits max_length={self.max_length} tokens; raise data.max_length")
         return PairDataset(examples)
 
     def setup(self, stage: str | None = None) -> None:
@@ -292,7 +293,7 @@ class TranslationDataModule(LightningDataModule):
         if split not in self.datasets:
             self.setup()
         if split not in self.datasets:
-            raise ValueError(f"no {split} split: set data.{split} to a TSV path or [source, target] files")
+            raise UserValueError(f"no {split} split: set data.{split} to a TSV path or [source, target] files")
         dataset = self.datasets[split]
         lengths = [len(s) + len(t) for s, t, *_ in dataset.examples]
         order = EpochSampler(dataset, seed=self.seed) if shuffle else SequentialSampler(dataset)
@@ -335,7 +336,7 @@ class SyntheticTranslationDataModule(TranslationDataModule):
         seed: int = 0,
     ) -> None:
         if task not in SYNTHETIC_TASKS:
-            raise ValueError(f"data.task must be one of {SYNTHETIC_TASKS}, got {task!r}")
+            raise UserValueError(f"data.task must be one of {SYNTHETIC_TASKS}, got {task!r}")
         super().__init__(
             tokenizer="word", share_vocab=share_vocab, max_length=64 if task == "numbers" else max_len + 1,
             batch_size=batch_size, num_workers=num_workers, seed=seed,
@@ -347,7 +348,7 @@ class SyntheticTranslationDataModule(TranslationDataModule):
 
     def load_split(self, split: str) -> Corpus | None:
         if self.sizes["train"] <= 0:
-            raise ValueError(f"data.num_train must be positive, got {self.sizes['train']}")
+            raise UserValueError(f"data.num_train must be positive, got {self.sizes['train']}")
         # Each split excludes the sources of the splits before it: train, then val, then test.
         seen: set[str] = set()
         for name, offset in (("train", 0), ("val", 1), ("test", 2)):
@@ -357,7 +358,7 @@ class SyntheticTranslationDataModule(TranslationDataModule):
             if name == split:
                 return Corpus(pairs, list(range(1, len(pairs) + 1))) if pairs else None
             seen |= {source for source, _ in pairs}
-        raise ValueError(f"unknown split {split!r}")
+        raise UserValueError(f"unknown split {split!r}")
 
 
 __all__ = ["EpochSampler", "LengthBucketBatchSampler", "PairDataset", "SyntheticTranslationDataModule",

@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch import LightningModule
 
 from vit.checkpoint import read_checkpoint, task_of
+from vit.errors import UserValueError
 from vit.tasks.classify import ImageClassifier
 from vit.tasks.translate import Translator
 
@@ -26,7 +27,7 @@ def load_task(path: str | os.PathLike, task_class: type[Task], map_location: str
     found = task_of(read_checkpoint(path, mmap=True))
     if TASKS.get(found) is not task_class:
         what = f"the {TASKS[found].__name__} task" if found in TASKS else "no `vit fit` task"
-        raise ValueError(f"{path}: expected a checkpoint of the {task_class.__name__} task, but it holds {what}")
+        raise UserValueError(f"{path}: expected a checkpoint of the {task_class.__name__} task, but it holds {what}")
     overrides: dict[str, Any] = {"pretrained": None} if task_class is ImageClassifier else {}
     task = task_class.load_from_checkpoint(path, map_location=map_location, weights_only=True, **overrides)
     return task.eval()

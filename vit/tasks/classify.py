@@ -23,6 +23,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 
 from vit.checkpoint import META_KEY
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from vit.errors import UserValueError
 from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, create_model
 from vit.plots import save_confusion_matrix
 from vit.tasks.finetune import apply_freezing, check_strategy, frozen_modules, unfreeze_epoch
@@ -43,7 +44,8 @@ class ImageClassifier(LightningModule):
         img_size: input side (linked from the datamodule); ``None`` keeps the named config's.
         in_chans: input channels (linked from the datamodule); ``None`` keeps the named config's.
         model_kwargs: other ``VisionTransformer`` overrides, e.g. ``{drop_path_rate: 0.1}``.
-        pretrained: weights for ``vit.load_pretrained`` (a file or timm name); a new head is fine.
+        pretrained: weights for ``vit.load_pretrained`` (a file or timm name); a new head is fine. Read by
+            ``configure_model`` (which a Trainer calls), not by the constructor.
         class_names: names of the classes, stored in the checkpoint (linked from the datamodule).
         mean, std: normalisation the data used, stored in the checkpoint (linked from the datamodule);
             ``None``: ImageNet's for 3 channels, 0.5 otherwise.
@@ -108,11 +110,11 @@ class ImageClassifier(LightningModule):
     ) -> None:
         super().__init__()
         if model not in MODEL_CONFIGS:
-            raise ValueError(f"unknown model {model!r}; known models: {', '.join(sorted(MODEL_CONFIGS))}")
+            raise UserValueError(f"unknown model {model!r}; known models: {', '.join(sorted(MODEL_CONFIGS))}")
         if num_classes < 1:
-            raise ValueError(f"num_classes must be at least 1, got {num_classes}")
+            raise UserValueError(f"num_classes must be at least 1, got {num_classes}")
         if class_names is not None and len(class_names) != num_classes:
-            raise ValueError(f"got {len(class_names)} class_names for num_classes={num_classes}")
+            raise UserValueError(f"got {len(class_names)} class_names for num_classes={num_classes}")
         self.save_hyperparameters()
         self.configure_models()
         check_strategy(finetune, freeze_blocks, head_epochs, len(self.model.blocks))
@@ -133,8 +135,7 @@ class ImageClassifier(LightningModule):
         # The full VisionTransformer config, so a checkpoint rebuilds the model on its own.
         self.model_config: dict[str, Any] = {**MODEL_CONFIGS[hp.model], **overrides}
         self.model: VisionTransformer = create_model(hp.model, **overrides)
-        if hp.pretrained:
-            load_pretrained(self.model, hp.pretrained)
+        self.pretrained_loaded = False  # `configure_model` reads the weights: no I/O in the constructor
         self.model_ema = None
         if hp.ema_decay is not None:
             from timm.utils import ModelEmaV3
@@ -153,6 +154,19 @@ class ImageClassifier(LightningModule):
             # model and renames every key "_orig_mod.*". After the EMA copy, which stays eager.
             self.model.compile()
 
+    def configure_model(self) -> None:
+        """Load the ``pretrained`` weights, once (Lightning calls this before every fit/validate/test/predict,
+        and before restoring a checkpoint; call it yourself to use the model outside a Trainer).
+
+        Here rather than in ``__init__``: a missing file or unreachable hub is then a plain error from the
+        command, not a config-validation failure, and a resumed run never reads the original weights."""
+        if self.pretrained_loaded or not self.hparams.pretrained:
+            return
+        load_pretrained(self.model, self.hparams.pretrained)
+        if self.model_ema is not None:
+            self.model_ema.set(self.model)  # the copy was made from the random initialisation
+        self.pretrained_loaded = True
+
     def configure_preprocessing(
         self, class_names: Sequence[str] | None, mean: Sequence[float] | None, std: Sequence[float] | None,
         crop_pct: float, interpolation: str,
@@ -165,7 +179,7 @@ class ImageClassifier(LightningModule):
         if std is None:
             std = IMAGENET_STD if chans == 3 else (0.5,) * chans
         if len(mean) != chans or len(std) != chans:
-            raise ValueError(f"mean {list(mean)} and std {list(std)} need one value per input channel ({chans})")
+            raise UserValueError(f"mean {list(mean)} and std {list(std)} need one value per input channel ({chans})")
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
         self.crop_pct = float(crop_pct)
@@ -192,7 +206,7 @@ class ImageClassifier(LightningModule):
             counts = torch.tensor(self.trainer.datamodule.class_counts("train"), dtype=torch.float32)
             if (counts == 0).any():
                 missing = [name for name, n in zip(self.class_names, counts.tolist()) if n == 0]
-                raise ValueError(f"class_weighting: classes without training images: {missing}")
+                raise UserValueError(f"class_weighting: classes without training images: {missing}")
             weights = counts.sum() / (len(counts) * counts)
             self.configure_losses(weights.to(self.device))
             rank_zero_info("class weights: " + ", ".join(f"{n} {w:.2f}" for n, w in zip(self.class_names, weights)))
@@ -253,7 +267,7 @@ class ImageClassifier(LightningModule):
         hp = self.hparams
         ddp = self.trainer.strategy.model
         if hp.finetune != "full" and isinstance(ddp, DistributedDataParallel) and not ddp.find_unused_parameters:
-            raise ValueError(
+            raise UserValueError(
                 f"finetune: {hp.finetune} freezes parameters, which DDP only allows with find_unused_parameters: "
                 "set trainer.strategy: ddp_find_unused_parameters_true"
             )
@@ -353,12 +367,12 @@ class ImageClassifier(LightningModule):
         meta = checkpoint.get(META_KEY) or {}
         if meta.get("task") != "classify":
             found = f"a {meta['task']!r} task" if meta.get("task") else "no `vit fit` task"
-            raise ValueError(f"this checkpoint holds {found}, not an image classifier")
+            raise UserValueError(f"this checkpoint holds {found}, not an image classifier")
         theirs, ours = meta["model_config"], self.model_config
         differ = [f"{k}: checkpoint {theirs.get(k)!r}, this model {ours.get(k)!r}"
                   for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
         if meta["model_name"] != self.model_name or differ:
-            raise ValueError(
+            raise UserValueError(
                 f"the checkpoint was written for {meta['model_name']} with {theirs.get('num_classes')} classes, "
                 f"this run builds {self.model_name} with {ours.get('num_classes')} classes; they differ in "
                 f"{'; '.join(differ) or 'the model name'}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from vit.errors import UserValueError
 from vit.nn.vision import VisionTransformer
 
 STRATEGIES = ("full", "linear_probe", "partial", "staged")
@@ -24,11 +25,11 @@ STRATEGIES = ("full", "linear_probe", "partial", "staged")
 def check_strategy(finetune: str, freeze_blocks: int, head_epochs: int, depth: int) -> None:
     """A clear error for a strategy name or setting that cannot work."""
     if finetune not in STRATEGIES:
-        raise ValueError(f"model.finetune must be one of {STRATEGIES}, got {finetune!r}")
+        raise UserValueError(f"model.finetune must be one of {STRATEGIES}, got {finetune!r}")
     if finetune == "partial" and not 0 < freeze_blocks <= depth:
-        raise ValueError(f"finetune: partial needs 0 < freeze_blocks <= depth ({depth}), got {freeze_blocks}")
+        raise UserValueError(f"finetune: partial needs 0 < freeze_blocks <= depth ({depth}), got {freeze_blocks}")
     if finetune == "staged" and head_epochs < 1:
-        raise ValueError(f"finetune: staged needs head_epochs >= 1, got {head_epochs}")
+        raise UserValueError(f"finetune: staged needs head_epochs >= 1, got {head_epochs}")
 
 
 def frozen_modules(model: VisionTransformer, finetune: str, freeze_blocks: int, head_epochs: int,

@@ -21,6 +21,7 @@ from torchmetrics.text import SacreBLEUScore
 
 from vit.checkpoint import META_KEY
 from vit.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer, tokenizer_from_dict
+from vit.errors import UserValueError
 from vit.nn.text import Seq2SeqTransformer
 
 log = logging.getLogger(__name__)
@@ -78,16 +79,16 @@ class Translator(LightningModule):
     ) -> None:
         super().__init__()
         if tokenizers is None or not {"source", "target"} <= set(tokenizers):
-            raise ValueError(
+            raise UserValueError(
                 "Translator needs tokenizers={'source': ..., 'target': ...} built from the training "
                 "split; `vit fit` links them from the data module (TranslationDataModule.tokenizers)"
             )
         if decoding not in DECODING:
-            raise ValueError(f"model.decoding must be one of {DECODING}, got {decoding!r}")
+            raise UserValueError(f"model.decoding must be one of {DECODING}, got {decoding!r}")
         if lr_schedule not in ("inverse_sqrt", "constant"):
-            raise ValueError(f"model.lr_schedule must be 'inverse_sqrt' or 'constant', got {lr_schedule!r}")
+            raise UserValueError(f"model.lr_schedule must be 'inverse_sqrt' or 'constant', got {lr_schedule!r}")
         if model_kwargs.get("share_embeddings") and tokenizers["source"] != tokenizers["target"]:
-            raise ValueError("model.share_embeddings needs one vocabulary: set data.share_vocab")
+            raise UserValueError("model.share_embeddings needs one vocabulary: set data.share_vocab")
         self.save_hyperparameters()
         self.source_tokenizer: Tokenizer = tokenizer_from_dict(tokenizers["source"])
         self.target_tokenizer: Tokenizer = tokenizer_from_dict(tokenizers["target"])
@@ -210,7 +211,7 @@ class Translator(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         found = (checkpoint.get(META_KEY) or {}).get("task")
         if found != "translate":
-            raise ValueError(f"this checkpoint holds {f'a {found!r} task' if found else 'no `vit fit` task'}, "
+            raise UserValueError(f"this checkpoint holds {f'a {found!r} task' if found else 'no `vit fit` task'}, "
                              "not a Translator")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
