@@ -17,8 +17,8 @@ from PIL import Image
 
 from tests import CONFIGS
 from tests.conftest import subprocess_env
-from vit.commands import main, run
-from vit.commands.probe import folded_head
+from vit.commands import main, probe, run
+from vit.commands.probe import folded_head, no_test_reason
 
 CLASSES = ("red", "green", "blue")
 
@@ -36,16 +36,170 @@ def noisy_colour_folder(root: Path, per_class: int = 24, size: int = 32) -> Path
     return root
 
 
-def tiny_probe_args(root: Path, tmp_path: Path) -> list[str]:
+def tiny_probe_args(root: Path, tmp_path: Path, out: bool = True, test_fraction: float = 0.25) -> list[str]:
     """`vit probe` on a folder with a one-block ViT of width 32 (random init), without a config file."""
     return [
         "probe", "--model", "vit.tasks.ImageClassifier", "--model.init_args.model", "vit_tiny_patch16_224",
         "--model.init_args.model_kwargs", "{depth: 1, embed_dim: 32, num_heads: 2, patch_size: 8}",
         "--data", "vit.data.ImageFolder", "--data.root", str(root), "--data.img_size", "32",
-        "--data.num_workers", "0", "--data.val_fraction", "0.25", "--data.test_fraction", "0.25",
-        "--seed_everything", "0", "--cache_dir", str(tmp_path / "cache"), "--out", str(tmp_path / "probe.ckpt"),
-        "--C", "0.01", "0.1", "1", "--k", "1", "5",
+        "--data.num_workers", "0", "--data.val_fraction", "0.25", "--data.test_fraction", str(test_fraction),
+        "--seed_everything", "0", "--cache_dir", str(tmp_path / "cache"), "--C", "0.01", "0.1", "1", "--k", "1", "5",
+        *(["--out", str(tmp_path / "probe.ckpt")] if out else []),
     ]
+
+
+# Made-up features on which val and test prefer different C and k (seed 10 of `made_up_features`, checked
+# in the test that uses them): a probe that chooses on test reports other C and k than one that chooses on val.
+C_GRID, K_GRID = (0.001, 0.01, 0.1, 1.0, 10.0), (1, 3, 5, 10, 20)
+
+
+def made_up_features(seed: int = 10, dim: int = 32) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Three overlapping Gaussian classes: 60 train, 45 val and 45 test (features float32-exact, labels)."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(0, 0.35, (3, dim))
+    splits = {}
+    for split, per_class in (("train", 20), ("val", 15), ("test", 15)):
+        y = np.repeat(np.arange(3), per_class)
+        splits[split] = ((means[y] + rng.normal(0, 1, (len(y), dim))).astype(np.float32).astype(np.float64), y)
+    return splits
+
+
+def use_features(monkeypatch, features: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[str]:
+    """Make `vit probe` take ``features`` instead of extracting them; returns the splits it asks for."""
+    asked = []
+
+    def split_features(model, dataset, split, *rest):
+        asked.append(split)
+        x, y = features[split]
+        return torch.tensor(x, dtype=torch.float32), torch.tensor(y), "made up by the test"
+
+    monkeypatch.setattr(probe, "split_features", split_features)
+    return asked
+
+
+def best_on(scores: dict, smaller_first: bool) -> float:
+    """The grid value of the highest score; ties go to the smaller value (C) or the larger one (k)."""
+    return min(scores, key=lambda v: (-scores[v], v if smaller_first else -v))
+
+
+def test_probe_chooses_C_and_k_on_val_and_scores_test_once(tmp_path, monkeypatch, capsys):
+    """Fails if the test split takes any part in choosing C or k: on these features val and test disagree."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neighbors import KNeighborsClassifier
+    from sklearn.preprocessing import StandardScaler
+    from threadpoolctl import threadpool_limits
+
+    features = made_up_features()
+    (x_train, y_train), val, test = features["train"], features["val"], features["test"]
+    # Independently, with sklearn: top-1 on val and on test of every C (cold fits) and every k.
+    lr, knn = {}, {}
+    with threadpool_limits(1, user_api="blas"):
+        scaler = StandardScaler().fit(x_train)
+        for c in C_GRID:
+            clf = LogisticRegression(C=c, max_iter=5000, tol=1e-8).fit(scaler.transform(x_train), y_train)
+            lr[c] = [np.mean(clf.predict(scaler.transform(x)) == y) for x, y in (val, test)]
+        for k in K_GRID:
+            neighbours = KNeighborsClassifier(n_neighbors=k, metric="cosine", algorithm="brute").fit(x_train, y_train)
+            knn[k] = [np.mean(neighbours.predict(x) == y) for x, y in (val, test)]
+    val_c, test_c = (best_on({c: scores[i] for c, scores in lr.items()}, True) for i in (0, 1))
+    val_k, test_k = (best_on({k: scores[i] for k, scores in knn.items()}, False) for i in (0, 1))
+    # The premise: val and test choose differently, and val's C wins by more than a fit's rounding could flip.
+    assert val_c != test_c and val_k != test_k, (lr, knn)
+    assert lr[val_c][0] - max(v for c, (v, _) in lr.items() if c != val_c) >= 2 / len(val[1]), lr
+
+    selection_inputs = []
+    for name in ("fit_logistic", "fit_knn"):
+        original = getattr(probe, name)
+        spy = lambda train, chooser, grid, original=original: (selection_inputs.append((train, chooser)),
+                                                               original(train, chooser, grid))[1]
+        monkeypatch.setattr(probe, name, spy)
+    use_features(monkeypatch, features)
+    root = noisy_colour_folder(tmp_path / "images", per_class=4)
+    args = tiny_probe_args(root, tmp_path)
+    args[args.index("--C"):args.index("--k") + 3] = ["--C", *map(str, C_GRID), "--k", *map(str, K_GRID)]
+    result = run(args)
+    out = capsys.readouterr().out
+
+    assert (result["logistic_C"], result["knn_k"]) == (val_c, val_k)
+    assert f"C={val_c:g}, chosen on val" in out and f"k={val_k}, chosen on val" in out
+    assert result["logistic_val_acc"] == pytest.approx(lr[val_c][0], abs=1.01 / len(val[1]))
+    assert (result["knn_val_acc"], result["knn_test_acc"]) == pytest.approx(knn[val_k])
+    assert result["logistic_test_acc"] == pytest.approx(lr[val_c][1], abs=1.01 / len(test[1]))
+    assert result["held_out_test"] is True
+    # Both choices saw train and val, never a test feature or label.
+    assert len(selection_inputs) == 2
+    for train, chooser in selection_inputs:
+        np.testing.assert_array_equal(train[0], x_train)
+        np.testing.assert_array_equal(chooser[0], val[0])
+        np.testing.assert_array_equal(chooser[1], val[1])
+
+
+def test_probe_without_a_test_split_reports_val_only(tmp_path, monkeypatch, capsys):
+    features = made_up_features()
+    asked = use_features(monkeypatch, features)
+    root = noisy_colour_folder(tmp_path / "images", per_class=4)
+    result = run(tiny_probe_args(root, tmp_path, test_fraction=0))
+    out = capsys.readouterr().out
+    assert asked == ["train", "val"]  # the val images are not scored a second time as "test"
+    assert "test: none held out (the test split is the val split), so no test figure" in out
+    assert "--data.test_fraction" in out  # and how to get one
+    assert "test top-1" not in out and out.count("no test figure (no held-out test split)") == 2
+    assert result["logistic_test_acc"] is None and result["knn_test_acc"] is None
+    assert result["held_out_test"] is False and result["logistic_val_acc"] > 0
+    from vit.checkpoint import read_checkpoint
+
+    assert read_checkpoint(result["checkpoint"])["probe"]["logistic_test_acc"] is None
+
+
+def test_no_test_reason_sees_the_val_images_under_another_name():
+    from types import SimpleNamespace as Data
+
+    from vit.data.cifar import TransformedSubset
+    from vit.data.folder import ImageFiles
+
+    files = [(f"{i}.png", i % 2) for i in range(6)]
+    val = ImageFiles(files[:4])
+    assert no_test_reason(Data(val_set=val, test_set=ImageFiles(files[4:]))) is None
+    assert no_test_reason(Data(val_set=val, test_set=val)) == "the test split is the val split"
+    assert no_test_reason(Data(val_set=val, test_set=ImageFiles(files[:4]))) == "the test split is the val split"
+    assert no_test_reason(Data(val_set=val, test_set=ImageFiles(files[3:]))) == \
+        "the test split shares 1 of its 3 images with val"
+    assert no_test_reason(Data(val_set=val, test_set=None)) == "the data has no test split"
+    cifar_test = list(range(10))  # CIFAR with val_size 0: val and test are two subsets of the test images
+    subset = lambda dataset, n: TransformedSubset(dataset, range(n), None)
+    same = Data(val_set=subset(cifar_test, 10), test_set=subset(cifar_test, 10))
+    assert no_test_reason(same) == "the test split is the val split"
+    assert no_test_reason(Data(val_set=subset(cifar_test, 5), test_set=subset(list(range(10)), 10))) is None
+
+
+def test_probe_checkpoint_goes_to_a_run_folder_beside_vit_fits_or_to_out(tmp_path, monkeypatch, capsys):
+    from lightning.pytorch.loggers import CSVLogger
+
+    use_features(monkeypatch, made_up_features())
+    root = noisy_colour_folder(tmp_path / "images", per_class=4)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    # No logger in the config: `vit fit` logs to ./lightning_logs/version_N; the probe's runs go beside them.
+    for version in (0, 1):
+        result = run(tiny_probe_args(root, tmp_path, out=False))
+        expected = Path("lightning_logs", "probe", f"version_{version}", "linear_probe.ckpt")
+        assert Path(result["checkpoint"]) == expected and (work / expected).is_file()
+        assert f"saved the backbone with the logistic-regression head to {expected}" in capsys.readouterr().out
+    # The config's logger (as in configs/digits.yaml): under its save_dir/name, where `vit fit` puts version_N.
+    config = tmp_path / "logger.yaml"
+    config.write_text("trainer:\n  default_root_dir: elsewhere\n  logger:\n"
+                      "    class_path: lightning.pytorch.loggers.CSVLogger\n"
+                      "    init_args: {save_dir: runs, name: colours}\n")
+    result = run([*tiny_probe_args(root, tmp_path, out=False), "--config", str(config)])
+    fit_run = Path(CSVLogger(save_dir="runs", name="colours").log_dir)  # runs/colours/version_0
+    assert Path(result["checkpoint"]) == fit_run.parent / "probe" / "version_0" / "linear_probe.ckpt"
+    assert (work / result["checkpoint"]).is_file() and not (work / "elsewhere").exists()
+    # --out: exactly there, and no run folder.
+    out = tmp_path / "mine" / "head.ckpt"
+    result = run([*tiny_probe_args(root, tmp_path, out=False), "--out", str(out)])
+    assert Path(result["checkpoint"]) == out and out.is_file()
+    assert sorted(p.name for p in (work / "lightning_logs" / "probe").iterdir()) == ["version_0", "version_1"]
 
 
 @pytest.mark.parametrize("num_classes, trained", [(2, 2), (4, 3)])
@@ -91,7 +245,7 @@ def test_probe_on_a_folder_caches_features_and_its_checkpoint_predicts_the_same(
     labels = [data.class_names[label] for _, label in data.test_set.samples]
     rows = run(["predict", "--ckpt", first["checkpoint"], *files, "--out", str(tmp_path / "p.csv"), "--top_k", "1"])
     assert [Path(r["path"]) for r in rows] == [Path(f) for f in files]
-    predicted_right = np.mean([r["classes"][0] == label for r, label in zip(rows, labels)])
+    predicted_right = np.mean([r["top_k"][0]["name"] == label for r, label in zip(rows, labels)])
     assert predicted_right == pytest.approx(first["logistic_test_acc"], abs=1e-9)
 
     main(["attention", "--ckpt", first["checkpoint"], files[0], "--out", str(tmp_path / "maps"), "--layer", "0"])
@@ -163,5 +317,5 @@ def test_vit_probe_on_the_digits_in_under_30_s(tmp_path, digits_run, digit_pngs)
     paths, labels = digit_pngs
     rows = run(["predict", "--ckpt", str(tmp_path / "trained.ckpt"), *map(str, paths), "--out",
                  str(tmp_path / "p.csv"), "--top_k", "1"])
-    accuracy = np.mean([int(r["classes"][0]) == label for r, label in zip(rows, labels)])
+    accuracy = np.mean([r["top_k"][0]["class"] == label for r, label in zip(rows, labels)])
     assert accuracy == pytest.approx(figures["trained"][0], abs=2 / len(labels))

@@ -8,9 +8,12 @@ The model and data come from the same config and flags as `vit fit` (the trainer
 The evaluated weights' pooled, pre-logits features of the train, val and test splits are extracted
 once, the training split through the evaluation transform (no augmentation), and cached on disk under a
 hash of the weights and the data. On them: a logistic regression (standardised features, C chosen on
-val) and a cosine kNN (k chosen on val), whose val and test top-1 are printed. The backbone with the
-logistic regression folded into its head (scaler included) is saved as a `vit fit`-format checkpoint
-that `vit predict --ckpt`, `vit attention --ckpt` and ``--model.init_args.pretrained`` accept.
+val) and a cosine kNN (k chosen on val), whose val and test top-1 are printed. C and k are chosen on val
+only, so the test figure comes from images that chose nothing; where the data has no test split apart
+from val (e.g. ``test_fraction: 0``), only val figures are reported, and they say so. The backbone with
+the logistic regression folded into its head (scaler included) is saved as a `vit fit`-format checkpoint
+that `vit predict --ckpt`, `vit attention --ckpt` and ``--model.init_args.pretrained`` accept, in a run
+folder next to `vit fit`'s runs of the same config: ``<logger save_dir>/<name>/probe/version_N/``.
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from vit.checkpoint import META_KEY, save_checkpoint
+from vit.errors import UserValueError
 
 C_GRID = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
 K_GRID = (1, 3, 5, 10, 20, 50)
 SPLITS = ("train", "val", "test")
+CHECKPOINT_NAME = "linear_probe.ckpt"
 
 
 def default_cache_dir() -> Path:
@@ -49,15 +54,17 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         usage="vit probe --config CFG [--model.* ...] [--data.* ...] [--out CKPT] [--C C ...] [--k K ...] "
         "[--cache_dir DIR] [--no_cache] [--device DEV] [--batch_size N] [--num_workers N]",
         description="Linear-probe and kNN baseline on frozen ViT features, before fine-tuning. Prints the "
-        "val and test top-1 of a logistic regression and a cosine kNN, and saves the linear head as a "
-        "checkpoint for `vit predict --ckpt` and `vit attention --ckpt`.",
+        "val and test top-1 of a logistic regression and a cosine kNN (C and k chosen on val; no test figure "
+        "when the data has no test split apart from val), and saves the linear head as a checkpoint for "
+        "`vit predict --ckpt` and `vit attention --ckpt`.",
         epilog="Model and data: any other argument is `vit fit`'s, e.g. --config configs/digits.yaml, "
         "--model.init_args.pretrained NAME_OR_FILE, --data vit.data.ImageFolder --data.root DIR "
         "(see `vit fit --help`). The trainer's settings are ignored: the probe trains nothing by gradient.",
     )
-    parser.add_argument("--out", type=Path, default=Path("linear_probe.ckpt"),
-                        help="where to save the backbone with the logistic regression as its head "
-                        "(default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where to save the backbone with the logistic regression as its head (default: "
+                        f"{CHECKPOINT_NAME} in a new run folder next to `vit fit`'s: the config's logger "
+                        "save_dir/name/probe/version_N, e.g. logs/digits/probe/version_0)")
     parser.add_argument("--C", type=float, nargs="+", default=list(C_GRID), dest="C",
                         help="inverse L2 strengths to try; the best on val is kept (default: %(default)s)")
     parser.add_argument("--k", type=int, nargs="+", default=list(K_GRID),
@@ -81,9 +88,10 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, rest
 
 
-def build(argv: list[str]) -> tuple[Any, Any]:
-    """(ImageClassifier, ImageDataModule) from `vit fit`'s arguments, through the same LightningCLI parser."""
-    from vit.cli import DESCRIPTION, VitCLI
+def build(argv: list[str]) -> tuple[Any, Any, Path]:
+    """(ImageClassifier, ImageDataModule, the folder `vit fit` logs runs in) from `vit fit`'s arguments,
+    through the same LightningCLI parser."""
+    from vit.cli import DESCRIPTION, VitArgumentParser, VitCLI, experiment_folder
 
     class ProbeCLI(VitCLI):
         def parse_arguments(self, parser: Any, args: Any) -> None:
@@ -94,11 +102,64 @@ def build(argv: list[str]) -> tuple[Any, Any]:
             return None
 
     cli = ProbeCLI(model_class=None, datamodule_class=None, subclass_mode_model=True, subclass_mode_data=True,
-                   args=argv, run=False, parser_kwargs={"description": DESCRIPTION})
+                   args=argv, run=False, parser_kwargs={"description": DESCRIPTION}, parser_class=VitArgumentParser)
     if not hasattr(cli.model, "eval_model") or not hasattr(cli.datamodule, "eval_split"):
-        raise ValueError(f"vit probe needs an image classifier and an image datamodule, got "
+        raise UserValueError(f"vit probe needs an image classifier and an image datamodule, got "
                          f"{type(cli.model).__name__} and {type(cli.datamodule).__name__}")
-    return cli.model, cli.datamodule
+    cli.model.configure_model()  # the pretrained weights, which a Trainer would load
+    return cli.model, cli.datamodule, experiment_folder(cli.config.get("trainer") or {})
+
+
+# ---- where the run goes, and which splits are held out -------------------------------------------------
+def new_run_folder(folder: Path) -> Path:
+    """A new ``folder/version_N``, N one past the largest there (as Lightning's loggers number runs)."""
+    while True:
+        versions = [int(p.name[8:]) for p in folder.glob("version_*") if p.name[8:].isdigit()]
+        path = folder / f"version_{max(versions, default=-1) + 1}"
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:  # another probe took it meanwhile
+            continue
+
+
+def _members(dataset: Dataset) -> set | None:
+    """What identifies a split's images (file paths, or indices into one dataset), or None if unknown."""
+    if hasattr(dataset, "samples"):
+        return {str(path) for path, _ in dataset.samples}
+    if hasattr(dataset, "indices") and hasattr(dataset, "dataset"):  # CIFAR's subsets
+        return {(id(dataset.dataset), int(i)) for i in dataset.indices}
+    return None
+
+
+def no_test_reason(data: Any) -> str | None:
+    """Why the datamodule's test split is no held-out test (it is missing, is the val split or shares
+    images with it), or None when it is one."""
+    val, test = data.val_set, data.test_set
+    if test is None:
+        return "the data has no test split"
+    if test is val:
+        return "the test split is the val split"
+    val_ids, test_ids = _members(val), _members(test)
+    if val_ids is None or test_ids is None:  # a dataset of unknown kind: its splits are trusted apart
+        return None
+    shared = len(val_ids & test_ids)
+    if shared and shared == len(test_ids):
+        return "the test split is the val split"
+    if shared:
+        return f"the test split shares {shared} of its {len(test_ids)} images with val"
+    return None
+
+
+def test_split_hint(data: Any) -> str:
+    """How to give this datamodule a held-out test split."""
+    if getattr(data, "split_folders", False):
+        return f"add a test/ folder next to {data.root}/train and val"
+    if hasattr(data, "test_fraction"):
+        return "set --data.test_fraction (e.g. 0.1)"
+    if hasattr(data, "val_size"):
+        return "set --data.val_size (e.g. 5000) to hold val out of the training images"
+    return "give the datamodule a test split apart from val"
 
 
 # ---- features, cached ---------------------------------------------------------------------------------
@@ -253,41 +314,50 @@ def probe_checkpoint(module: Any, head: tuple[Tensor, Tensor], results: dict[str
 
 
 def main(argv: Sequence[str]) -> dict[str, Any]:
-    """Run `vit probe` with the given arguments (without the command name); returns the figures printed."""
+    """Run `vit probe` with the given arguments (without the command name); returns the figures printed.
+
+    ``*_test_acc`` are None, and ``held_out_test`` False, when the data has no test split apart from val."""
     from threadpoolctl import threadpool_limits
 
     args, rest = parse_args(argv)
-    module, data = build(rest)
+    module, data, experiment = build(rest)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     model = module.eval_model.to(device).eval()
     data.prepare_data()
     data.setup("fit")
     num_workers = data.num_workers if args.num_workers is None else args.num_workers
     started, weights, found = time.perf_counter(), weights_key(model, module.model_config), {}
+    no_test = no_test_reason(data)
     for split in SPLITS:
-        if split == "test" and data.test_set is data.val_set:
-            found["test"] = found["val"]
-            print("test: no separate test split; the test figures are the val figures")
+        if split == "test" and no_test:
+            print(f"test: none held out ({no_test}), so no test figure: C and k are chosen on val, and the val "
+                  f"figures, on the images that chose them, are optimistic. For a test figure, {test_split_hint(data)}")
             continue
         *found[split], how = split_features(model, data.eval_split(split), split, weights, args, device, num_workers)
         print(f"{split}: {len(found[split][1])} images, {found[split][0].shape[1]} features: {how}")
     print(f"features ready in {time.perf_counter() - started:.1f} s")
-    train, val, test = ((f.numpy().astype(np.float64), y.numpy()) for f, y in (found[s] for s in SPLITS))
+    as_numpy = lambda split: (found[split][0].numpy().astype(np.float64), found[split][1].numpy()) \
+        if split in found else None
+    train, val, test = map(as_numpy, SPLITS)  # test: None without a held-out test split
 
     with threadpool_limits(blas_threads(*train[0].shape), user_api="blas"):
+        # Selection sees train and val only; the test split, if any, is scored once, by what val chose.
         scaler, clf, c, lr_val = fit_logistic(train, val, args.C)
-        lr_test = accuracy(clf.predict(scaler.transform(test[0])), test[1])
         ks = {min(k, len(train[1])) for k in args.k}  # no more neighbours than training images
         knn, k, knn_val = fit_knn(train, val, ks)
-        knn_test = accuracy(knn.predict(test[0]), test[1])
+        lr_test = None if test is None else accuracy(clf.predict(scaler.transform(test[0])), test[1])
+        knn_test = None if test is None else accuracy(knn.predict(test[0]), test[1])
     chosen = lambda grid: f"chosen on val from {', '.join(map(str, sorted(set(grid))))}" if len(set(grid)) > 1 \
         else "fixed"
-    print(f"logistic regression (C={c:g}, {chosen(args.C)}): val top-1 {lr_val:.4f}, test top-1 {lr_test:.4f}")
-    print(f"cosine kNN (k={k}, {chosen(ks)}): val top-1 {knn_val:.4f}, test top-1 {knn_test:.4f}")
+    scored = lambda val_acc, test_acc: f"val top-1 {val_acc:.4f}, " + (
+        "no test figure (no held-out test split)" if test_acc is None else f"test top-1 {test_acc:.4f}")
+    print(f"logistic regression (C={c:g}, {chosen(args.C)}): {scored(lr_val, lr_test)}")
+    print(f"cosine kNN (k={k}, {chosen(ks)}): {scored(knn_val, knn_test)}")
 
     results = {"logistic_C": c, "logistic_val_acc": lr_val, "logistic_test_acc": lr_test,
-               "knn_k": k, "knn_val_acc": knn_val, "knn_test_acc": knn_test}
+               "knn_k": k, "knn_val_acc": knn_val, "knn_test_acc": knn_test, "held_out_test": test is not None}
     head = folded_head(scaler, clf, module.hparams.num_classes)
-    out = save_checkpoint(probe_checkpoint(module, head, results), args.out)
+    path = args.out or new_run_folder(experiment / "probe") / CHECKPOINT_NAME
+    out = save_checkpoint(probe_checkpoint(module, head, results), path)
     print(f"saved the backbone with the logistic-regression head to {out} (vit predict --ckpt {out} IMAGES)")
     return {**results, "checkpoint": str(out)}
