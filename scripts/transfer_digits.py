@@ -90,11 +90,20 @@ def pretrain(data: Digits, epochs: int, root: Path) -> Path:
     return path
 
 
-def learn(method: str, lr: float, pretrained: Path | None, train: Dataset, steps: int, root: Path) -> ImageClassifier:
-    """One run of ``method`` on the labelled images of digits 5-9."""
+def learn(
+    method: str, lr: float, pretrained: Path | None, train: Dataset, steps: int, root: Path, seed: int
+) -> ImageClassifier:
+    """One run of ``method`` on the labelled images of digits 5-9, seeded with ``seed``.
+
+    Seeded here, not once per script: the new head (or the whole scratch model), the batch order and the
+    augmentation then depend on this run alone, so a draw scores the same whichever draws ran before it,
+    and every learning rate of the grid starts from the same weights.
+    """
+    seed_everything(seed, verbose=False)
     model = ImageClassifier(model=MODEL, num_classes=5, lr=lr, warmup_steps=steps // 10, min_lr=lr / 100,
                             pretrained=str(pretrained) if pretrained else None, **METHODS[method])
     if pretrained:
+        model.configure_model()  # load the 0-4 weights now (a Trainer would, but after the reset below)
         model.model.reset_classifier(5)  # the 0-4 head has the right shape, but means other classes
     trainer(steps, root).fit(model, DataLoader(train, batch_size=len(train), shuffle=True))
     return model
@@ -126,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
             val = Relabelled(data.val_set, val_idx, 5)
             for method in METHODS:
                 pretrained = None if method == "scratch" else checkpoint
-                best = max(((accuracy(m := learn(method, lr, pretrained, train, args.steps, root), val), lr, m)
+                best = max(((accuracy(m := learn(method, lr, pretrained, train, args.steps, root, seed), val), lr, m)
                             for lr in args.lrs), key=lambda r: r[0])
                 scores[method].append(accuracy(best[2], test))
                 print(f"seed {seed}, {method:<12} lr {best[1]:g} (val {best[0]:.2f}): "

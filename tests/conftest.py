@@ -8,7 +8,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # fail fast instead of retrying fo
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
+import contextlib
 import csv
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,3 +149,24 @@ def exported(fitted, tmp_path_factory) -> Exported:
         main(["export", "--ckpt", str(best), "--format", "safetensors", "--out", str(root / "st")])
     return Exported(best, root / "onnx" / "model.onnx", root / "onnx" / "model.int8.onnx", root / "st",
                     printed.getvalue())
+
+
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[int]:
+    """Run the block under the process umask ``mask``; yields the mode a new file gets (0644 under 022)."""
+    old = os.umask(mask)
+    try:
+        yield 0o666 & ~mask
+    finally:
+        os.umask(old)
+
+
+@pytest.fixture(autouse=True)
+def no_process_group_left_behind() -> Iterator[None]:
+    """An in-process DDP run (world size 1, e.g. scripts/gpu_check.py on the CPU) leaves torch.distributed
+    initialised, and every later test would then log as if distributed. Destroy it after the test."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import subprocess_env
+from tests.conftest import subprocess_env, umask
 from vit.checkpoint import (
     DamagedCheckpointError,
     describe_checkpoints,
@@ -21,6 +21,7 @@ from vit.checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
+from vit.training import AtomicCheckpointIO
 
 # A child that saves a small checkpoint, then a large one (about 400 MB) through the given writer, over and over.
 WRITER = textwrap.dedent("""
@@ -81,6 +82,19 @@ def test_save_checkpoint_replaces_atomically_and_leaves_no_temp_file(tmp_path):
     save_checkpoint({"epoch": 2, "w": torch.zeros(3)}, path)
     assert read_checkpoint(path)["epoch"] == 2
     assert [p.name for p in path.parent.iterdir()] == ["model.ckpt"]
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_atomic_saves_get_the_umasks_mode_and_keep_a_replaced_files_mode(tmp_path, mask):
+    """A temporary file renamed into place is not created 0600 (as mkstemp's are): the umask decides."""
+    path = tmp_path / "ckpt" / "last.ckpt"
+    with umask(mask) as expected:
+        AtomicCheckpointIO().save_checkpoint({"epoch": 1}, path)  # what Lightning calls in `vit fit`
+        assert oct(path.stat().st_mode & 0o777) == oct(expected)
+        # a mode chosen for the old file survives the next save, as with an overwrite in place
+        path.chmod(0o600)
+        save_checkpoint({"epoch": 2}, path)
+    assert oct(path.stat().st_mode & 0o777) == oct(0o600) and read_checkpoint(path)["epoch"] == 2
 
 
 def test_a_damaged_checkpoint_is_named_with_the_intact_ones_beside_it(tmp_path):

@@ -84,7 +84,7 @@ def test_resume_with_ckpt_path_last_continues_from_the_saved_step(tmp_path):
     assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["global_step"] == 9
 
     with pytest.raises(FileNotFoundError, match="no last"):
-        main(["fit", *short_run(tmp_path / "fresh"), "--ckpt_path", "last"])
+        cli(["fit", *short_run(tmp_path / "fresh"), "--ckpt_path", "last"])
 
 
 @pytest.mark.slow
@@ -120,12 +120,36 @@ def test_print_config_and_links_from_an_image_folder(tmp_path, capsys):
         "--data.num_workers=0", "--data.batch_size=4", "--data.val_fraction=0.25",
         "--model=vit.tasks.ImageClassifier", "--model.model=vit_tiny_patch16_224",
         "--model.model_kwargs={depth: 1, patch_size: 8}",
-        f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1",
+        f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1", "--trainer.log_every_n_steps=1",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
     ])
     model = run.model
     assert model.model.head.out_features == 3 and model.class_names == ["circle", "square", "star"]
     assert model.model.img_size == (16, 16) and model.model.in_chans == 3 and model.crop_pct == 0.875
+
+
+def test_a_single_folder_holds_out_a_test_split_and_without_one_nothing_is_called_test(tmp_path, capsys):
+    """80/10/10 by default, so `vit fit` reports a test figure from images that chose nothing; with
+    test_fraction 0 it reports val, named as val."""
+    root = tmp_path / "shapes"
+    write_class_folders(root, ["circle", "square"], per_class=20, size=16)
+    common = [
+        "fit", "--data=vit.data.ImageFolder", f"--data.root={root}", "--data.img_size=16", "--data.num_workers=0",
+        "--data.batch_size=8", "--model=vit.tasks.ImageClassifier", "--model.model=vit_tiny_patch16_224",
+        "--model.model_kwargs={depth: 1, patch_size: 8}", "--trainer.max_epochs=1", "--test_after_fit=true",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+    ]
+    run = cli([*common, f"--trainer.default_root_dir={tmp_path / 'split'}"])
+    sizes = [len(s) for s in (run.datamodule.train_set, run.datamodule.val_set, run.datamodule.test_set)]
+    assert sizes == [32, 4, 4]
+    test_files = {p for p, _ in run.datamodule.test_set.samples}
+    assert not test_files & {p for p, _ in run.datamodule.train_set.samples + run.datamodule.val_set.samples}
+    printed = capsys.readouterr().out
+    assert "test accuracy of" in printed and "val accuracy" not in printed
+    run = cli([*common, "--data.test_fraction=0", f"--trainer.default_root_dir={tmp_path / 'no_test'}"])
+    printed = capsys.readouterr().out
+    assert "val accuracy of" in printed and "no test split is held out" in printed and "test accuracy" not in printed
+    assert "test_acc" not in run.trainer.callback_metrics
 
 
 def test_another_model_class_keeps_its_own_defaults(tmp_path, capsys):
@@ -143,7 +167,8 @@ def test_another_model_class_keeps_its_own_defaults(tmp_path, capsys):
 
 
 def test_links_are_skipped_when_model_or_data_lacks_the_name(tmp_path):
-    common = [f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1", "--checkpoint.monitor=null",
+    common = [f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1", "--trainer.log_every_n_steps=1",
+              "--checkpoint.monitor=null",
               "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
     # the model lacks num_classes etc.: only `mean` is linked from the digits
     run = cli(["fit", "--model=tests.dummies.NoClassesModel", "--data=vit.data.Digits", *common])
@@ -171,12 +196,20 @@ def test_tensorboard_logger_config_writes_events(tmp_path):
 
 @pytest.mark.slow
 def test_ddp_on_two_cpu_processes_with_ema(tmp_path):
-    """The DDP path (gloo on CPU) with EMA: two ranks train, validate (EMA weights, synced metrics), save."""
+    """The DDP path (gloo on CPU) with EMA: two ranks train, validate (EMA weights, synced metrics), save.
+
+    The model trains 192 steps, so it is well above chance (a model at chance scores about the same whatever
+    its weights), and validation stops after 2 of each rank's 3 batches, so the images seen are a subset
+    that only the right shares, limit and sync add up to.
+    """
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "vit", "fit", *short_run(tmp_path, steps=2), "--trainer.strategy=ddp",
-           "--trainer.devices=2", "--trainer.limit_val_batches=2", "--test_after_fit=false",
+    epochs, steps, batch, val_batches = 12, 16, 32, 2
+    cmd = [sys.executable, "-m", "vit", "fit", *short_run(tmp_path, steps=steps), "--trainer.strategy=ddp",
+           "--trainer.devices=2", f"--trainer.max_epochs={epochs}", f"--trainer.check_val_every_n_epoch={epochs}",
+           f"--trainer.limit_val_batches={val_batches}", f"--data.init_args.batch_size={batch}",
+           "--model.init_args.warmup_epochs=0", "--test_after_fit=false",
            "--trainer.callbacks+=tests.dummies.RecordWorldSize"]
     with socket.socket() as probe:  # a port free now, rather than one Lightning picks while others bind
         probe.bind(("127.0.0.1", 0))
@@ -188,7 +221,7 @@ def test_ddp_on_two_cpu_processes_with_ema(tmp_path):
     rows = list(csv.DictReader((tmp_path / "logs" / "digits" / "version_0" / "metrics.csv").open()))
     val_acc = [float(r["val_acc"]) for r in rows if r.get("val_acc")]
     saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
-    assert saved["global_step"] == 2 and any(k.startswith("model_ema.") for k in saved["state_dict"])
+    assert saved["global_step"] == epochs * steps and any(k.startswith("model_ema.") for k in saved["state_dict"])
     # The synced val_acc, recomputed in one process: each rank's first 2 batches of its DistributedSampler
     # share, scored with the EMA weights the checkpoint kept (validation ran after the last step).
     import yaml
@@ -201,14 +234,23 @@ def test_ddp_on_two_cpu_processes_with_ema(tmp_path):
     data.setup("validate")
     model = load_classifier(tmp_path / "ckpt" / "last.ckpt").eval()
     shares = [list(DistributedSampler(data.val_set, 2, rank, shuffle=False)) for rank in (0, 1)]
-    seen = [i for share in shares for i in share[:2 * data.batch_size]]
-    x, y = torch.stack([data.val_set[i][0] for i in seen]), torch.tensor([int(data.val_set[i][1]) for i in seen])
-    with torch.no_grad():
-        expected = (model(x).argmax(1) == y).float().mean().item()
+    assert all(len(share) > val_batches * batch for share in shares)  # the limit leaves batches out
+
+    def accuracy(indices: list[int]) -> float:
+        x = torch.stack([data.val_set[i][0] for i in indices])
+        y = torch.tensor([int(data.val_set[i][1]) for i in indices])
+        with torch.no_grad():
+            return (model(x).argmax(1) == y).float().mean().item()
+
+    seen = [share[: val_batches * batch] for share in shares]
+    expected = accuracy(seen[0] + seen[1])
+    assert expected > 0.3  # 10 classes: well above chance
+    assert accuracy(seen[0]) != expected  # so rank 0's own figure, unsynced, would not pass
     assert len(val_acc) == 1 and val_acc[0] == pytest.approx(expected, abs=1e-6)
 
 
 @pytest.mark.slow
+@pytest.mark.network  # pip installs lightning: not in the default run; .ci/run runs it on its own
 def test_cli_runs_on_the_lowest_lightning_we_declare(tmp_path):
     """pyproject.toml's lower bound for lightning is tested, not hoped for: install exactly that version
     beside this environment and run a fit, a resume from last.ckpt and a test through `vit`."""

@@ -21,11 +21,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests import CONFIGS
 from tests.conftest import short_digits_run, subprocess_env
-from vit.checkpoint import DamagedCheckpointError, load_classifier
+from vit.checkpoint import DamagedCheckpointError, load_classifier, save_checkpoint
 from vit.cli import cli
 from vit.commands import main
+from vit.commands import run as run_vit  # raises what main turns into `error: ...` and exit 1
 from vit.tasks import ImageClassifier
-from vit.training import RandomState, TrainingReport
+from vit.training import AtomicCheckpointIO, RandomState, TrainingReport
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 STEPS = 4  # optimiser steps per epoch in these runs
@@ -107,10 +108,29 @@ def test_sigkill_during_vit_fit_then_resume_finishes_every_epoch(tmp_path):
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
-    killed_at = torch.load(last, weights_only=True)["epoch"]
-    assert 2 <= killed_at < 29
+    saved = torch.load(last, weights_only=True)
+    assert 2 <= saved["epoch"] < 29
     run = cli(["fit", *args, "--ckpt_path", "last"])
     assert run.trainer.current_epoch == 30 and run.trainer.global_step == 30 * STEPS
+    # It went on from the killed step, not from step 0: it trained exactly the steps the killed run had left.
+    rows = csv.DictReader((Path(run.trainer.logger.log_dir) / "metrics.csv").open())
+    trained = sorted(int(r["step"]) for r in rows if r.get("lr-AdamW/decay"))  # logged at every step
+    assert trained == list(range(saved["global_step"], 30 * STEPS))
+
+
+def test_vit_fit_writes_every_checkpoint_through_the_atomic_checkpoint_io(tmp_path, monkeypatch):
+    """`vit fit` installs AtomicCheckpointIO, and the best and last checkpoints are saved by it."""
+    saved = []
+
+    def recording_save(checkpoint: dict, path) -> Path:
+        saved.append(Path(path).name)
+        return save_checkpoint(checkpoint, path)
+
+    monkeypatch.setattr("vit.training.save_checkpoint", recording_save)  # what AtomicCheckpointIO calls
+    run = cli(["fit", *epochs_run(tmp_path, epochs=1)])
+    assert isinstance(run.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    on_disk = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert on_disk == ["best-epoch=0-step=4.ckpt", "last.ckpt"] and sorted(saved) == on_disk
 
 
 def damaged_last(tmp_path: Path) -> Path:
@@ -123,7 +143,7 @@ def damaged_last(tmp_path: Path) -> Path:
 def test_a_damaged_last_ckpt_is_named_with_the_other_checkpoints(tmp_path):
     last = damaged_last(tmp_path)
     with pytest.raises(DamagedCheckpointError) as err:
-        main(["fit", *epochs_run(tmp_path, epochs=3), "--ckpt_path", "last"])
+        run_vit(["fit", *epochs_run(tmp_path, epochs=3), "--ckpt_path", "last"])
     message = str(err.value)
     assert f"checkpoint {last} is damaged" in message
     assert "best-epoch=" in message and "(epoch " in message and "--resume_from_readable" in message
@@ -181,7 +201,7 @@ def test_a_checkpoint_of_another_model_or_task_is_a_clear_error(tmp_path, fitted
               f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false"]
     with pytest.raises(ValueError, match=r"written for vit_digits_patch4_16 with 10 classes, this run builds "
                                          r"vit_digits_patch4_16 with 3 classes.*num_classes: checkpoint 10"):
-        main(["fit", "--config", str(CONFIGS / "digits.yaml"), *folder, "--data.init_args.batch_size=4",
+        run_vit(["fit", "--config", str(CONFIGS / "digits.yaml"), *folder, "--data.init_args.batch_size=4",
               "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}", "--ckpt_path", best])
 
 
@@ -200,7 +220,7 @@ def test_a_translator_checkpoint_given_to_an_image_recipe_is_a_clear_error(tmp_p
     trainer.save_checkpoint(translator)
     with pytest.raises(ValueError, match=r"--ckpt_path .*translator\.ckpt holds a Translator checkpoint \(translate\), "
                                          r"but the config's model is vit.tasks.ImageClassifier"):
-        main(["fit", *short_digits_run(tmp_path / "run"), "--ckpt_path", str(translator)])
+        run_vit(["fit", *short_digits_run(tmp_path / "run"), "--ckpt_path", str(translator)])
     with pytest.raises(ValueError, match="holds a 'translate' task, not an image classifier"):
         ImageClassifier.load_from_checkpoint(translator, weights_only=True)
 

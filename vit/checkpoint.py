@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
+import secrets
+import stat
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,12 +20,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vit.errors import UserPathError, UserValueError
 from vit.nn.vision import VisionTransformer
 
 META_KEY = "vit"  # checkpoint["vit"]: what the task wrote for loading without the training config
 
 
-class DamagedCheckpointError(ValueError):
+class DamagedCheckpointError(UserValueError):
     """A checkpoint file that cannot be read: truncated by a kill, or not a checkpoint at all."""
 
 
@@ -32,12 +34,18 @@ class DamagedCheckpointError(ValueError):
 def save_atomic(write: Callable[[Any], None], path: str | os.PathLike) -> Path:
     """Write a file through ``write(file_object)`` so that a kill at any moment leaves the old file or
     the new one, never a torn one: a temporary file in the same folder (same filesystem), flushed
-    and fsynced, then renamed over ``path`` with ``os.replace``."""
+    and fsynced, then renamed over ``path`` with ``os.replace``.
+
+    The file gets the mode a plain ``open(path, "wb")`` would give it: the umask's (0644 under umask
+    022) for a new file, the old file's mode when one is replaced.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
+            if path.exists():  # as an overwrite in place would, keep a mode the user chose
+                os.fchmod(f.fileno(), stat.S_IMODE(path.stat().st_mode))
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -51,6 +59,22 @@ def save_atomic(write: Callable[[Any], None], path: str | os.PathLike) -> Path:
     finally:
         os.close(dir_fd)
     return path
+
+
+def _create_temp(path: Path) -> tuple[int, str]:
+    """A new, empty ``.NAME.XXXX.tmp`` beside ``path``, opened for writing: (fd, its path).
+
+    Not `tempfile.mkstemp`: it creates files 0600, and the rename would keep that. Opening with 0666
+    lets the kernel apply the umask (or the folder's default ACL) itself, so no umask is read or set
+    (``os.umask`` can only be read by setting it, a race with other threads creating files).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:  # another writer drew the same name: draw again
+            continue
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> Path:
@@ -118,7 +142,7 @@ def read_checkpoint(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+        raise UserPathError(f"checkpoint not found: {path}")
     if not is_intact(path):
         raise DamagedCheckpointError(damaged_message(path, "not a complete torch zip file"))
     try:
@@ -126,7 +150,7 @@ def read_checkpoint(
     except Exception as e:  # a torn file fails in the zip reader or the unpickler
         raise DamagedCheckpointError(damaged_message(path, f"{type(e).__name__}: {e}")) from e
     if not isinstance(checkpoint, dict):
-        raise ValueError(f"{path}: expected a checkpoint dict, found {type(checkpoint).__name__}")
+        raise UserValueError(f"{path}: expected a checkpoint dict, found {type(checkpoint).__name__}")
     return checkpoint
 
 
@@ -141,7 +165,7 @@ def expect_task(checkpoint: dict[str, Any], task: str, path: str | os.PathLike) 
     found = task_of(checkpoint)
     if found != task:
         what = f"a {found!r} checkpoint" if found else "not a checkpoint written by `vit fit`"
-        raise ValueError(f"{path}: expected a {task!r} checkpoint from `vit fit`, but it is {what}")
+        raise UserValueError(f"{path}: expected a {task!r} checkpoint from `vit fit`, but it is {what}")
     return checkpoint[META_KEY]
 
 
@@ -160,7 +184,7 @@ class Classifier(nn.Module):
     ) -> None:
         super().__init__()
         if len(class_names) != model.num_classes:
-            raise ValueError(f"{len(class_names)} class names for a {model.num_classes}-class model")
+            raise UserValueError(f"{len(class_names)} class names for a {model.num_classes}-class model")
         self.model = model
         self.model_name = model_name
         self.class_names = list(class_names)

@@ -12,9 +12,10 @@ import timm
 import torch
 
 import vit
+from tests.conftest import umask
 from vit import export
 from vit.checkpoint import load_classifier
-from vit.commands import main
+from vit.commands import main, run
 from vit.nn.vision import MODEL_CONFIGS
 
 
@@ -143,19 +144,30 @@ def test_avg_pool_model_round_trips_through_timm(tmp_path):
         torch.testing.assert_close(theirs(x), model(x), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_exported_files_get_the_umasks_mode(fitted, tmp_path, mask):
+    """Every file `vit export` writes is as readable as the umask says (0644 under 022), not mkstemp's 0600."""
+    best = str(next((fitted / "ckpt").glob("best-*.ckpt")))
+    with umask(mask) as expected:
+        main(["export", "--ckpt", best, "--format", "onnx", "--out", str(tmp_path), "--quantize", "int8"])
+        main(["export", "--ckpt", best, "--format", "safetensors", "--out", str(tmp_path)])
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in tmp_path.iterdir()}  # every file written
+    assert modes == dict.fromkeys(["config.json", "model.int8.onnx", "model.onnx", "model.safetensors"], oct(expected))
+
+
 def test_export_errors_name_the_problem(fitted, tmp_path, capsys):
     best = str(next((fitted / "ckpt").glob("best-*.ckpt")))
     with pytest.raises(FileNotFoundError, match=r"missing\.ckpt"):
-        main(["export", "--ckpt", str(tmp_path / "missing.ckpt"), "--format", "safetensors", "--out", "x"])
+        run(["export", "--ckpt", str(tmp_path / "missing.ckpt"), "--format", "safetensors", "--out", "x"])
     translator = tmp_path / "translator.ckpt"
     torch.save({"vit": {"task": "translate"}, "state_dict": {}}, translator)
     with pytest.raises(ValueError, match=r"translator\.ckpt: expected a 'classify' checkpoint .* a 'translate'"):
-        main(["export", "--ckpt", str(translator), "--format", "onnx", "--out", str(tmp_path / "out")])
+        run(["export", "--ckpt", str(translator), "--format", "onnx", "--out", str(tmp_path / "out")])
     with pytest.raises(SystemExit):
-        main(["export", "--ckpt", best, "--format", "tflite", "--out", "x"])
+        run(["export", "--ckpt", best, "--format", "tflite", "--out", "x"])
     assert "invalid choice: 'tflite'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["export", "--ckpt", best, "--format", "safetensors", "--quantize", "int8", "--out", "x"])
+        run(["export", "--ckpt", best, "--format", "safetensors", "--quantize", "int8", "--out", "x"])
     assert "--quantize and --opset apply to --format onnx only" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
