@@ -57,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if user_error is None:
             raise
         command = f"vit {args[0]}" if args and args[0] in COMMANDS else "vit"
-        print(f"{command}: error: {user_error}\n(add --traceback for the full traceback)", file=sys.stderr)
+        # The message alone, ending with its own advice (`vit --help` names --traceback, for bug reports).
+        print(f"{command}: error: {user_error}", file=sys.stderr)
         raise SystemExit(1) from None
 
 
