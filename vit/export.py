@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from vit.checkpoint import Classifier, save_atomic
+from vit.errors import MissingPackageError, UserValueError
 from vit.nn.vision import MODEL_CONFIGS, VisionTransformer
 
 OPSET = 18  # SDPA decomposes to MatMul/Softmax, which onnxruntime fuses; opset 23's Attention op ran slower on CPU
@@ -45,7 +46,7 @@ def need_onnx() -> None:
     """A clear error when the optional ONNX packages are missing."""
     missing = [m for m in ("onnx", "onnxruntime", "onnxscript") if not _importable(m)]
     if missing:
-        raise ImportError(f"ONNX export needs {', '.join(missing)}: pip install 'vit[export]' "
+        raise MissingPackageError(f"ONNX export needs {', '.join(missing)}: pip install 'vit[export]' "
                           "(or pip install onnx onnxruntime onnxscript)")
 
 
@@ -170,7 +171,7 @@ def export_onnx(
     `ONNX_TOLERANCE`. The int8 file is checked and reported, not held to that tolerance.
     """
     if quantize not in (None, "int8"):
-        raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+        raise UserValueError(f"quantize must be None or 'int8', got {quantize!r}")
     classifier = classifier.cpu().eval()
     out_dir = Path(out_dir)
     fp32 = onnx_bytes(classifier, opset)

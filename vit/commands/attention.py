@@ -38,6 +38,7 @@ from vit.commands.predict import (
     top_k_entries,
 )
 from vit.data.io import find_images
+from vit.errors import UserValueError
 from vit.explain.maps import collect_attention, gradient_rollout, rollout_streaming
 from vit.explain.plot import plot_attention, to_display_image
 from vit.nn.vision import VisionTransformer
@@ -117,9 +118,9 @@ def _parse_heads(heads: Sequence[str] | None, num_heads: int) -> list[int] | str
         try:
             index = int(head)
         except ValueError:
-            raise ValueError(f"--head takes head numbers or 'mean', got {head!r}") from None
+            raise UserValueError(f"--head takes head numbers or 'mean', got {head!r}") from None
         if not -num_heads <= index < num_heads:
-            raise ValueError(f"--head {index}: the model has {num_heads} heads (0..{num_heads - 1})")
+            raise UserValueError(f"--head {index}: the model has {num_heads} heads (0..{num_heads - 1})")
         chosen.append(index % num_heads)
     return chosen
 
@@ -132,9 +133,9 @@ def _target_index(target: str | None, class_names: Sequence[str]) -> int | None:
     try:
         index = int(target)
     except ValueError:
-        raise ValueError(f"--target_class {target!r} is neither a class name nor an index") from None
+        raise UserValueError(f"--target_class {target!r} is neither a class name nor an index") from None
     if not 0 <= index < len(class_names):
-        raise ValueError(f"--target_class {index} is out of range for {len(class_names)} classes")
+        raise UserValueError(f"--target_class {index} is out of range for {len(class_names)} classes")
     return index
 
 

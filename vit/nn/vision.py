@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vit.errors import UserValueError
 from vit.nn.blocks import EncoderBlock
 
 # Named configurations; `create_model(name, **overrides)` builds them.
@@ -224,7 +225,7 @@ class VisionTransformer(nn.Module):
             return list(range(depth))
         for i in layers:
             if not -depth <= i < depth:
-                raise ValueError(f"layer {i} does not exist: the model has {depth} layers (0..{depth - 1})")
+                raise UserValueError(f"layer {i} does not exist: the model has {depth} layers (0..{depth - 1})")
         return sorted({i % depth for i in layers})
 
     def forward_blocks(
