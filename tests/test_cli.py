@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import os
 import socket
+import subprocess
 
 import pytest
 import torch
@@ -202,7 +203,6 @@ def test_ddp_on_two_cpu_processes_with_ema(tmp_path):
     its weights), and validation stops after 2 of each rank's 3 batches, so the images seen are a subset
     that only the right shares, limit and sync add up to.
     """
-    import subprocess
     import sys
 
     epochs, steps, batch, val_batches = 12, 16, 32, 2
@@ -255,7 +255,6 @@ def test_cli_runs_on_the_lowest_lightning_we_declare(tmp_path):
     """pyproject.toml's lower bound for lightning is tested, not hoped for: install exactly that version
     beside this environment and run a fit, a resume from last.ckpt and a test through `vit`."""
     import re
-    import subprocess
     import sys
 
     declared = (CONFIGS.parent / "pyproject.toml").read_text()
@@ -274,3 +273,31 @@ def test_cli_runs_on_the_lowest_lightning_we_declare(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
     assert "test accuracy of" in done.stdout
     assert torch.load(tmp_path / "run" / "ckpt" / "last.ckpt", weights_only=False)["global_step"] == 6
+
+
+@pytest.mark.slow
+def test_vit_fit_prints_what_a_user_needs_and_no_dependency_noise(tmp_path):
+    """The console script as a user runs it, progress bar and model summary on: split sizes, the model in a
+    line (its own parameters, not the EMA copy's too), the parameter groups, the results; no Lightning tip,
+    torch deprecation, FLOPs 0, v_num or raw Python warning."""
+    import re
+    import shutil
+
+    vit = shutil.which("vit")
+    assert vit, "the `vit` console script is not installed (pip install -e .)"
+    args = ["fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}",
+            f"--trainer.logger.init_args.save_dir={tmp_path}/logs", f"--checkpoint.dirpath={tmp_path}/ckpt",
+            "--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.log_every_n_steps=1",
+            "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}"]
+    done = subprocess.run([vit, *args], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env=subprocess_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = done.stdout + done.stderr
+    assert "digits: 1259 train, 179 val, 359 test images, 10 classes" in printed
+    assert "parameter group" in printed and "test accuracy of" in printed
+    for noise in ("Tip:", "LeafSpec", "FLOPs", "Non-trainable params", "v_num", "Warning:", "stepping batches"):
+        assert noise not in printed, noise
+    counted = int(re.search(r"model: VisionTransformer \S+, ([\d,]+) parameters", printed).group(1).replace(",", ""))
+    state = torch.load(next((tmp_path / "ckpt").glob("best-*.ckpt")), weights_only=False)["state_dict"]
+    own = sum(v.numel() for k, v in state.items() if k.startswith("model."))
+    assert any(k.startswith("model_ema.") for k in state) and counted == own  # the EMA copy is not counted

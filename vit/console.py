@@ -30,11 +30,13 @@ class _DropMessages(logging.Filter):
 
 def quiet_dependencies() -> None:
     """Silence the dependency noise a first `vit fit` prints (idempotent)."""
-    # Lightning 2.6 advertises its hosted logger on every run that does not use it.
+    # Lightning 2.6 advertises its hosted logger on every run that does not use it, says that it keeps our
+    # ModelReport instead of its own summary, and that the LR schedule reads the loader's length.
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, _DropMessages) for f in rank_zero.filters):
         rank_zero.addFilter(_DropMessages("💡 Tip: For seamless cloud logging",
-                                          "Trainer already configured with model summary callbacks"))
+                                          "Trainer already configured with model summary callbacks",
+                                          "Loading `train_dataloader` to estimate number of stepping batches"))
     # torch 2.10+ deprecates `isinstance(x, LeafSpec)`, which Lightning 2.6's _pytree helper still uses.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             module=r"lightning\.pytorch\.utilities\._pytree")
