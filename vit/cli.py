@@ -129,6 +129,18 @@ def accepted_arguments(class_path: str) -> list[str]:
 class VitCLI(LightningCLI):
     """LightningCLI with data->model links, best and last checkpoints, default loggers and test-after-fit."""
 
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """Lightning's parser with short errors (`VitArgumentParser`). Built here, not by LightningCLI's
+        ``parser_class`` argument, which Lightning 2.4 (our lowest) lacks; the rest is what its own does."""
+        import lightning
+        from jsonargparse import ActionConfigFile
+
+        kwargs.setdefault("dump_header", [f"lightning.pytorch=={lightning.__version__}"])
+        parser = VitArgumentParser(**kwargs)
+        parser.add_argument("-c", "--config", action=ActionConfigFile,
+                            help="Path to a configuration file in json or yaml format.")
+        return parser
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for name in LINKED_FROM_DATA:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
@@ -331,6 +343,6 @@ def cli(argv: list[str] | None = None, **kwargs: Any) -> VitCLI:
     quiet_dependencies()
     return VitCLI(
         model_class=None, datamodule_class=None, subclass_mode_model=True, subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True}, args=argv, parser_class=VitArgumentParser,
+        save_config_kwargs={"overwrite": True}, args=argv,
         parser_kwargs={"description": DESCRIPTION, "prog": "vit"}, **kwargs,
     )

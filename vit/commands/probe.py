@@ -91,7 +91,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 def build(argv: list[str]) -> tuple[Any, Any, Path]:
     """(ImageClassifier, ImageDataModule, the folder `vit fit` logs runs in) from `vit fit`'s arguments,
     through the same LightningCLI parser."""
-    from vit.cli import DESCRIPTION, VitArgumentParser, VitCLI, experiment_folder
+    from vit.cli import DESCRIPTION, VitCLI, experiment_folder
 
     class ProbeCLI(VitCLI):
         def parse_arguments(self, parser: Any, args: Any) -> None:
@@ -102,7 +102,7 @@ def build(argv: list[str]) -> tuple[Any, Any, Path]:
             return None
 
     cli = ProbeCLI(model_class=None, datamodule_class=None, subclass_mode_model=True, subclass_mode_data=True,
-                   args=argv, run=False, parser_kwargs={"description": DESCRIPTION}, parser_class=VitArgumentParser)
+                   args=argv, run=False, parser_kwargs={"description": DESCRIPTION})
     if not hasattr(cli.model, "eval_model") or not hasattr(cli.datamodule, "eval_split"):
         raise UserValueError(f"vit probe needs an image classifier and an image datamodule, got "
                          f"{type(cli.model).__name__} and {type(cli.datamodule).__name__}")
