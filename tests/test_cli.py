@@ -135,10 +135,11 @@ def test_a_single_folder_holds_out_a_test_split_and_without_one_nothing_is_calle
     root = tmp_path / "shapes"
     write_class_folders(root, ["circle", "square"], per_class=20, size=16)
     common = [
-        "fit", "--data=vit.data.ImageFolder", f"--data.root={root}", "--data.img_size=16", "--data.num_workers=0",
+        "fit", "--seed_everything=0", "--data=vit.data.ImageFolder", f"--data.root={root}", "--data.img_size=16",
+        "--data.num_workers=0",
         "--data.batch_size=8", "--model=vit.tasks.ImageClassifier", "--model.model=vit_tiny_patch16_224",
         "--model.model_kwargs={depth: 1, patch_size: 8}", "--trainer.max_epochs=1", "--test_after_fit=true",
-        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.log_every_n_steps=1",
     ]
     run = cli([*common, f"--trainer.default_root_dir={tmp_path / 'split'}"])
     sizes = [len(s) for s in (run.datamodule.train_set, run.datamodule.val_set, run.datamodule.test_set)]
