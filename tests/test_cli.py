@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import logging
 import os
+import re
 import socket
 import subprocess
 
@@ -129,7 +131,7 @@ def test_print_config_and_links_from_an_image_folder(tmp_path, capsys):
     assert model.model.img_size == (16, 16) and model.model.in_chans == 3 and model.crop_pct == 0.875
 
 
-def test_a_single_folder_holds_out_a_test_split_and_without_one_nothing_is_called_test(tmp_path, capsys):
+def test_a_single_folder_holds_out_a_test_split_and_without_one_nothing_is_called_test(tmp_path, capsys, caplog):
     """80/10/10 by default, so `vit fit` reports a test figure from images that chose nothing; with
     test_fraction 0 it reports val, named as val."""
     root = tmp_path / "shapes"
@@ -152,6 +154,9 @@ def test_a_single_folder_holds_out_a_test_split_and_without_one_nothing_is_calle
     printed = capsys.readouterr().out
     assert "val accuracy of" in printed and "no test split is held out" in printed and "test accuracy" not in printed
     assert "test_acc" not in run.trainer.callback_metrics
+    with caplog.at_level(logging.WARNING, logger="vit.data.folder"):  # `vit test` anyway: it says what it tests
+        run.trainer.test(run.model, datamodule=run.datamodule)
+    assert re.search("no test split is held out .* on the val images", caplog.text)
 
 
 def test_another_model_class_keeps_its_own_defaults(tmp_path, capsys):

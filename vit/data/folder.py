@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from torch.utils.data import Dataset, Sampler, WeightedRandomSampler
 
 from vit.data.base import ImageDataModule
@@ -241,6 +241,13 @@ class ImageFolder(ImageDataModule):
         rank_zero_info(f"{self.root}: {len(self.train_set)} train, {len(self.val_set)} val, {test} images, "
                        f"{self.num_classes} classes")
         self._report_class_counts()
+
+    def test_dataloader(self) -> Any:
+        # `vit test` asked for it: say what the test_* figures really are (a log line, once, not a Python warning)
+        if not self.has_test_split and rank_zero_only.rank == 0:
+            log.warning("%s: no test split is held out (test_fraction 0, or no test/ folder), so the test_* "
+                        "figures below are on the val images, which chose the checkpoint", self.root)
+        return super().test_dataloader()
 
     def _report_class_counts(self) -> None:
         """Print the training images per class, and warn when the classes are far from balanced."""
