@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vit.checkpoint import Classifier
 from vit.data.io import check_image_file, find_images, load_image
-from vit.errors import UserError
+from vit.errors import UserError, UserValueError
 from vit.inference import PRECISIONS, OnnxClassifier, autocast, load_model
 
 
@@ -148,7 +148,7 @@ def predict_files(
     model under autocast; ``strict`` raises `UnreadableImageError` at the first file that cannot be read.
     """
     if precision != "fp32" and isinstance(classifier, OnnxClassifier):
-        raise ValueError(f"{classifier.path}: precision {precision!r} is for checkpoints (torch autocast); "
+        raise UserValueError(f"{classifier.path}: precision {precision!r} is for checkpoints (torch autocast); "
                          "an ONNX export runs as exported (fp32, or int8 with `vit export --quantize int8`)")
     top_k = min(top_k, len(classifier.class_names))
     mode = "L" if classifier.in_chans == 1 else "RGB"
