@@ -42,6 +42,7 @@ from vit.checkpoint import (
     task_of,
 )
 from vit.console import ModelReport, ProgressBar, quiet_dependencies
+from vit.data.base import no_test_reason
 from vit.errors import UserPathError, UserValueError, did_you_mean, find_user_error
 from vit.training import AtomicCheckpointIO, LastCheckpoint, RandomState, TrainingReport
 
@@ -262,7 +263,8 @@ class VitCLI(LightningCLI):
             self.say("test_after_fit: no best checkpoint was saved; testing the final weights")
             best = None
         monitor = (checkpoint.monitor if checkpoint is not None else None) or "val_acc"
-        if not getattr(self.datamodule, "has_test_split", True):
+        no_test = no_test_reason(self.datamodule)
+        if no_test:
             # Nothing held out: report val, named as such (it chose the checkpoint, so it flatters).
             results = self.trainer.validate(self.model, datamodule=self.datamodule, ckpt_path=best)
             key, split = monitor, "val"
@@ -273,8 +275,8 @@ class VitCLI(LightningCLI):
         value = results[0].get(key) if results else None
         if value is not None:
             name = "accuracy" if key.endswith("_acc") else key.removeprefix(f"{split}_").replace("_", " ")
-            note = " (no test split is held out, and val chose this checkpoint: set data.test_fraction for " \
-                "an unbiased figure)" if split == "val" else ""
+            note = f" (no test split is held out: {no_test}; val chose this checkpoint, so this figure " \
+                "flatters it)" if no_test else ""
             self.say(f"{split} {name} of {best or 'the final weights'}: {value:.4f}{note}")
 
     def say(self, message: str) -> None:

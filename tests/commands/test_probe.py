@@ -18,7 +18,8 @@ from PIL import Image
 from tests import CONFIGS
 from tests.conftest import subprocess_env
 from vit.commands import main, probe, run
-from vit.commands.probe import folded_head, no_test_reason
+from vit.commands.probe import folded_head
+from vit.data.base import no_test_reason
 
 CLASSES = ("red", "green", "blue")
 

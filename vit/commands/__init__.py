@@ -45,15 +45,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     ``vit <command>: error: ...`` and exits 1; any other exception is a bug and shows its traceback.
     """
     args = sys.argv[1:] if argv is None else list(argv)
+    traceback = "--traceback" in args or want_traceback()
     if "--traceback" in args:
         args.remove("--traceback")
-        os.environ[TRACEBACK_ENV] = "1"
     if argv is None:  # LightningCLI reads sys.argv itself: leave it without --traceback
         sys.argv[1:] = args
+        if traceback:  # DDP re-runs this command line in new processes: they learn it from the environment
+            os.environ[TRACEBACK_ENV] = "1"
     try:
         run(None if argv is None else args)
     except Exception as e:
-        user_error = None if want_traceback() else find_user_error(e)
+        user_error = None if traceback else find_user_error(e)
         if user_error is None:
             raise
         command = f"vit {args[0]}" if args and args[0] in COMMANDS else "vit"

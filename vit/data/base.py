@@ -167,3 +167,34 @@ class ImageDataModule(LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.test_set, "test")
+
+
+# ---- is the test split held out? -------------------------------------------------------------------
+def _members(dataset: Dataset) -> set | None:
+    """What identifies a split's images (file paths, or indices into one dataset), or None if unknown."""
+    if hasattr(dataset, "samples"):
+        return {str(path) for path, _ in dataset.samples}
+    if hasattr(dataset, "indices") and hasattr(dataset, "dataset"):  # CIFAR's subsets
+        return {(id(dataset.dataset), int(i)) for i in dataset.indices}
+    return None
+
+
+def no_test_reason(data: Any) -> str | None:
+    """Why a set-up datamodule's test split is no held-out test (it is missing, is the val split or shares
+    images with it), or None when it is one."""
+    if not hasattr(data, "test_set"):  # a datamodule of another kind (translation): its splits are its own
+        return None
+    val, test = data.val_set, data.test_set
+    if test is None:
+        return "the data has no test split"
+    if test is val:
+        return "the test split is the val split"
+    val_ids, test_ids = _members(val), _members(test)
+    if val_ids is None or test_ids is None:  # a dataset of unknown kind: its splits are trusted apart
+        return None
+    shared = len(val_ids & test_ids)
+    if shared and shared == len(test_ids):
+        return "the test split is the val split"
+    if shared:
+        return f"the test split shares {shared} of its {len(test_ids)} images with val"
+    return None

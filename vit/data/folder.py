@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from torch.utils.data import Dataset, Sampler, WeightedRandomSampler
 
-from vit.data.base import ImageDataModule
+from vit.data.base import ImageDataModule, no_test_reason
 from vit.data.io import (
     check_image_files,
     class_folders,
@@ -188,11 +188,6 @@ class ImageFolder(ImageDataModule):
                     raise UserValueError(f"{self.root / split} has classes that {self.root / 'train'} lacks: {extra}")
         return class_names
 
-    @property
-    def has_test_split(self) -> bool:
-        """Whether test images are held out from train and val (a test/ folder, or ``test_fraction > 0``)."""
-        return (self.root / "test").is_dir() if self.split_folders else self.test_fraction > 0
-
     def _scan(self, folder: Path) -> list[tuple[str, int]]:
         present = class_folders(folder)
         # val/test may lack some classes; labels always follow train's class list.
@@ -237,14 +232,14 @@ class ImageFolder(ImageDataModule):
         self.train_set = make(splits["train"], train_tf)
         self.val_set = make(splits["val"], eval_tf)
         self.test_set = make(splits["test"], eval_tf) if "test" in splits else self.val_set
-        test = f"{len(self.test_set)} test" if self.has_test_split else "no test (val stands in for it)"
+        test = "no test (val stands in for it)" if no_test_reason(self) else f"{len(self.test_set)} test"
         rank_zero_info(f"{self.root}: {len(self.train_set)} train, {len(self.val_set)} val, {test} images, "
                        f"{self.num_classes} classes")
         self._report_class_counts()
 
     def test_dataloader(self) -> Any:
         # `vit test` asked for it: say what the test_* figures really are (a log line, once, not a Python warning)
-        if not self.has_test_split and rank_zero_only.rank == 0:
+        if rank_zero_only.rank == 0 and no_test_reason(self):
             log.warning("%s: no test split is held out (test_fraction 0, or no test/ folder), so the test_* "
                         "figures below are on the val images, which chose the checkpoint", self.root)
         return super().test_dataloader()

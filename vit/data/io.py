@@ -153,14 +153,6 @@ def find_images(inputs: Sequence[str | os.PathLike]) -> FoundImages:
     return found
 
 
-def list_images(inputs: Sequence[str | os.PathLike]) -> list[Path]:
-    """Image files among ``inputs``, as `find_images`; the skipped non-image files are only logged."""
-    found = find_images(inputs)
-    for line in found.describe_skipped():
-        log.info(line)
-    return found.files
-
-
 # ---- header checks ---------------------------------------------------------------------------
 def check_image_file(path: str) -> str | None:
     """What is wrong with an image file, judged from its header alone (no decoding), or None.

@@ -159,7 +159,7 @@ class ImageClassifier(LightningModule):
         and before restoring a checkpoint; call it yourself to use the model outside a Trainer).
 
         Here rather than in ``__init__``: a missing file or unreachable hub is then a plain error from the
-        command, not a config-validation failure, and a resumed run never reads the original weights."""
+        command, not a config-validation failure inside jsonargparse."""
         if self.pretrained_loaded or not self.hparams.pretrained:
             return
         load_pretrained(self.model, self.hparams.pretrained)
