@@ -75,6 +75,14 @@ def test_pretrained_weights_with_the_hub_unreachable_fail_fast(photos, tmp_path,
     assert "HF_HUB_OFFLINE=1" in err and "path/to/model.safetensors" in err and "pretrained null" in err
 
 
+def test_trainer_settings_this_machine_cannot_run_are_named(photos, capsys):
+    """A GPU recipe on a machine without that accelerator (mps: never on Linux, so it fails on any CI)."""
+    recipe = str(ROOT / "configs" / "finetune" / "folder_vit_small.yaml")
+    err = user_error(["fit", "--config", recipe, "--data.init_args.root", str(photos),
+                      "--model.init_args.pretrained", "null", "--trainer.accelerator", "mps"], capsys)
+    assert "accelerator: mps" in err and "precision: bf16-mixed" in err and "--trainer.accelerator cpu" in err
+
+
 def test_a_damaged_checkpoint_is_named(photos, tmp_path, capsys):
     damaged = tmp_path / "damaged.ckpt"
     damaged.write_bytes(b"PK\x03\x04 not a whole checkpoint")

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary
 from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
@@ -205,7 +206,16 @@ class VitCLI(LightningCLI):
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(AtomicCheckpointIO())  # checkpoints that survive a kill during the save
-        return super().instantiate_trainer(callbacks=callbacks, plugins=plugins, **kwargs)
+        try:
+            return super().instantiate_trainer(callbacks=callbacks, plugins=plugins, **kwargs)
+        except MisconfigurationException as e:  # Lightning's word for trainer settings this machine cannot run
+            settings = ", ".join(f"{k}: {trainer_config.get(k)}" for k in ("accelerator", "devices", "strategy",
+                                                                          "precision") if trainer_config.get(k))
+            raise UserValueError(
+                f"the trainer settings ({settings}) do not run here: {e}\nOn a machine without a GPU, add "
+                "--trainer.accelerator cpu --trainer.precision 32-true (configs/finetune/folder_cpu.yaml is a "
+                "CPU fine-tuning recipe)."
+            ) from e
 
     @property
     def best_checkpoint(self) -> ModelCheckpoint | None:

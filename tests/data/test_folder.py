@@ -253,3 +253,18 @@ def test_balanced_sampling_draws_an_imbalanced_folder_about_evenly(tmp_path):
     with pytest.warns(UserWarning, match=r"imbalanced classes: 'few' has 4 training images, under 10% of .* 80"):
         plain.setup("fit")
     assert plain.train_sampler() is None
+
+
+
+def test_printing_a_datamodule_before_setup_claims_nothing_about_its_test_split(tmp_path, caplog):
+    """LightningDataModule.__str__ calls every loader method, set up or not (jsonargparse formats one in a
+    debug line while linking): before setup, there is nothing to say about the test split."""
+    write_class_folders(tmp_path / "data", ["a", "b"], per_class=5)
+    dm = ImageFolder(str(tmp_path / "data"), test_fraction=0.0, num_workers=0)
+    with caplog.at_level(logging.WARNING, logger="vit.data.folder"):
+        str(dm)
+    assert "no test split" not in caplog.text
+    dm.setup("fit")
+    with caplog.at_level(logging.WARNING, logger="vit.data.folder"):
+        dm.test_dataloader()
+    assert "no test split is held out" in caplog.text

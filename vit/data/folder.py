@@ -239,7 +239,8 @@ class ImageFolder(ImageDataModule):
 
     def test_dataloader(self) -> Any:
         # `vit test` asked for it: say what the test_* figures really are (a log line, once, not a Python warning)
-        if rank_zero_only.rank == 0 and no_test_reason(self):
+        # (Only once set up: LightningDataModule.__str__ calls every loader method, set up or not.)
+        if self.test_set is not None and rank_zero_only.rank == 0 and no_test_reason(self):
             log.warning("%s: no test split is held out (test_fraction 0, or no test/ folder), so the test_* "
                         "figures below are on the val images, which chose the checkpoint", self.root)
         return super().test_dataloader()
