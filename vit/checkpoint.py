@@ -82,6 +82,14 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> Path
     return save_atomic(lambda f: torch.save(checkpoint, f), path)
 
 
+def classifier_checkpoint(meta: dict[str, Any], weights: dict[str, Tensor], **extra: Any) -> dict[str, Any]:
+    """A `vit fit`-format classify checkpoint outside a Trainer (`vit probe`'s): a VisionTransformer's ``weights``
+    as the evaluated ones, ``meta`` from ``ImageClassifier.checkpoint_meta()``, and ``extra`` entries."""
+    state = {f"model.{k}": v.detach().cpu().clone() for k, v in weights.items()}
+    # The weights are under "model.", whichever copy (EMA or not) they came from.
+    return {META_KEY: {**meta, "ema": False}, "state_dict": state, **extra}
+
+
 # ---- reading ---------------------------------------------------------------------------------
 def is_intact(path: str | os.PathLike) -> bool:
     """Whether a torch checkpoint file is whole, judged from its zip directory (cheap: no tensor is read).

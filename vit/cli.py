@@ -350,6 +350,35 @@ def last_checkpoint(trainer: Trainer) -> str | None:
     return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
 
 
+class ConfigOnlyCLI(VitCLI):
+    """`vit fit`'s parser and instantiation, without a Trainer: the model and data a config describes, for
+    the commands that train nothing by gradient (`vit probe`, `vit audit`)."""
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        # LightningCLI warns when args differ from sys.argv; ours are sys.argv less the command's own options.
+        self.config = parser.parse_args(args)
+
+    def instantiate_trainer(self, **kwargs: Any) -> None:  # nothing trains: no devices to set up
+        return None
+
+
+def build_model_and_data(argv: list[str], command: str) -> tuple[Any, Any, Path]:
+    """(ImageClassifier with its pretrained weights loaded, ImageDataModule, the folder `vit fit` logs runs in)
+    from `vit fit`'s arguments, through the same parser."""
+    from vit.data.base import ImageDataModule
+    from vit.tasks import ImageClassifier
+
+    quiet_dependencies()
+    built = ConfigOnlyCLI(model_class=None, datamodule_class=None, subclass_mode_model=True,
+                          subclass_mode_data=True, args=argv, run=False,
+                          parser_kwargs={"description": DESCRIPTION})
+    if not isinstance(built.model, ImageClassifier) or not isinstance(built.datamodule, ImageDataModule):
+        raise UserValueError(f"{command} needs an image classifier and an image datamodule (vit.tasks.ImageClassifier, "
+                             f"vit.data.*), got {type(built.model).__name__} and {type(built.datamodule).__name__}")
+    built.model.configure_model()  # the pretrained weights, which a Trainer would load
+    return built.model, built.datamodule, experiment_folder(built.config.get("trainer") or {})
+
+
 def cli(argv: list[str] | None = None, **kwargs: Any) -> VitCLI:
     """Run the `vit` LightningCLI on ``argv`` (default: the command line) and return it."""
     quiet_dependencies()

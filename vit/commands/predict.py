@@ -30,6 +30,7 @@ from vit.checkpoint import Classifier
 from vit.data.io import check_image_file, find_images, load_image
 from vit.errors import UserError, UserValueError
 from vit.inference import PRECISIONS, OnnxClassifier, autocast, load_model
+from vit.progress import progress
 
 
 # ---- reading files, bad ones included ---------------------------------------------------------
@@ -125,15 +126,6 @@ def check_some_readable(rows: Sequence[dict]) -> None:
     if rows and len(failures(rows)) == len(rows):
         noun = "file" if len(rows) == 1 else "files"
         raise UnreadableImageError(f"none of the {len(rows)} image {noun} could be read")
-
-
-def progress(iterable, total: int, description: str):
-    """A rich progress bar over ``iterable`` (rich comes with the package; plain iteration without it)."""
-    try:
-        from rich.progress import track
-    except ImportError:
-        return iterable
-    return track(iterable, description=description, total=total)
 
 
 # ---- predicting -------------------------------------------------------------------------------

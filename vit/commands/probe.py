@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
-import json
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,20 +28,15 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from vit.checkpoint import META_KEY, save_checkpoint
-from vit.errors import UserValueError
+from vit.checkpoint import classifier_checkpoint, save_checkpoint
+from vit.features import cached_features, default_cache_dir, weights_key
 
 C_GRID = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
 K_GRID = (1, 3, 5, 10, 20, 50)
 SPLITS = ("train", "val", "test")
 CHECKPOINT_NAME = "linear_probe.ckpt"
-
-
-def default_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/vit/probe, else ~/.cache/vit/probe."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vit" / "probe"
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -88,28 +80,6 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, rest
 
 
-def build(argv: list[str]) -> tuple[Any, Any, Path]:
-    """(ImageClassifier, ImageDataModule, the folder `vit fit` logs runs in) from `vit fit`'s arguments,
-    through the same LightningCLI parser."""
-    from vit.cli import DESCRIPTION, VitCLI, experiment_folder
-
-    class ProbeCLI(VitCLI):
-        def parse_arguments(self, parser: Any, args: Any) -> None:
-            # LightningCLI warns when args differ from sys.argv; ours are sys.argv less the probe's options.
-            self.config = parser.parse_args(args)
-
-        def instantiate_trainer(self, **kwargs: Any) -> None:  # the probe never trains: no devices to set up
-            return None
-
-    cli = ProbeCLI(model_class=None, datamodule_class=None, subclass_mode_model=True, subclass_mode_data=True,
-                   args=argv, run=False, parser_kwargs={"description": DESCRIPTION})
-    if not hasattr(cli.model, "eval_model") or not hasattr(cli.datamodule, "eval_split"):
-        raise UserValueError(f"vit probe needs an image classifier and an image datamodule, got "
-                         f"{type(cli.model).__name__} and {type(cli.datamodule).__name__}")
-    cli.model.configure_model()  # the pretrained weights, which a Trainer would load
-    return cli.model, cli.datamodule, experiment_folder(cli.config.get("trainer") or {})
-
-
 # ---- where the run goes, and which splits are held out -------------------------------------------------
 def new_run_folder(folder: Path) -> Path:
     """A new ``folder/version_N``, N one past the largest there (as Lightning's loggers number runs)."""
@@ -134,87 +104,13 @@ def test_split_hint(data: Any) -> str:
     return "give the datamodule a test split apart from val"
 
 
-# ---- features, cached ---------------------------------------------------------------------------------
-def _digest(h: Any, value: Any) -> None:
-    if isinstance(value, Tensor):
-        h.update(f"{value.dtype}{tuple(value.shape)}".encode())
-        h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    elif isinstance(value, np.ndarray):
-        h.update(f"{value.dtype}{value.shape}".encode())
-        h.update(np.ascontiguousarray(value).tobytes())
-    else:
-        h.update(json.dumps(value, sort_keys=True, default=str).encode())
-
-
-def weights_key(model: nn.Module, config: dict[str, Any]) -> str:
-    """A hash of what the pooled features depend on: the weights below the head and the model config."""
-    h = hashlib.sha256()
-    _digest(h, {k: v for k, v in config.items() if k != "num_classes" and "drop" not in k})
-    for name, tensor in sorted(model.state_dict().items()):
-        if not name.startswith("head."):
-            _digest(h, name)
-            _digest(h, tensor)
-    return h.hexdigest()
-
-
-def data_key(dataset: Dataset) -> str | None:
-    """A hash of a split's identity and preparation (files with sizes and mtimes, or the arrays themselves,
-    and the transform), or None for a dataset of unknown kind."""
-    h = hashlib.sha256()
-    _digest(h, [type(dataset).__name__, repr(getattr(dataset, "transform", None))])
-    if hasattr(dataset, "samples"):  # image files: paths, labels, sizes, modification times
-        for path, label in dataset.samples:
-            stat = os.stat(path)
-            _digest(h, [str(Path(path).resolve()), int(label), stat.st_size, stat.st_mtime_ns])
-    elif hasattr(dataset, "images") and hasattr(dataset, "labels"):  # tensors in memory (the digits)
-        for value in (dataset.images, dataset.labels, getattr(dataset, "mean", None), getattr(dataset, "std", None)):
-            _digest(h, value)
-    elif hasattr(dataset, "indices") and hasattr(getattr(dataset, "dataset", None), "data"):  # CIFAR subsets
-        inner = dataset.dataset
-        for value in (np.asarray(dataset.indices), np.asarray(inner.data), np.asarray(inner.targets)):
-            _digest(h, value)
-    else:
-        return None
-    return h.hexdigest()
-
-
-@torch.inference_mode()
-def extract_features(
-    model: nn.Module, dataset: Dataset, batch_size: int, num_workers: int, device: torch.device, description: str,
-) -> tuple[Tensor, Tensor]:
-    """Pooled pre-logits features (N, D) float32 and labels (N,) of a split, in order."""
-    from vit.commands.predict import progress
-
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
-    features, labels = [], []
-    for x, y in progress(loader, len(loader), description):
-        tokens = model.forward_features(x.to(device))
-        features.append(model.forward_head(tokens, pre_logits=True).float().cpu())
-        labels.append(torch.as_tensor(y).long())
-    return torch.cat(features), torch.cat(labels)
-
-
 def split_features(
     model: nn.Module, dataset: Dataset, split: str, weights: str, args: argparse.Namespace, device: torch.device,
     num_workers: int,
 ) -> tuple[Tensor, Tensor, str]:
-    """A split's features from the cache when there, else extracted (and cached); and where they came from."""
-    data = None if args.no_cache else data_key(dataset)
-    path = args.cache_dir / f"{split}-{hashlib.sha256((weights + data).encode()).hexdigest()[:24]}.pt" if data else None
-    if path is not None and path.is_file():
-        try:
-            cached = torch.load(path, map_location="cpu", weights_only=True)
-            return cached["features"], cached["labels"], f"loaded from cache {path}"
-        except Exception as e:  # unreadable: extract again and overwrite
-            print(f"ignoring unreadable feature cache {path} ({type(e).__name__}: {e})")
-    features, labels = extract_features(model, dataset, args.batch_size, num_workers, device, f"features: {split}")
-    if path is None:
-        return features, labels, "extracted" + (" (not cached: unknown dataset kind)" if not args.no_cache else "")
-    try:
-        save_checkpoint({"features": features, "labels": labels}, path)
-    except OSError as e:  # a read-only or full disk costs the next run time, not this run's figures
-        return features, labels, f"extracted, not cached ({type(e).__name__}: {e})"
-    return features, labels, f"extracted, cached in {path}"
+    """A split's features, through the shared cache (`vit.features`), and where they came from."""
+    return cached_features(model, {}, dataset, split, cache_dir=None if args.no_cache else args.cache_dir,
+                           batch_size=args.batch_size, num_workers=num_workers, device=device, weights=weights)
 
 
 # ---- the two probes -------------------------------------------------------------------------------------
@@ -276,15 +172,6 @@ def folded_head(scaler: Any, clf: Any, num_classes: int) -> tuple[Tensor, Tensor
     return torch.tensor(full_w, dtype=torch.float32), torch.tensor(full_b, dtype=torch.float32)
 
 
-def probe_checkpoint(module: Any, head: tuple[Tensor, Tensor], results: dict[str, Any]) -> dict[str, Any]:
-    """A `vit fit`-format classify checkpoint: the evaluated backbone with ``head`` as its Linear head."""
-    model = module.eval_model
-    state = {f"model.{k}": v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    state["model.head.weight"], state["model.head.bias"] = head
-    meta = {**module.checkpoint_meta(), "ema": False}  # the weights are under "model.", whichever they came from
-    return {META_KEY: meta, "state_dict": state, "probe": results}
-
-
 def main(argv: Sequence[str]) -> dict[str, Any]:
     """Run `vit probe` with the given arguments (without the command name); returns the figures printed.
 
@@ -294,7 +181,9 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     from vit.data.base import no_test_reason
 
     args, rest = parse_args(argv)
-    module, data, experiment = build(rest)
+    from vit.cli import build_model_and_data
+
+    module, data, experiment = build_model_and_data(rest, "vit probe")
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     model = module.eval_model.to(device).eval()
     data.prepare_data()
@@ -332,6 +221,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
                "knn_k": k, "knn_val_acc": knn_val, "knn_test_acc": knn_test, "held_out_test": test is not None}
     head = folded_head(scaler, clf, module.hparams.num_classes)
     path = args.out or new_run_folder(experiment / "probe") / CHECKPOINT_NAME
-    out = save_checkpoint(probe_checkpoint(module, head, results), path)
+    weights = {**module.eval_model.state_dict(), "head.weight": head[0], "head.bias": head[1]}
+    out = save_checkpoint(classifier_checkpoint(module.checkpoint_meta(), weights, probe=results), path)
     print(f"saved the backbone with the logistic-regression head to {out} (vit predict --ckpt {out} IMAGES)")
     return {**results, "checkpoint": str(out)}

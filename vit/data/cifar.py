@@ -13,6 +13,7 @@ from torchvision.datasets import CIFAR10 as CIFAR10Dataset
 from torchvision.datasets import CIFAR100 as CIFAR100Dataset
 
 from vit.data.base import ImageDataModule
+from vit.data.fingerprint import fingerprint
 from vit.data.io import stratified_split
 from vit.errors import UserPathError, UserValueError
 
@@ -57,6 +58,20 @@ class TransformedSubset(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         img, label = self.dataset[self.indices[index]]
         return (self.transform(img) if self.transform else img), int(label)
+
+    def fingerprint(self) -> str:
+        """A hash of the indices, the underlying images and labels, and the transform."""
+        inner = self.dataset
+        return fingerprint(type(self).__name__, repr(self.transform), np.asarray(self.indices),
+                           np.asarray(inner.data), np.asarray(inner.targets))
+
+    def item_name(self, index: int) -> str:
+        """``<dataset>[i]``: the image's position in the underlying dataset."""
+        return f"{type(self.dataset).__name__}[{self.indices[index]}]"
+
+    def raw_image(self, index: int) -> Any:
+        """Item ``index`` as the underlying dataset gives it (a PIL image), untransformed."""
+        return self.dataset[self.indices[index]][0]
 
 
 class _PresentCIFAR10(CIFAR10Dataset):

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
+from PIL import Image
 from torch import Tensor
 from torch.utils.data import Dataset
 
 from vit.data.base import ImageDataModule
+from vit.data.fingerprint import fingerprint
 from vit.data.io import stratified_split
 from vit.errors import UserValueError
 
@@ -36,11 +38,14 @@ class DigitsAugment:
 
 
 class DigitsSet(Dataset):
-    """Digits as normalised (1, S, S) tensors (S = img_size), with an optional augmentation."""
+    """Digits as normalised (1, S, S) tensors (S = img_size), with an optional augmentation.
+
+    ``indices`` are the images' positions in scikit-learn's ``load_digits()``, which name them."""
 
     def __init__(self, images: Tensor, labels: Tensor, mean: Sequence[float], std: Sequence[float],
-                 augment: Callable | None = None) -> None:
+                 augment: Callable | None = None, indices: Sequence[int] | None = None) -> None:
         self.images, self.labels, self.augment = images, labels, augment
+        self.indices = list(range(len(labels))) if indices is None else [int(i) for i in indices]
         self.mean = torch.tensor(mean).view(-1, 1, 1)
         self.std = torch.tensor(std).view(-1, 1, 1)
 
@@ -52,6 +57,19 @@ class DigitsSet(Dataset):
         if self.augment is not None:
             x = self.augment(x)
         return (x - self.mean) / self.std, self.labels[index]
+
+    def fingerprint(self) -> str:
+        """A hash of the images, labels, normalisation and augmentation."""
+        return fingerprint(type(self).__name__, repr(self.augment), self.images, self.labels, self.mean, self.std)
+
+    def item_name(self, index: int) -> str:
+        """``digits[i]``: the image's position in scikit-learn's ``load_digits()``."""
+        return f"digits[{self.indices[index]}]"
+
+    def raw_image(self, index: int) -> Image.Image:
+        """Item ``index`` as an 8-bit grayscale image at the split's size (0..1 scaled to 0..255)."""
+        pixels = (self.images[index, 0] * 255).round().clamp(0, 255).to(torch.uint8)  # (S, S)
+        return Image.fromarray(pixels.numpy(), mode="L")
 
 
 class Digits(ImageDataModule):
@@ -97,7 +115,7 @@ class Digits(ImageDataModule):
 
     def without_augmentation(self, dataset: DigitsSet) -> DigitsSet:
         """The same digits without the random affine."""
-        return DigitsSet(dataset.images, dataset.labels, self.mean, self.std)
+        return DigitsSet(dataset.images, dataset.labels, self.mean, self.std, indices=dataset.indices)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
@@ -123,7 +141,7 @@ class Digits(ImageDataModule):
                 degrees=self.augment.max_rotation, translate=(shift, shift), scale=self.augment.scale,
                 interpolation=v2.InterpolationMode.BILINEAR,
             )
-        make = lambda idx, aug: DigitsSet(images[idx], labels[idx], self.mean, self.std, aug)
+        make = lambda idx, aug: DigitsSet(images[idx], labels[idx], self.mean, self.std, aug, idx.tolist())
         self.train_set = make(train_idx, affine)
         self.val_set = make(val_idx, None)
         self.test_set = make(test_idx, None)

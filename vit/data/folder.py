@@ -18,9 +18,11 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+from PIL import Image
 from torch.utils.data import Dataset, Sampler, WeightedRandomSampler
 
 from vit.data.base import ImageDataModule, no_test_reason
+from vit.data.fingerprint import files_fingerprint
 from vit.data.io import (
     check_image_files,
     class_folders,
@@ -94,6 +96,20 @@ class ImageFiles(Dataset):
                 except OSError:
                     self.failures[other] += 1
         raise RuntimeError(f"no image of the class of {self.samples[index][0]} can be decoded")
+
+    def fingerprint(self) -> str:
+        """A hash of the files (paths, labels, sizes, modification times) and the transform."""
+        return files_fingerprint(type(self).__name__, self.transform, self.samples)
+
+    def item_name(self, index: int) -> str:
+        """The file of item ``index``."""
+        return self.samples[index][0]
+
+    def raw_image(self, index: int) -> Image.Image:
+        """Item ``index`` decoded as stored (its own mode and size, ``.format`` set), untransformed."""
+        with Image.open(self.samples[index][0]) as img:
+            img.load()
+        return img
 
     def replacements(self) -> tuple[int, list[str]]:
         """How many times an image was replaced so far (all workers together), and the files that failed."""
