@@ -142,6 +142,29 @@ def test_training_transform_follows_timm_image_by_image(photos):
     assert np.mean(equal) > 0.98, np.mean(equal)
 
 
+def test_images_smaller_than_the_output_are_enlarged_before_the_crop(photos):
+    """An 8x8 digit at 32x32: the crop box is drawn on the image enlarged to 32x32 (torchvision's Resize ->
+    RandomResizedCrop), so crops move in output pixels, not in steps of 4; larger images are untouched."""
+    from sklearn.datasets import load_digits
+    from torchvision.transforms import InterpolationMode
+
+    digit = Image.fromarray((load_digits().images[0] * 255 / 16).astype(np.uint8)).convert("RGB")
+    ours = train_transform(Augment(auto_augment=None, hflip=0.0, color_jitter=0.0, scale=(0.5, 1.0)), 32, "bilinear",
+                           (0.5,) * 3, (0.5,) * 3)
+    boxes = record_boxes(ours.crop)
+    enlarged = digit.resize((32, 32), Image.Resampling.BILINEAR)
+    for i in range(20):
+        seed_all(i)
+        got = ours(digit).numpy().transpose(1, 2, 0).astype(int)
+        top, left, height, width = boxes[-1]
+        expected = enlarged.crop((left, top, left + width, top + height)).resize((32, 32), Image.Resampling.BILINEAR)
+        assert np.abs(got - np.asarray(expected)).max() <= 2
+    assert len({(h, w) for _, _, h, w in boxes}) > 10  # box sides in output pixels, not multiples of 4
+    assert fast.enlarge_to(digit, (32, 32), InterpolationMode.BILINEAR).size == (32, 32)
+    assert fast.enlarge_to(digit.resize((10, 20)), (32, 32), InterpolationMode.BILINEAR).size == (32, 64)
+    assert fast.enlarge_to(photos[3], (224, 224), InterpolationMode.BICUBIC) is photos[3]
+
+
 def test_batch_augment_normalises_like_to_tensor_and_normalize():
     from torchvision.transforms import Normalize
 

@@ -3,6 +3,7 @@
 One training image, as a DataLoader worker sees it (timm's ``create_transform`` does the same steps)::
 
     decoded PIL RGB image (H0, W0)
+      -> enlarged to cover (S, S)       only if smaller (`enlarge_to`): crop boxes are whole source pixels
       -> random resized crop + resize   timm's own box sampler; torch's uint8 antialiased resize (AVX2)
       -> horizontal flip                torch.rand(1) < p, as torchvision draws it
       -> RandAugment / AutoAugment ...  timm's own objects; shear and translate swapped for exact numpy ops
@@ -219,6 +220,21 @@ def resized_crop(img: Image.Image, box: tuple[int, int, int, int], size: tuple[i
     return np.ascontiguousarray(planes)  # (3, S, S)
 
 
+def enlarge_to(img: Image.Image, size: tuple[int, int], interpolation: InterpolationMode) -> Image.Image:
+    """``img`` resized (aspect kept) so it covers ``size`` (H, W), when it is smaller; else ``img`` itself.
+
+    timm's crop box is whole source pixels: on an 8x8 digit drawn at 32x32 every crop edge moves in steps of
+    4 output pixels, a far coarser jitter than the crop means (it cost 8 points of test top-1 on the digits,
+    scripts/parity.py). Enlarging first, as Resize -> RandomResizedCrop does, crops at the output's grain.
+    Images at least as large as the output, all of ImageNet's, are untouched.
+    """
+    w, h = img.size
+    scale = max(size[0] / h, size[1] / w)
+    if scale <= 1:
+        return img
+    return TF.resize(img, [max(size[0], round(h * scale)), max(size[1], round(w * scale))], interpolation)
+
+
 class FastTrainTransform:
     """timm's training transform without its last float steps: PIL RGB image -> uint8 (3, S, S).
 
@@ -232,9 +248,11 @@ class FastTrainTransform:
 
     def __call__(self, img: Image.Image) -> Tensor:
         crop = self.crop
-        box = crop.get_params(img, crop.scale, crop.ratio)  # timm's draws: python `random`
         interpolation = crop.interpolation
-        if isinstance(interpolation, (list, tuple)):
+        random_interpolation = isinstance(interpolation, (list, tuple))
+        img = enlarge_to(img, crop.size, InterpolationMode.BICUBIC if random_interpolation else interpolation)
+        box = crop.get_params(img, crop.scale, crop.ratio)  # timm's draws: python `random`, in timm's order
+        if random_interpolation:
             interpolation = random.choice(interpolation)
         flip = self.hflip > 0 and bool(torch.rand(1) < self.hflip)  # torchvision's RandomHorizontalFlip draw
         planes = resized_crop(img, box, crop.size, interpolation, flip)  # (3, S, S)
