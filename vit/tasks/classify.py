@@ -25,7 +25,7 @@ from vit.checkpoint import META_KEY
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vit.errors import UserValueError
 from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, create_model
-from vit.plots import save_confusion_matrix
+from vit.reports import save_confusion_matrix
 from vit.tasks.finetune import apply_freezing, check_strategy, frozen_modules, unfreeze_epoch
 from vit.tasks.losses import SoftTargetCrossEntropy
 from vit.tasks.optim import describe_param_groups, param_groups, per_epoch_steps, warmup_cosine

@@ -1,0 +1,83 @@
+"""Content hash, pHash and the multi-index search, against brute force and real photos."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import skimage.data
+from PIL import Image, ImageEnhance
+
+from vit.audit.duplicates import DEFAULT_RADIUS, content_hash, find_duplicates, near_pairs, phash
+
+
+def brute_force(hashes: list[int], radius: int) -> set[tuple[int, int]]:
+    """Every pair within ``radius`` bits, by Python's own bit count."""
+    return {(i, j) for i in range(len(hashes)) for j in range(i + 1, len(hashes))
+            if bin(hashes[i] ^ hashes[j]).count("1") <= radius}
+
+
+@pytest.mark.parametrize("radius", [0, 3, 8, 10, 13])
+def test_multi_index_search_finds_what_brute_force_finds(radius):
+    rng = np.random.default_rng(radius)
+    centres = [int(v) for v in rng.integers(0, 2**63, 12)]
+    hashes = []
+    for _ in range(400):  # clusters: many pairs at every distance, the case that stresses the chunk tables
+        flips = rng.choice(64, int(rng.integers(0, 9)), replace=False)
+        hashes.append(centres[int(rng.integers(0, 12))] ^ sum(1 << int(b) for b in flips))
+    hashes += [int(v) for v in rng.integers(0, 2**63, 100)] + [2**64 - 1, 2**64 - 2]  # top bit set too
+    i, j, d = near_pairs(np.array(hashes, dtype=np.uint64), radius)
+    expected = brute_force(hashes, radius)
+    assert set(zip(i.tolist(), j.tolist())) == expected and len(i) == len(expected) > 0
+    assert all(bin(hashes[a] ^ hashes[b]).count("1") == dist for a, b, dist in zip(i, j, d))
+
+
+def tiles() -> list[Image.Image]:
+    """128x128 tiles of two real photos."""
+    found = []
+    for name in ("astronaut", "coffee"):
+        pixels = getattr(skimage.data, name)()
+        found += [Image.fromarray(pixels[y:y + 128, x:x + 128]) for y in (0, 128, 256) for x in (0, 128, 256)]
+    return found
+
+
+def near_copy(img: Image.Image) -> Image.Image:
+    """Resized 0.9x, 2 pixels cropped from each side, 5% brighter, through JPEG quality 70."""
+    small = img.resize((115, 115), Image.Resampling.BICUBIC).crop((2, 2, 113, 113))
+    buffer = io.BytesIO()
+    ImageEnhance.Brightness(small).enhance(1.05).save(buffer, format="JPEG", quality=70)
+    return Image.open(io.BytesIO(buffer.getvalue()))
+
+
+def test_phash_keeps_copies_close_and_other_photos_far():
+    originals = tiles()
+    hashes = [phash(t) for t in originals]
+    copies = [phash(near_copy(t)) for t in originals]
+    distance = lambda a, b: bin(a ^ b).count("1")
+    close = [distance(h, c) for h, c in zip(hashes, copies)]
+    assert sum(d <= DEFAULT_RADIUS for d in close) >= 17, close  # of 18
+    apart = [distance(a, b) for k, a in enumerate(hashes) for b in hashes[k + 1:]]
+    assert min(apart) > DEFAULT_RADIUS, sorted(apart)[:5]
+
+
+def test_content_hash_is_the_decoded_pixels():
+    pixels = np.random.default_rng(0).integers(0, 256, (20, 30), dtype=np.uint8)
+    gray = Image.fromarray(pixels)
+    as_png, as_bmp = io.BytesIO(), io.BytesIO()
+    gray.save(as_png, format="PNG")
+    gray.convert("RGB").save(as_bmp, format="BMP")
+    same = [content_hash(Image.open(as_png)), content_hash(Image.open(as_bmp)), content_hash(gray)]
+    assert len(set(same)) == 1
+    changed = pixels.copy()
+    changed[0, 0] ^= 1
+    assert content_hash(Image.fromarray(changed)) != same[0]
+    assert content_hash(Image.fromarray(pixels.T.copy())) != same[0]  # same bytes, another shape
+
+
+def test_find_duplicates_lists_exact_pairs_once():
+    contents = ["a", "b", "a", "c", "a"]
+    hashes = [0, 0b111, 0, 0b1, 0]  # "c" is near "a" (1 bit); "b" is 3 bits from "a"
+    pairs = find_duplicates(contents, hashes, radius=2)
+    assert sorted(pairs) == [(0, 2, "exact", 0), (0, 3, "near", 1), (0, 4, "exact", 0), (1, 3, "near", 2),
+                             (2, 3, "near", 1), (2, 4, "exact", 0), (3, 4, "near", 1)]

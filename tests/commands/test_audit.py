@@ -1,0 +1,134 @@
+"""`vit audit` end to end: a folder of real photo tiles with planted leakage, a bad file, a hostile file name and
+a small class; its CSV, JSON and HTML outputs; --fail_on; and an in-memory dataset (the digits)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import skimage.data
+from PIL import Image
+
+from tests import CONFIGS
+from tests.audit.test_duplicates import near_copy
+from vit.commands import main, run
+
+HOSTILE = "<img src=x onerror=alert(1)>.png"
+
+
+def planted_folder(root: Path) -> dict[str, str]:
+    """root/{train,val,test}/<photo>/: 64x64 tiles of three photos (camera: one image, a small class), plus a test
+    tile copied exactly into train under another name, a near copy of another, a bad file, and a copy of the
+    camera tile in astronaut/ under a hostile name (a label conflict)."""
+    for name, count in (("astronaut", 14), ("coffee", 14), ("camera", 1)):
+        pixels = np.asarray(Image.fromarray(getattr(skimage.data, name)()).convert("RGB"))
+        for k in range(count):
+            split = "test" if k % 5 == 4 else "val" if k % 5 == 3 else "train"
+            y, x = divmod(k, 4)
+            path = root / split / name / f"{name}{k}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels[64 * y:64 * y + 64, 64 * x + 64:64 * x + 128]).save(path)
+    exact, near = root / "train/astronaut/renamed.png", root / "train/coffee/near.jpg"
+    shutil.copyfile(root / "test/astronaut/astronaut4.png", exact)
+    near_copy(Image.open(root / "test/coffee/coffee9.png")).save(near)
+    (root / "train/coffee/empty.png").write_bytes(b"")
+    shutil.copyfile(root / "train/camera/camera0.png", root / "train/astronaut" / HOSTILE)  # and a label conflict
+    return {"exact": str(exact), "near": str(near)}
+
+
+def audit_args(root: Path, out: Path, tmp_path: Path, *extra: str) -> list[str]:
+    """`vit audit` on ``root`` with a one-block ViT of width 32 (random init), without a config file."""
+    return ["audit", "--model", "vit.tasks.ImageClassifier", "--model.init_args.model", "vit_tiny_patch16_224",
+            "--model.init_args.model_kwargs", "{depth: 1, embed_dim: 32, num_heads: 2, patch_size: 8}",
+            "--data", "vit.data.ImageFolder", "--data.root", str(root), "--data.img_size", "32",
+            "--data.num_workers", "0", "--cache_dir", str(tmp_path / "cache"), "--out", str(out),
+            "--num_workers", "2", "--folds", "3", "--seed_everything", "0", *extra]
+
+
+def test_audit_finds_leakage_bad_files_and_small_classes_and_writes_a_safe_report(tmp_path, capsys):
+    root, out = tmp_path / "images", tmp_path / "audit"
+    planted = planted_folder(root)
+    summary = run(audit_args(root, out, tmp_path))
+    printed = capsys.readouterr().out
+    assert "2 test images have an exact or near copy in train" in printed
+    assert "1 file cannot be read" in printed and "class 'camera' has 1 training images" in printed
+    assert "1 pair of identical images carries different labels" in printed
+
+    written = json.loads((out / "summary.json").read_text())
+    inv = written["inventory"]
+    assert inv["images"] == 33 and inv["images_per_split"] == {"train": 23, "val": 6, "test": 4}
+    assert inv["images_per_class"]["train"] == [11, 1, 11]  # astronaut, camera, coffee (sorted folders)
+    assert inv["small_classes"] == [{"class": "camera", "images": 1, "largest": 11}]  # under 10% of 11
+    assert inv["bad_files"] == [{"path": str(root / "train/coffee/empty.png"), "split": "train",
+                                 "problem": "empty file (0 bytes)"}]
+    assert inv["modes"] == {"RGB": 32} and inv["formats"] == {"PNG": 31, "JPEG": 1}
+    assert written["leakage"] == {"test": {"train": 2}} and written["label_conflicts"] == 1
+    assert written["label_issues"]["backbone"].startswith("vit_tiny_patch16_224 (random initialisation")
+
+    with open(out / "duplicates.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["path_a", "split_a", "path_b", "split_b", "kind", "distance"]
+    cross = [r for r in rows if r["split_a"] != r["split_b"]]
+    assert rows[:len(cross)] == cross  # cross-split pairs first
+    found = {(r["path_a"], r["path_b"], r["kind"]) for r in cross}
+    assert (planted["exact"], str(root / "test/astronaut/astronaut4.png"), "exact") in found
+    assert (planted["near"], str(root / "test/coffee/coffee9.png"), "near") in found
+    assert len(cross) == 2
+    hostile = str(root / "train/astronaut" / HOSTILE)
+    assert {(r["path_a"], r["path_b"], r["kind"], r["distance"]) for r in rows if r["split_a"] == r["split_b"]} == {
+        (hostile, str(root / "train/camera/camera0.png"), "exact", "0")}
+    with open(out / "label_issues.csv", newline="") as f:
+        issues = list(csv.DictReader(f))
+    assert len(issues) == written["label_issues"]["flagged"]
+    if issues:
+        assert list(issues[0]) == ["path", "split", "given", "suggested", "score"]
+        scores = [float(r["score"]) for r in issues]
+        assert scores == sorted(scores)
+
+    page = (out / "report.html").read_text()
+    for section in ("summary", "inventory", "bad-files", "duplicates", "label-issues"):
+        assert f'<section id="{section}">' in page
+    sources = re.findall(r'<img [^>]*src="([^"]*)"', page)
+    # 2 charts, 2 leaked pairs and the label conflict side by side, a thumbnail per label issue: all embedded
+    assert len(sources) == 2 + 2 * 3 + min(len(issues), 60) == page.count("<img ")
+    assert all(s.startswith("data:image/png;base64,") for s in sources)
+    assert not re.search(r"https?://|<script|onerror=alert\(1\)>|<img src=x", page)
+    assert "&lt;img src=x onerror=alert(1)&gt;.png" in page  # the hostile name, as text
+    assert "empty file (0 bytes)" in page and "random initialisation" in page
+    assert summary["out"] == str(out)
+
+
+def test_fail_on_sets_the_exit_status(tmp_path, capsys):
+    root = tmp_path / "images"
+    planted_folder(root)
+    base = audit_args(root, tmp_path / "a", tmp_path, "--no_labels")
+    run([*base, "--fail_on", "label_issues"])  # not looked for (--no_labels), so not found: status 0
+    with pytest.raises(SystemExit) as done:
+        main([*base, "--fail_on", "leakage,bad_files"])
+    assert done.value.code == 1
+    assert "found leakage, bad_files (--fail_on): exit status 1" in capsys.readouterr().out
+    assert (tmp_path / "a" / "report.html").is_file()  # written before failing
+    with pytest.raises(SystemExit) as done:
+        main([*base, "--fail_on", "leakage,typo"])
+    assert done.value.code == 2 and "--fail_on: unknown typo" in capsys.readouterr().err
+
+
+def test_audit_of_the_digits_names_images_by_their_place(tmp_path, capsys):
+    out = tmp_path / "audit"
+    summary = run(["audit", "--config", str(CONFIGS / "digits.yaml"), "--out", str(out),
+                   "--cache_dir", str(tmp_path / "cache"), "--radius", "0"])
+    assert summary["inventory"]["images_per_split"] == {"train": 1259, "val": 179, "test": 359}
+    assert summary["inventory"]["modes"] == {"L": 1797} and summary["inventory"]["sizes"][0]["width"] == 16
+    assert summary["label_issues"]["features"].startswith("extracted, cached")
+    with open(out / "duplicates.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert all(re.fullmatch(r"digits\[\d+\]", r["path_a"]) for r in rows)
+    again = run(["audit", "--config", str(CONFIGS / "digits.yaml"), "--out", str(out), "--cache_dir",
+                 str(tmp_path / "cache"), "--radius", "0"])
+    assert again["label_issues"]["features"].startswith("loaded from cache")
+    assert again["label_issues"]["flagged"] == summary["label_issues"]["flagged"]

@@ -1,0 +1,8 @@
+"""`vit audit`'s checks of a dataset, each usable on its own.
+
+- `vit.audit.scan`: one pass over every image: size, mode, format, bad files, content and perceptual hashes.
+- `vit.audit.duplicates`: exact duplicates (same decoded pixels) and near-duplicates (pHash within a radius),
+  found through a multi-index hash table, not by comparing every pair.
+- `vit.audit.labels`: out-of-fold probabilities and confident learning (Northcutt et al., 2021).
+- `vit.audit.report`: summary.json, the CSV files and report.html.
+"""

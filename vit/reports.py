@@ -1,0 +1,121 @@
+"""Figures a person would rather look at than read: PNG charts for runs and audits (one plotting home).
+
+Built on matplotlib's object API (``Figure``, not pyplot): no window, no global state, any backend.
+Files are written atomically and honour the umask (`vit.checkpoint.save_atomic`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from vit.checkpoint import save_atomic
+
+
+def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
+    """A figure as PNG bytes."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
+
+
+def save_figure(fig: Figure, path: str | os.PathLike, dpi: int = 100) -> Path:
+    """Write a figure as a PNG file, atomically."""
+    data = png_bytes(fig, dpi)
+    return save_atomic(lambda f: f.write(data), path)
+
+
+def confusion_matrix_figure(confusion: Tensor, class_names: Sequence[str]) -> Figure:
+    """A (C, C) confusion matrix: row i is the true class, column j the predicted one."""
+    n = len(class_names)
+    side = min(20.0, max(4.0, 0.45 * n + 2))
+    fig = Figure(figsize=(side, side))
+    ax = fig.subplots()
+    ax.imshow(confusion.cpu().numpy(), cmap="Blues")
+    if n <= 30:
+        ax.set_xticks(range(n), class_names, rotation=90)
+        ax.set_yticks(range(n), class_names)
+        top = confusion.max().item()
+        for i in range(n):
+            for j in range(n):
+                v = int(confusion[i, j])
+                ax.text(j, i, v, ha="center", va="center", fontsize=8, color="white" if v > top / 2 else "black")
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(f"confusion matrix ({int(confusion.sum())} images)")
+    fig.tight_layout()
+    return fig
+
+
+def save_confusion_matrix(confusion: Tensor, class_names: Sequence[str], path: str | os.PathLike) -> Path:
+    """Plot a (C, C) confusion matrix to a PNG."""
+    return save_figure(confusion_matrix_figure(confusion, class_names), path)
+
+
+def bar_chart(values: Sequence[float], names: Sequence[str], *, title: str, ylabel: str,
+              highlight: Sequence[bool] | None = None, series: dict[str, Sequence[float]] | None = None) -> Figure:
+    """Bars per name; ``series`` (label -> values) draws grouped bars instead of ``values``; ``highlight``
+    colours those names' bars red (e.g. classes that are too small)."""
+    series = series or {"": values}
+    n = len(names)
+    fig = Figure(figsize=(min(16.0, max(5.0, 0.35 * n * max(1, len(series)) + 2)), 3.6))
+    ax = fig.subplots()
+    width = 0.8 / len(series)
+    for k, (label, ys) in enumerate(series.items()):
+        xs = np.arange(n) + (k - (len(series) - 1) / 2) * width
+        bars = ax.bar(xs, ys, width, label=label or None)
+        if highlight is not None and k == 0:
+            for bar, flag in zip(bars, highlight):
+                if flag:
+                    bar.set_color("tab:red")
+    if n <= 60:
+        ax.set_xticks(range(n), names, rotation=90 if max(map(len, names), default=0) > 3 else 0)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if len(series) > 1:
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def histogram(values: Sequence[float], *, title: str, xlabel: str, bins: int = 30) -> Figure:
+    """A histogram of ``values``."""
+    fig = Figure(figsize=(5.0, 3.2))
+    ax = fig.subplots()
+    ax.hist(values, bins=bins, color="tab:blue")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("images")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def class_accuracy_figure(accuracy: Sequence[float], class_names: Sequence[str]) -> Figure:
+    """Per-class accuracy (recall) as bars, sorted as the classes are."""
+    return bar_chart(accuracy, class_names, title="test accuracy per class", ylabel="accuracy")
+
+
+def error_grid_figure(images: Sequence[np.ndarray], overlays: Sequence[np.ndarray],
+                      captions: Sequence[str]) -> Figure:
+    """Each mistake as a pair of panels, the image and its attention-rollout overlay, captioned; four mistakes
+    to a row. ``images`` and ``overlays`` are (H, W, 3) in [0, 1]."""
+    per_row = 4
+    rows = max(1, -(-len(images) // per_row))
+    fig = Figure(figsize=(per_row * 3.2, rows * 1.9))
+    axes = fig.subplots(rows, per_row * 2, squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for k, (image, heat, caption) in enumerate(zip(images, overlays, captions)):
+        left, right = axes[k // per_row, 2 * (k % per_row)], axes[k // per_row, 2 * (k % per_row) + 1]
+        left.imshow(image, interpolation="nearest")
+        right.imshow(heat, interpolation="nearest")
+        left.set_title(caption, fontsize=8, loc="left")
+    fig.suptitle("most confident mistakes on the test split (image | attention rollout)", fontsize=10)
+    fig.tight_layout()
+    return fig
