@@ -209,6 +209,12 @@ def timm_architecture(model_name: str, model: VisionTransformer) -> tuple[str, d
     """
     import timm
 
+    extras = [k for k in ("shifted_patches", "locality_attention") if getattr(model, k, False)]
+    if extras:
+        raise UserValueError(
+            f"timm's VisionTransformer has no {' or '.join(extras)}, so these weights cannot be shipped as a "
+            "timm model; export to ONNX instead (vit export --format onnx)"
+        )
     ours = _arch_args({"img_size": model.img_size, "patch_size": model.patch_size[0], "in_chans": model.in_chans,
                        "embed_dim": model.embed_dim, "depth": len(model.blocks),
                        "num_heads": model.blocks[0].attn.num_heads, "mlp_ratio": _mlp_ratio(model),

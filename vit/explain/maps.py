@@ -43,7 +43,7 @@ def _check_images(model: VisionTransformer, images: Tensor) -> tuple[int, int]:
         raise ValueError(
             f"expected images shaped (batch, channels, height, width), got {tuple(images.shape)}"
         )
-    in_chans = model.patch_embed.proj.in_channels
+    in_chans = model.in_chans
     if images.shape[1] != in_chans:
         raise ValueError(f"the model takes {in_chans}-channel images, got {images.shape[1]} channels")
     return model.patch_grid(images.shape[-2], images.shape[-1])

@@ -2,7 +2,14 @@
 
 from vit.nn.attention import KVCache, MultiHeadAttention
 from vit.nn.blocks import DecoderBlock, DropPath, EncoderBlock, Mlp
-from vit.nn.vision import MODEL_CONFIGS, PatchEmbed, VisionTransformer, create_model, list_models
+from vit.nn.vision import (
+    MODEL_CONFIGS,
+    PatchEmbed,
+    ShiftedPatchEmbed,
+    VisionTransformer,
+    create_model,
+    list_models,
+)
 
 __all__ = [
     "MODEL_CONFIGS",
@@ -13,6 +20,7 @@ __all__ = [
     "Mlp",
     "MultiHeadAttention",
     "PatchEmbed",
+    "ShiftedPatchEmbed",
     "VisionTransformer",
     "create_model",
     "list_models",

@@ -9,6 +9,10 @@ Two paths run through the same weights:
 Mask convention (the same as ``torch.nn.MultiheadAttention``): a boolean mask marks with
 ``True`` the positions a query may **not** attend to; a float mask is added to the scores.
 A query whose keys are all masked attends to nothing and outputs zeros, never NaN.
+
+``locality_attention=True`` turns on Locality Self-Attention (Lee et al., 2021, "Vision Transformer
+for Small-Size Datasets"): each query is barred from its own key, and the logits are scaled by a
+learned per-head ``learned_scale`` (1/τ, τ starting at √head_dim) instead of the fixed 1/√head_dim.
 """
 
 from __future__ import annotations
@@ -58,9 +62,11 @@ def merge_masks(
     num_keys: int,
     dtype: torch.dtype,
     device: torch.device,
+    exclude_self: bool = False,
 ) -> Tensor | None:
     """Combine every mask into one additive float mask broadcastable to (B, H, Lq, Lk).
 
+    ``exclude_self`` masks query i from key i: the queries are the first ``num_queries`` keys.
     Returns None when nothing is masked, so the caller can keep the unmasked fast path.
     """
     masks = []
@@ -79,6 +85,8 @@ def merge_masks(
         masks.append(key_padding_mask[:, None, None, :])
     if is_causal and num_queries > 1:
         masks.append(causal_mask(num_queries, num_keys, device))
+    if exclude_self:
+        masks.append(torch.eye(num_queries, num_keys, dtype=torch.bool, device=device))  # (Lq, Lk)
     if not masks:
         return None
 
@@ -99,6 +107,7 @@ class MultiHeadAttention(nn.Module):
     [q; k; v], each ``num_heads × head_dim``, as timm and torchvision store it.
     Cross-attention (``cross=True``) owns separate ``q`` and ``kv`` projections, the
     latter's rows ordered [k; v]. Both end in an output projection ``proj``.
+    ``locality_attention`` (self-attention only) adds the per-head parameter ``learned_scale`` (heads,).
     """
 
     def __init__(
@@ -111,14 +120,22 @@ class MultiHeadAttention(nn.Module):
         proj_drop_rate: float = 0.0,
         cross: bool = False,
         context_dim: int | None = None,
+        locality_attention: bool = False,
     ) -> None:
         super().__init__()
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        if locality_attention and cross:
+            raise ValueError("locality_attention masks each token's own key: it needs self-attention, not cross")
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.scale = self.head_dim**-0.5
         self.cross = cross
+        self.locality_attention = locality_attention
+        # LSA's learned temperature, stored as its inverse (the logits' multiplier) as the authors' code does.
+        # One value per head: 1-D, so the optimiser groups leave it out of weight decay, which would pull it
+        # towards 0, i.e. towards uniform attention.
+        self.learned_scale = nn.Parameter(torch.full((num_heads,), self.scale)) if locality_attention else None
         if cross:
             self.q = nn.Linear(embed_dim, embed_dim, bias=qkv_bias)
             self.kv = nn.Linear(context_dim or embed_dim, 2 * embed_dim, bias=qkv_bias)
@@ -178,13 +195,22 @@ class MultiHeadAttention(nn.Module):
                     v = torch.cat([cache.v, v], dim=2)
                 cache.k, cache.v = k, v
         Lk = k.shape[2]
+        scale = self.scale
+        if self.learned_scale is not None:
+            if cache is not None:
+                raise ValueError("locality_attention aligns query i with key i, which a KV cache breaks")
+            # Fold the per-head scale into q (SDPA's `scale` must be a float); cast so that an autocast
+            # bf16 q is not promoted to fp32 against the fp32 parameter.
+            q, scale = q * self.learned_scale.to(q.dtype).view(-1, 1, 1), 1.0  # (H, 1, 1) over (B, H, Lq, D)
 
         # A plain causal mask over a full square goes to SDPA as a flag, so flash kernels apply.
         sdpa_causal = (
             is_causal and attn_mask is None and key_padding_mask is None and Lq == Lk and not return_attention
+            and not self.locality_attention
         )
         mask = merge_masks(
-            attn_mask, key_padding_mask, is_causal and not sdpa_causal, Lq, Lk, q.dtype, q.device
+            attn_mask, key_padding_mask, is_causal and not sdpa_causal, Lq, Lk, q.dtype, q.device,
+            exclude_self=self.locality_attention,
         )
         fully_masked = None
         if mask is not None:
@@ -193,7 +219,7 @@ class MultiHeadAttention(nn.Module):
             mask = mask.masked_fill(fully_masked, 0.0)
 
         if return_attention:
-            scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, Lq, Lk)
+            scores = (q * scale) @ k.transpose(-2, -1)  # (B, H, Lq, Lk)
             if mask is not None:
                 scores = scores + mask
             weights = scores.softmax(dim=-1)
@@ -208,6 +234,7 @@ class MultiHeadAttention(nn.Module):
                 attn_mask=mask,
                 dropout_p=self.attn_drop.p if self.training else 0.0,
                 is_causal=sdpa_causal,
+                scale=None if self.learned_scale is None else 1.0,  # None: SDPA's own 1/√d, as before
             )
             if fully_masked is not None:
                 out = out.masked_fill(fully_masked, 0.0)

@@ -53,7 +53,7 @@ class DropPath(nn.Module):
 
 
 class EncoderBlock(nn.Module):
-    """Self-attention then MLP, each in a pre-norm residual branch."""
+    """Self-attention then MLP, each in a pre-norm residual branch; ``locality_attention`` makes it LSA."""
 
     def __init__(
         self,
@@ -67,11 +67,13 @@ class EncoderBlock(nn.Module):
         drop_path_rate: float = 0.0,
         act_layer: type[nn.Module] = nn.GELU,
         norm_eps: float = 1e-6,
+        locality_attention: bool = False,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(embed_dim, eps=norm_eps)
         self.attn = MultiHeadAttention(
-            embed_dim, num_heads, qkv_bias=qkv_bias, attn_drop_rate=attn_drop_rate, proj_drop_rate=drop_rate
+            embed_dim, num_heads, qkv_bias=qkv_bias, attn_drop_rate=attn_drop_rate, proj_drop_rate=drop_rate,
+            locality_attention=locality_attention,
         )
         self.drop_path1 = DropPath(drop_path_rate)
         self.norm2 = nn.LayerNorm(embed_dim, eps=norm_eps)

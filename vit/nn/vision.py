@@ -5,6 +5,13 @@ image (B, 3, 224, 224)
   -> prepend cls token, add pos_embed      (B, 197, C)
   -> EncoderBlock x depth (pre-norm)       (B, 197, C)
   -> LayerNorm, cls token -> Linear head   (B, num_classes)
+
+Two options from "Vision Transformer for Small-Size Datasets" (Lee, Lee & Song, 2021), both off by
+default (off, the weights keep timm's names and the numerics timm's):
+  shifted_patches=True     ShiftedPatchEmbed: image + 4 diagonal half-patch shifts (B, 5*3, 224, 224)
+                           -> 16x16 patches, LayerNorm, Linear    (B, 196, C)
+  locality_attention=True  every block's attention masks each token's own key and learns a
+                           per-head temperature (`attn.learned_scale`)
 """
 
 from __future__ import annotations
@@ -77,10 +84,10 @@ def resample_pos_embed(
     return torch.cat([prefix, grid], dim=1)
 
 
-class PatchEmbed(nn.Module):
-    """Split an image into non-overlapping patches and project each to ``embed_dim``."""
+class PatchGrid(nn.Module):
+    """What every patch embedding knows: image and patch size, the patch grid, the input channels."""
 
-    def __init__(self, img_size: int | Sequence[int], patch_size: int, in_chans: int, embed_dim: int):
+    def __init__(self, img_size: int | Sequence[int], patch_size: int | Sequence[int], in_chans: int) -> None:
         super().__init__()
         self.img_size = _pair(img_size)
         self.patch_size = _pair(patch_size)
@@ -91,14 +98,58 @@ class PatchEmbed(nn.Module):
                 )
         self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
         self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.in_chans = in_chans
+
+
+class PatchEmbed(PatchGrid):
+    """Split an image into non-overlapping patches and project each to ``embed_dim``."""
+
+    def __init__(self, img_size: int | Sequence[int], patch_size: int, in_chans: int, embed_dim: int):
+        super().__init__(img_size, patch_size, in_chans)
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, C, h, w) -> (B, h*w, C)
 
 
+class ShiftedPatchEmbed(PatchGrid):
+    """Shifted Patch Tokenization: the image and four diagonal half-patch shifts, patched, normed, projected.
+
+    As in the authors' code (aanna0701/SPT_LSA_ViT): zero-pad by s = patch // 2 on every side, crop the
+    padded image at its top-left, top-right, bottom-left and bottom-right corners (contents moved by
+    (+s, +s), (+s, -s), (-s, +s), (-s, -s) in (down, right)), put them after the image along channels,
+    and flatten each patch row by row, channels fastest. Weights: ``norm`` then ``proj`` (a Linear).
+    """
+
+    def __init__(self, img_size: int | Sequence[int], patch_size: int, in_chans: int, embed_dim: int):
+        super().__init__(img_size, patch_size, in_chans)
+        ph, pw = self.patch_size
+        self.shift = (ph // 2, pw // 2)
+        patch_dim = 5 * in_chans * ph * pw
+        self.norm = nn.LayerNorm(patch_dim, eps=1e-6)
+        self.proj = nn.Linear(patch_dim, embed_dim)
+
+    def shifted(self, x: Tensor) -> Tensor:
+        """(B, C, H, W) -> (B, 5C, H, W): the image, then its four zero-filled diagonal shifts."""
+        (sh, sw), (H, W) = self.shift, x.shape[-2:]
+        padded = F.pad(x, (sw, sw, sh, sh))  # (B, C, H + 2sh, W + 2sw), zeros around
+        crops = [padded[..., i:i + H, j:j + W] for i in (0, 2 * sh) for j in (0, 2 * sw)]
+        return torch.cat([x, *crops], dim=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.shifted(x)
+        B, C, H, W = x.shape
+        ph, pw = self.patch_size
+        x = x.reshape(B, C, H // ph, ph, W // pw, pw).permute(0, 2, 4, 3, 5, 1)  # (B, h, w, ph, pw, 5C)
+        x = x.reshape(B, (H // ph) * (W // pw), ph * pw * C)  # (B, h*w, ph*pw*5C)
+        return self.proj(self.norm(x))
+
+
 class VisionTransformer(nn.Module):
-    """ViT with a cls token, learned position embeddings and pre-norm encoder blocks."""
+    """ViT with a cls token, learned position embeddings and pre-norm encoder blocks.
+
+    ``shifted_patches`` and ``locality_attention`` switch on SPT and LSA (see the module docstring).
+    """
 
     num_prefix_tokens = 1  # the cls token
 
@@ -120,6 +171,8 @@ class VisionTransformer(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         dynamic_img_size: bool = False,
+        shifted_patches: bool = False,
+        locality_attention: bool = False,
     ) -> None:
         super().__init__()
         if global_pool not in ("token", "avg"):
@@ -130,8 +183,11 @@ class VisionTransformer(nn.Module):
         self.global_pool = global_pool
         self.embed_dim = self.num_features = embed_dim
         self.dynamic_img_size = dynamic_img_size
+        self.shifted_patches = shifted_patches
+        self.locality_attention = locality_attention
 
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        embed = ShiftedPatchEmbed if shifted_patches else PatchEmbed
+        self.patch_embed = embed(img_size, patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
         self.pos_drop = nn.Dropout(pos_drop_rate)
@@ -141,7 +197,7 @@ class VisionTransformer(nn.Module):
         self.blocks = nn.Sequential(*[
             EncoderBlock(
                 embed_dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop_rate=drop_rate,
-                attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path[i],
+                attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path[i], locality_attention=locality_attention,
             )
             for i in range(depth)
         ])
@@ -173,7 +229,7 @@ class VisionTransformer(nn.Module):
 
     @property
     def in_chans(self) -> int:
-        return self.patch_embed.proj.in_channels
+        return self.patch_embed.in_chans
 
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token"}

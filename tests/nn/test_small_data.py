@@ -1,0 +1,196 @@
+"""Shifted Patch Tokenization and Locality Self-Attention (Lee et al., 2021) against hand computations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+import vit
+from vit.checkpoint import load_classifier
+from vit.errors import UserValueError
+from vit.explain import collect_attention
+from vit.nn.attention import MultiHeadAttention
+from vit.nn.vision import PatchEmbed, ShiftedPatchEmbed, VisionTransformer
+from vit.tasks.optim import param_groups
+
+TINY = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, num_classes=5)
+BOTH = dict(shifted_patches=True, locality_attention=True)
+
+
+def perturb(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
+    """Move every weight off its init (unit norms, zero biases, equal per-head scales) so no term hides."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * scale)
+    return model
+
+
+# ---- Shifted Patch Tokenization ------------------------------------------------------------------
+def hand_spt(x: np.ndarray, P: int, norm_w, norm_b, eps: float, W, b) -> np.ndarray:
+    """SPT by loops: (B, C, H, W) -> (B, h*w, D). Group g holds the pixel at (i + di, j + dj), zero outside."""
+    B, C, H, Wd = x.shape
+    s = P // 2
+    # the image, then the padded image's top-left, top-right, bottom-left, bottom-right crops
+    offsets = [(0, 0), (-s, -s), (-s, s), (s, -s), (s, s)]
+    stacked = np.zeros((B, 5 * C, H, Wd))
+    for g, (di, dj) in enumerate(offsets):
+        for i in range(H):
+            for j in range(Wd):
+                if 0 <= i + di < H and 0 <= j + dj < Wd:
+                    stacked[:, g * C:(g + 1) * C, i, j] = x[:, :, i + di, j + dj]
+    tokens = []
+    for r in range(H // P):  # patches row by row; inside a patch row by row, channels fastest
+        for q in range(Wd // P):
+            vec = [stacked[:, ch, r * P + pi, q * P + pj] for pi in range(P) for pj in range(P) for ch in range(5 * C)]
+            vec = np.stack(vec, axis=-1)  # (B, P*P*5C)
+            mean, var = vec.mean(-1, keepdims=True), vec.var(-1, keepdims=True)
+            vec = (vec - mean) / np.sqrt(var + eps) * norm_w + norm_b
+            tokens.append(vec @ W.T + b)
+    return np.stack(tokens, axis=1)
+
+
+@pytest.mark.parametrize("in_chans, patch", [(3, 4), (2, 3)])
+def test_shifted_patch_tokens_match_a_hand_computation(in_chans, patch):
+    embed = perturb(ShiftedPatchEmbed(12, patch, in_chans, 8)).double()
+    x = torch.randn(2, in_chans, 12, 12, dtype=torch.float64)
+    expected = hand_spt(x.numpy(), patch, embed.norm.weight.detach().numpy(), embed.norm.bias.detach().numpy(),
+                        embed.norm.eps, embed.proj.weight.detach().numpy(), embed.proj.bias.detach().numpy())
+    assert embed(x).shape == (2, (12 // patch) ** 2, 8)
+    np.testing.assert_allclose(embed(x).detach().numpy(), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_shift_directions_on_a_single_pixel():
+    """A pixel at (5, 6), patch 4 (s = 2), shows up at (7, 8), (7, 4), (3, 8), (3, 4) in groups 1..4."""
+    embed = ShiftedPatchEmbed(12, 4, 1, 8)
+    x = torch.zeros(1, 1, 12, 12)
+    x[0, 0, 5, 6] = 1.0
+    shifted = embed.shifted(x)[0]  # (5, 12, 12)
+    where = [tuple(torch.nonzero(shifted[g]).flatten().tolist()) for g in range(5)]
+    assert where == [(5, 6), (7, 8), (7, 4), (3, 8), (3, 4)]
+    x[0, 0, 0, 0] = 1.0  # a corner pixel falls off in three of the four shifts: zero fill, no wrap-around
+    assert embed.shifted(x)[:, 1:].sum() == 4 + 1
+
+
+# ---- Locality Self-Attention ---------------------------------------------------------------------
+def hand_lsa(attn: MultiHeadAttention, x: torch.Tensor, num_queries: int | None = None):
+    """softmax over keys of q·k·scale_h with each query's own key at -inf, by explicit loops over heads."""
+    B, N, C = x.shape
+    H, D = attn.num_heads, attn.head_dim
+    n = N if num_queries is None else num_queries
+    qkv = x @ attn.qkv.weight.T + attn.qkv.bias  # (B, N, 3C)
+    q, k, v = qkv[..., :C], qkv[..., C:2 * C], qkv[..., 2 * C:]
+    weights = torch.zeros(B, H, n, N, dtype=x.dtype)
+    out = torch.zeros(B, n, C, dtype=x.dtype)
+    for h in range(H):
+        cols = slice(h * D, (h + 1) * D)
+        logits = q[:, :n, cols] @ k[:, :, cols].transpose(1, 2) * attn.learned_scale[h]  # (B, n, N)
+        for i in range(n):
+            logits[:, i, i] = float("-inf")  # query i is token i
+        weights[:, h] = torch.softmax(logits, dim=-1)
+        out[:, :, cols] = weights[:, h] @ v[:, :, cols]
+    return out @ attn.proj.weight.T + attn.proj.bias, weights
+
+
+@pytest.mark.parametrize("num_queries", [None, 1, 3])
+def test_locality_attention_matches_a_hand_formula_on_both_paths(num_queries):
+    attn = perturb(MultiHeadAttention(16, 4, locality_attention=True)).double().eval()
+    assert len(set(attn.learned_scale.tolist())) == 4  # distinct per head, so a mix-up shows
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    queries, context = (x, None) if num_queries is None else (x[:, :num_queries], x)
+    expected, expected_weights = hand_lsa(attn, x, num_queries)
+    with torch.no_grad():
+        fast = attn(queries, context)
+        explicit, weights = attn(queries, context, return_attention=True)
+    torch.testing.assert_close(fast, expected)
+    torch.testing.assert_close(explicit, expected)
+    torch.testing.assert_close(weights, expected_weights)
+    assert torch.all(weights.diagonal(dim1=-2, dim2=-1) == 0)
+
+
+def test_locality_attention_starts_at_the_plain_scale_and_only_on_self_attention():
+    attn = MultiHeadAttention(32, 4, locality_attention=True)
+    torch.testing.assert_close(attn.learned_scale.detach(), torch.full((4,), 8 ** -0.5))  # τ = √head_dim
+    assert MultiHeadAttention(32, 4).learned_scale is None
+    with pytest.raises(ValueError, match="self-attention"):
+        MultiHeadAttention(32, 4, cross=True, locality_attention=True)
+
+
+def test_locality_attention_runs_under_bf16_autocast():
+    attn = MultiHeadAttention(16, 4, locality_attention=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attn(torch.randn(2, 5, 16))
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+
+
+# ---- the VisionTransformer -------------------------------------------------------------------------
+def test_defaults_keep_timm_keys_and_options_add_only_their_own():
+    with torch.device("meta"):
+        theirs = {k: v.shape for k, v in timm.create_model("vit_tiny_patch16_224").state_dict().items()}
+        default = vit.create_model("vit_tiny_patch16_224", shifted_patches=False, locality_attention=False)
+        assert {k: v.shape for k, v in default.state_dict().items()} == theirs
+        assert isinstance(default.patch_embed, PatchEmbed)
+        ours = vit.create_model("vit_tiny_patch16_224", **BOTH).state_dict()
+    added = {f"blocks.{i}.attn.learned_scale" for i in range(12)} | {"patch_embed.norm.weight", "patch_embed.norm.bias"}
+    assert set(ours) == set(theirs) | added
+    assert ours["patch_embed.proj.weight"].shape == (192, 5 * 3 * 16 * 16)
+    assert ours["blocks.0.attn.learned_scale"].shape == (3,)
+
+
+def test_model_with_both_options_keeps_its_api():
+    model = perturb(VisionTransformer(**TINY, **BOTH)).eval()
+    assert model.in_chans == 3 and model.patch_embed.num_patches == 16 and model.patch_embed.grid_size == (4, 4)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        logits = model(x)  # the last block runs the cls query alone: its own-key mask must stay on key 0
+        torch.testing.assert_close(logits, model.forward_head(model.forward_features(x)))
+        same, weights = model.forward_attention(x)
+    torch.testing.assert_close(same, logits)
+    assert weights.shape == (2, 2, 4, 17, 17) and torch.all(weights.diagonal(dim1=-2, dim2=-1) == 0)
+    maps = collect_attention(model, x)
+    assert maps.cls_maps().shape == (2, 2, 4, 4, 4) and maps.rollout().shape == (2, 4, 4)
+    dynamic = VisionTransformer(**TINY, **BOTH, dynamic_img_size=True)
+    assert dynamic(torch.randn(1, 3, 24, 20)).shape == (1, 5)
+
+
+def test_tiny_model_with_both_options_trains_and_reaches_the_new_parameters():
+    torch.manual_seed(0)
+    model = VisionTransformer(**TINY, **BOTH)
+    groups = param_groups(model, lr=1e-3, weight_decay=0.05)
+    no_decay = {id(p) for g in groups if g["weight_decay"] == 0.0 for p in g["params"]}
+    assert all(id(b.attn.learned_scale) in no_decay for b in model.blocks)  # decay would flatten attention
+    optimizer = torch.optim.AdamW(groups)
+    x, y = torch.randn(8, 3, 16, 16), torch.arange(8) % 5
+    before = model.blocks[0].attn.learned_scale.detach().clone()
+    for _ in range(3):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        assert torch.isfinite(loss)
+        for name in ("blocks.0.attn.learned_scale", "blocks.1.attn.learned_scale", "patch_embed.norm.weight",
+                     "patch_embed.proj.weight"):
+            grad = model.get_parameter(name).grad
+            assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0, name
+        optimizer.step()
+    assert not torch.equal(model.blocks[0].attn.learned_scale.detach(), before)
+
+
+def test_classifier_checkpoint_round_trips_and_safetensors_export_says_why_not(tmp_path):
+    from vit.checkpoint import META_KEY
+    from vit.export import export_safetensors
+    from vit.tasks.classify import ImageClassifier
+
+    task = ImageClassifier(model="vit_digits_patch2_8", model_kwargs=dict(depth=2, embed_dim=32, **BOTH))
+    perturb(task.model)
+    path = tmp_path / "model.ckpt"
+    torch.save({"state_dict": task.state_dict(), META_KEY: task.checkpoint_meta()}, path)
+    classifier = load_classifier(path)
+    assert classifier.model.shifted_patches and classifier.model.locality_attention
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(classifier(x), task.model.eval()(x))
+    with pytest.raises(UserValueError, match="shifted_patches or locality_attention"):
+        export_safetensors(classifier, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
