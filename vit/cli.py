@@ -56,7 +56,7 @@ LINKED_FROM_DATA: tuple[str, ...] = (
 
 DESCRIPTION = (
     "vit: train and evaluate Vision Transformers. Subcommands fit/validate/test/predict take YAML "
-    "recipes (see configs/). `vit --help` lists the other commands (predict --ckpt, export, probe, attention, "
+    "recipes (see configs/). `vit --help` lists the other commands (predict --ckpt, export, probe, audit, attention, "
     "translate)."
 )
 

@@ -30,7 +30,7 @@ table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding
 .grid{display:flex;flex-wrap:wrap;gap:10px}.card{border:1px solid #ccc;padding:6px;font-size:12px;width:260px;
 overflow-wrap:anywhere}.pair{display:flex;gap:4px}.card img{width:120px;height:120px;object-fit:contain;
 image-rendering:pixelated;background:#eee}.summary{font-size:1.1em;background:#f6f6f0;padding:.8em}
-.note{color:#555;font-size:.9em}
+.note{color:#555;font-size:.9em}p>img{max-width:100%;height:auto}
 """
 
 
@@ -153,7 +153,7 @@ def render_html(summary: dict[str, Any], charts: dict[str, bytes], pairs: Sequen
     parts.append(f'<p class="note">{e(labels.get("note", ""))}</p><div class="grid">')
     for issue in issues[:shown]:
         parts.append(f'<div class="card">{img(issue["_record"])}<br>given <b>{e(issue["given"])}</b>, suggested '
-                     f'<b>{e(issue["suggested"])}</b>, score {issue["score"]:.3f}<br>{e(issue["path"])}</div>')
+                     f'<b>{e(issue["suggested"])}</b>, score {issue["score"]:.3g}<br>{e(issue["path"])}</div>')
     parts.append("</div></section>")
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>vit audit</title>"
             f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")

@@ -28,6 +28,7 @@ from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, create_model
 from vit.reports import save_confusion_matrix
 from vit.tasks.finetune import apply_freezing, check_strategy, frozen_modules, unfreeze_epoch
 from vit.tasks.losses import SoftTargetCrossEntropy
+from vit.tasks.mistakes import ConfidentMistakes, log_figures, save_error_report
 from vit.tasks.optim import describe_param_groups, param_groups, per_epoch_steps, warmup_cosine
 from vit.weights import load_pretrained
 
@@ -224,6 +225,7 @@ class ImageClassifier(LightningModule):
         self.test_metrics = self.val_metrics.clone(prefix="test_")
         self.test_class_acc = MulticlassAccuracy(n, average=None)
         self.test_confusion = MulticlassConfusionMatrix(n)
+        self.test_mistakes = ConfidentMistakes(16)  # errors.png: the most confident mistakes, with rollout
 
     # --- what prediction needs -------------------------------------------------------------
     @property
@@ -307,6 +309,7 @@ class ImageClassifier(LightningModule):
         logits = self._eval_step(batch, "test")
         self.test_class_acc.update(logits, batch[1])
         self.test_confusion.update(logits, batch[1])
+        self.test_mistakes.update(batch[0], logits, batch[1])
 
     def on_test_epoch_end(self) -> None:
         per_class = self.test_class_acc.compute()  # already global: torchmetrics syncs ranks on compute
@@ -320,7 +323,12 @@ class ImageClassifier(LightningModule):
         out_dir = self.trainer.log_dir  # the logger's run folder, else default_root_dir
         if out_dir is not None and self.trainer.is_global_zero:
             path = save_confusion_matrix(confusion, self.class_names, Path(out_dir) / "confusion_matrix.png")
-            rank_zero_info(f"confusion matrix saved to {path}")
+            figures = save_error_report(self.eval_model, self.test_mistakes, per_class.tolist(), self.class_names,
+                                        self.mean, self.std, out_dir)
+            log_figures(self.trainer.loggers, figures, self.global_step)
+            rank_zero_info(f"confusion matrix, per-class accuracy and most confident mistakes saved to {path.parent} "
+                           "(confusion_matrix.png, class_accuracy.png, errors.png)")
+        self.test_mistakes.reset()
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
         """Class probabilities (B, num_classes); the batch is images or (images, anything)."""
