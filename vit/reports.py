@@ -107,7 +107,7 @@ def error_grid_figure(images: Sequence[np.ndarray], overlays: Sequence[np.ndarra
     to a row. ``images`` and ``overlays`` are (H, W, 3) in [0, 1]."""
     per_row = 4
     rows = max(1, -(-len(images) // per_row))
-    fig = Figure(figsize=(per_row * 3.2, rows * 1.9))
+    fig = Figure(figsize=(per_row * 3.4, rows * 2.0 + 0.4))
     axes = fig.subplots(rows, per_row * 2, squeeze=False)
     for ax in axes.flat:
         ax.axis("off")

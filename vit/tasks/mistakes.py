@@ -72,7 +72,7 @@ def save_error_report(
         rollout = collect_attention(model, mistakes.images.to(device)).rollout().cpu()  # (B, h, w)
         images = [to_display_image(x, mean, std, min_side=64) for x in mistakes.images]
         overlays = [overlay(image, heat) for image, heat in zip(images, rollout)]
-        captions = [f"true {class_names[t]}\npredicted {class_names[p]} ({c:.0%})" for t, p, c in
+        captions = [f"true {class_names[t]}, predicted {class_names[p]} ({c:.0%})" for t, p, c in
                     zip(mistakes.true.tolist(), mistakes.predicted.tolist(), mistakes.confidence.tolist())]
         figures["errors"] = error_grid_figure(images, overlays, captions)
     for name, fig in figures.items():
