@@ -57,6 +57,38 @@ def test_schedule_keeps_layer_decay_per_step(tmp_path):
     assert lrs[:3] == pytest.approx([0.01 / 3, 0.02 / 3, 0.01])
 
 
+def one_cycle(step: int, peak: float, warmup: int, total: int) -> tuple[float, float]:
+    """Hand formula of OneCycleLR's lr and beta1 (cosine phases; lr peak/25 -> peak -> peak/25e4, beta1
+    0.95 -> 0.85 -> 0.95), from Smith & Topin (2018) and torch's documented defaults."""
+    cos = lambda start, end, pct: end + (start - end) / 2 * (1 + math.cos(math.pi * pct))
+    if step <= warmup - 1:
+        pct = step / (warmup - 1)
+        return cos(peak / 25, peak, pct), cos(0.95, 0.85, pct)
+    pct = (step - (warmup - 1)) / (total - 1 - (warmup - 1))
+    return cos(peak, peak / 25 / 1e4, pct), cos(0.85, 0.95, pct)
+
+
+def test_onecycle_schedule_is_the_plain_loops_per_group(tmp_path):
+    seen = []
+
+    class Record(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append([(g["name"], g["lr"], g["betas"][0]) for g in trainer.optimizers[0].param_groups])
+
+    model = tiny(lr=0.01, layer_decay=0.5, warmup_steps=3, schedule="onecycle")
+    trainer(tmp_path, max_epochs=3, callbacks=[Record()]).fit(model, loader())  # 9 steps
+    assert len(seen) == 9
+    for step, groups in enumerate(seen):
+        for name, lr, beta1 in groups:
+            layer = 3 if name.startswith("head_") else int(name.split("_")[0].removeprefix("layer"))
+            expected_lr, expected_beta1 = one_cycle(step, 0.01 * 0.5 ** (3 - layer), 3, 9)
+            assert lr == pytest.approx(expected_lr, rel=1e-9) and beta1 == pytest.approx(expected_beta1), (step, name)
+    with pytest.raises(ValueError, match="schedule must be"):
+        tiny(schedule="linear")
+    with pytest.raises(ValueError, match="staged"):
+        tiny(schedule="onecycle", finetune="staged", head_epochs=1)
+
+
 def test_losses_label_smoothing_and_mixup():
     model = tiny(label_smoothing=0.1)
     assert isinstance(model.train_loss, torch.nn.CrossEntropyLoss) and model.train_loss.label_smoothing == 0.1
