@@ -83,6 +83,11 @@ def test_onecycle_schedule_is_the_plain_loops_per_group(tmp_path):
             layer = 3 if name.startswith("head_") else int(name.split("_")[0].removeprefix("layer"))
             expected_lr, expected_beta1 = one_cycle(step, 0.01 * 0.5 ** (3 - layer), 3, 9)
             assert lr == pytest.approx(expected_lr, rel=1e-9) and beta1 == pytest.approx(expected_beta1), (step, name)
+    for epochs, warmup in ((1, 5.0), (1, 0.0)):  # warm-up as long as the run, or none: still one cycle
+        model = tiny(lr=0.01, warmup_epochs=warmup, schedule="onecycle")
+        trainer(tmp_path, max_epochs=epochs).fit(model, loader())
+        assert model.trainer.global_step == 3
+    trainer(tmp_path, fast_dev_run=True).fit(tiny(schedule="onecycle"), loader())  # one step
     with pytest.raises(ValueError, match="schedule must be"):
         tiny(schedule="linear")
     with pytest.raises(ValueError, match="staged"):

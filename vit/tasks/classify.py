@@ -367,9 +367,12 @@ class ImageClassifier(LightningModule):
         else:
             warmup = round(hp.warmup_epochs * per_epoch_steps(self.trainer, total))
         warmup = min(warmup, total)
-        if hp.schedule == "onecycle":  # per group: layer decay gives each its own peak
+        if hp.schedule == "onecycle" and total >= 3:  # (1-2 steps, e.g. fast_dev_run: the cosine lambda below)
+            # Each phase needs 2+ steps (torch divides by its length - 1): warm-up clamped to [2, total - 1].
+            # Per group: layer decay gives each its own peak.
+            up = min(max(2, warmup), total - 1)
             scheduler = torch.optim.lr_scheduler.OneCycleLR(
-                optimizer, max_lr=[g["lr"] for g in groups], total_steps=total, pct_start=max(1, warmup) / total,
+                optimizer, max_lr=[g["lr"] for g in groups], total_steps=total, pct_start=up / total,
             )
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
         min_ratio = min(1.0, hp.min_lr / lr) if lr > 0 else 0.0
