@@ -1,0 +1,71 @@
+"""scripts/parity.py and scripts/small_folders.py run end to end at a reduced size: every arm trains.
+
+The accuracy figures themselves live in the README (seed-sensitive and minutes long: no timed test)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests import load_script
+
+
+@pytest.fixture(scope="module")
+def tiny_digits(tmp_path_factory) -> Path:
+    """3 digit classes, 8x8 PNGs in train/val/test, written by small_folders' own writer."""
+    from sklearn.datasets import load_digits
+
+    folders = load_script("small_folders")
+    data = load_digits()
+    keep = np.flatnonzero(data.target < 3)[:60]
+    images = np.round(data.images[keep] * 255 / 16).astype(np.uint8)
+    return folders.write_split_folder(tmp_path_factory.mktemp("digits"), images, data.target[keep], ["0", "1", "2"])
+
+
+def test_small_folders_writes_split_class_folders_of_the_real_pixels(tiny_digits):
+    counts = {s: sorted(p.parent.name for p in (tiny_digits / s).rglob("*.png")) for s in ("train", "val", "test")}
+    assert all(counts.values()) and sum(map(len, counts.values())) == 60
+    assert all(set(v) == {"0", "1", "2"} for v in counts.values())  # stratified: every class in every split
+    names = [p.name for s in counts for p in (tiny_digits / s).rglob("*.png")]
+    assert len(set(names)) == 60  # no image in two splits
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    first = next((tiny_digits / "train").rglob("*.png"))  # named by its index among the 60 kept
+    pixels = np.asarray(Image.open(first))
+    expected = np.round(data.images[np.flatnonzero(data.target < 3)[int(first.stem)]] * 255 / 16)
+    assert pixels.shape == (8, 8) and np.array_equal(pixels, expected)
+
+
+def test_tiles_of_train_and_test_share_no_pixel():
+    folders = load_script("small_folders")
+    (x0, x1), (t0, t1) = folders.BANDS["train"], folders.BANDS["test"]
+    assert x1 <= t0 and x1 - x0 >= folders.TILE and t1 - t0 >= folders.TILE
+    photo = np.arange(folders.SIDE * folders.SIDE).reshape(folders.SIDE, folders.SIDE)  # every pixel unique
+    train = {int(v) for tile in folders.band_tiles(photo, x0, x1) for v in tile.ravel()}
+    test = {int(v) for tile in folders.band_tiles(photo, t0, t1) for v in tile.ravel()}
+    assert train and test and not train & test
+
+
+@pytest.mark.slow
+def test_every_arm_trains_on_a_tiny_folder(tiny_digits, tmp_path):
+    parity = load_script("parity")
+    out = tmp_path / "parity.json"
+    results = parity.main([str(tiny_digits), "--seeds", "1", "--epochs", "2", "--workers", "0", "--threads", "1",
+                           "--json", str(out)])
+    arms = results[tiny_digits.name]
+    assert set(arms) == set(parity.ARMS) and json.loads(out.read_text()) == results
+    n_train = sum(1 for _ in (tiny_digits / "train").rglob("*.png"))
+    n_test = sum(1 for _ in (tiny_digits / "test").rglob("*.png"))
+    for arm, summary in arms.items():
+        (run,) = summary["runs"]
+        assert 0 <= run["acc"] <= 1 and abs(run["acc"] * n_test - round(run["acc"] * n_test)) < 1e-3, arm
+    # the training arms really ran every step of both epochs (the loop keeps a last partial batch)
+    assert arms["loop"]["runs"][0]["steps"] == 2 * math.ceil(n_train / parity.BATCH)
+    assert arms["parity"]["runs"][0]["steps"] == 2 * max(1, n_train // parity.BATCH)
+    assert arms["recipe"]["runs"][0]["steps"] >= 2
