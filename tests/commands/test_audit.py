@@ -50,6 +50,8 @@ def audit_args(root: Path, out: Path, tmp_path: Path, *extra: str) -> list[str]:
             "--num_workers", "2", "--folds", "3", "--seed_everything", "0", *extra]
 
 
+# The planted folder has a class of 1 image on purpose: ImageFolder's imbalance warning is expected here.
+@pytest.mark.filterwarnings("ignore:.*imbalanced classes:UserWarning")
 def test_audit_finds_leakage_bad_files_and_small_classes_and_writes_a_safe_report(tmp_path, capsys):
     root, out = tmp_path / "images", tmp_path / "audit"
     planted = planted_folder(root)
@@ -103,6 +105,8 @@ def test_audit_finds_leakage_bad_files_and_small_classes_and_writes_a_safe_repor
     assert summary["out"] == str(out)
 
 
+# The planted folder has a class of 1 image on purpose: ImageFolder's imbalance warning is expected here.
+@pytest.mark.filterwarnings("ignore:.*imbalanced classes:UserWarning")
 def test_fail_on_sets_the_exit_status(tmp_path, capsys):
     root = tmp_path / "images"
     planted_folder(root)
