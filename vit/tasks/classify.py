@@ -29,7 +29,7 @@ from vit.reports import save_confusion_matrix
 from vit.tasks.finetune import apply_freezing, check_strategy, frozen_modules, unfreeze_epoch
 from vit.tasks.losses import SoftTargetCrossEntropy
 from vit.tasks.mistakes import ConfidentMistakes, log_figures, save_error_report
-from vit.tasks.optim import describe_param_groups, param_groups, per_epoch_steps, warmup_cosine
+from vit.tasks.optim import describe_param_groups, one_cycle, param_groups, per_epoch_steps, warmup_cosine
 from vit.weights import load_pretrained
 
 log = logging.getLogger(__name__)
@@ -368,12 +368,7 @@ class ImageClassifier(LightningModule):
             warmup = round(hp.warmup_epochs * per_epoch_steps(self.trainer, total))
         warmup = min(warmup, total)
         if hp.schedule == "onecycle" and total >= 3:  # (1-2 steps, e.g. fast_dev_run: the cosine lambda below)
-            # Each phase needs 2+ steps (torch divides by its length - 1): warm-up clamped to [2, total - 1].
-            # Per group: layer decay gives each its own peak.
-            up = min(max(2, warmup), total - 1)
-            scheduler = torch.optim.lr_scheduler.OneCycleLR(
-                optimizer, max_lr=[g["lr"] for g in groups], total_steps=total, pct_start=up / total,
-            )
+            scheduler = one_cycle(optimizer, warmup, total)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
         min_ratio = min(1.0, hp.min_lr / lr) if lr > 0 else 0.0
         schedule = lambda step: warmup_cosine(step, warmup, total, min_ratio)

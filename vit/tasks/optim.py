@@ -58,6 +58,20 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def one_cycle(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """torch's OneCycleLR peaking at each group's own ``lr`` (layer decay kept), for ``total_steps`` >= 3.
+
+    Each phase needs 2+ steps (torch divides by its length - 1), so the warm-up is clamped to [2, total - 1].
+    """
+    up = min(max(2, warmup_steps), total_steps - 1)
+    return torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=[g["lr"] for g in optimizer.param_groups], total_steps=total_steps,
+        pct_start=up / total_steps,
+    )
+
+
 def per_epoch_steps(trainer: Any, total: int) -> int:
     """Optimiser steps in one epoch (``total`` when the epoch length is unknown)."""
     batches = trainer.num_training_batches
