@@ -5,6 +5,7 @@
     vit test --config configs/digits.yaml --ckpt_path best.ckpt
     vit fit --config configs/digits.yaml --config configs/loggers/wandb.yaml
     vit fit --config configs/digits.yaml --print_config
+    vit pretrain --config configs/pretrain/mae_digits.yaml   MAE pre-training (a `fit` of vit.tasks.MaskedAutoencoder)
 
 Model and data are chosen in subclass mode (``model.class_path``, ``data.class_path``), usually by
 a config from configs/. The datamodule's attributes named in ``LINKED_FROM_DATA`` are passed to the
@@ -45,7 +46,7 @@ from vit.checkpoint import (
 from vit.console import ModelReport, ProgressBar, quiet_dependencies
 from vit.data.base import no_test_reason
 from vit.errors import UserPathError, UserValueError, did_you_mean, find_user_error
-from vit.training import AtomicCheckpointIO, LastCheckpoint, RandomState, TrainingReport
+from vit.training import AtomicCheckpointIO, LastCheckpoint, RandomState, TrainingReport, VitTrainer
 
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
 # skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.
@@ -55,7 +56,7 @@ LINKED_FROM_DATA: tuple[str, ...] = (
 )
 
 DESCRIPTION = (
-    "vit: train and evaluate Vision Transformers. Subcommands fit/validate/test/predict take YAML "
+    "vit: train and evaluate Vision Transformers. Subcommands fit/pretrain/validate/test/predict take YAML "
     "recipes (see configs/). `vit --help` lists the other commands (predict --ckpt, export, probe, audit, attention, "
     "translate)."
 )
@@ -130,6 +131,11 @@ def accepted_arguments(class_path: str) -> list[str]:
 
 class VitCLI(LightningCLI):
     """LightningCLI with data->model links, best and last checkpoints, default loggers and test-after-fit."""
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Lightning's subcommands and `pretrain` (`VitTrainer.pretrain`, a `fit` of a self-supervised task)."""
+        return {**LightningCLI.subcommands(), "pretrain": LightningCLI.subcommands()["fit"]}
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         """Lightning's parser with short errors (`VitArgumentParser`). Built here, not by LightningCLI's
@@ -229,7 +235,9 @@ class VitCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if subcommand:
             config = self.config[subcommand]
-            if subcommand != "fit" and config.get("ckpt_path") in ("best", "last"):
+            if subcommand == "pretrain" and config.get("checkpoint.monitor") == "val_acc":  # fit's default
+                config["checkpoint.monitor"], config["checkpoint.mode"] = "val_loss", "min"
+            if subcommand not in ("fit", "pretrain") and config.get("ckpt_path") in ("best", "last"):
                 config["ckpt_path"] = checkpoint_by_name(config, config["ckpt_path"])
             check_checkpoint_task(config)
 
@@ -237,6 +245,14 @@ class VitCLI(LightningCLI):
         config = self._subcommand_config(self.config_init)
         if config.get("ckpt_path") == "last":
             config["ckpt_path"] = self._resolve_last(config.get("resume_from_readable"))
+
+    def before_pretrain(self) -> None:
+        from vit.tasks.pretrain import MaskedAutoencoder
+
+        if not isinstance(self.model, MaskedAutoencoder):
+            raise UserValueError(f"vit pretrain trains a self-supervised model (vit.tasks.MaskedAutoencoder, see "
+                                 f"configs/pretrain/), not a {type(self.model).__name__}: use vit fit for that")
+        self.before_fit()
 
     def _resolve_last(self, fall_back: bool) -> str:
         """The checkpoint ``--ckpt_path last`` resumes from: an intact last*.ckpt, or a clear error."""
@@ -384,6 +400,6 @@ def cli(argv: list[str] | None = None, **kwargs: Any) -> VitCLI:
     quiet_dependencies()
     return VitCLI(
         model_class=None, datamodule_class=None, subclass_mode_model=True, subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True}, args=argv,
+        save_config_kwargs={"overwrite": True}, args=argv, trainer_class=VitTrainer,
         parser_kwargs={"description": DESCRIPTION, "prog": "vit"}, **kwargs,
     )

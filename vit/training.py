@@ -7,6 +7,7 @@
   run resumed at an epoch boundary continues exactly as the uninterrupted run would have.
 * `TrainingReport`: counts and reports what a run worked around: optimiser steps the fp16
   GradScaler skipped, and undecodable images replaced (``skip_bad_images``).
+* `VitTrainer`: Lightning's Trainer with a ``pretrain`` method, so `vit pretrain` is a subcommand of its own.
 """
 
 from __future__ import annotations
@@ -157,5 +158,17 @@ def _train_dataset(trainer: Trainer) -> Any:
     return dataset if callable(getattr(dataset, "replacements", None)) else None
 
 
-__all__ = ["AtomicCheckpointIO", "LastCheckpoint", "RandomState", "TrainingReport"]
+# ---- `vit pretrain` ----------------------------------------------------------------------------
+class VitTrainer(Trainer):
+    """Lightning's Trainer, plus ``pretrain``: LightningCLI builds one subcommand per Trainer method."""
+
+    def pretrain(
+        self, model: LightningModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
+        datamodule: Any = None, ckpt_path: str | None = None,
+    ) -> None:
+        """Pre-train a self-supervised model (MAE) on unlabelled images: `fit`, for configs/pretrain/ recipes."""
+        self.fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+
+
+__all__ = ["AtomicCheckpointIO", "LastCheckpoint", "RandomState", "TrainingReport", "VitTrainer"]
 

@@ -17,6 +17,7 @@ from vit.errors import TRACEBACK_ENV, find_user_error, want_traceback
 # name -> (module whose main(argv) runs it, one line for `vit --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
     "fit": ("vit.cli", "train from a YAML recipe (configs/), then test the best checkpoint"),
+    "pretrain": ("vit.cli", "MAE pre-training on unlabelled images: vit pretrain --config configs/pretrain/..."),
     "validate": ("vit.cli", "evaluate a checkpoint on the validation split"),
     "test": ("vit.cli", "evaluate a checkpoint on the test split"),
     "predict": ("vit.commands.predict", "classify image files: vit predict --ckpt CKPT|MODEL.onnx IMAGES..."),
