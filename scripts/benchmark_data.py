@@ -114,7 +114,7 @@ def stages(loaders: dict[str, DataLoader], files: list[str], repeat: int) -> dic
     """Where the time goes, per image: decoding, then each transform step, then collation."""
     from vit.data import fast
     from vit.data.io import load_image
-    from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augment, batch_augment
+    from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augmentation, batch_transform
 
     decode = ("decode", load_image)
     ours = loaders["ours"].dataset.transform  # FastTrainTransform
@@ -125,7 +125,7 @@ def stages(loaders: dict[str, DataLoader], files: list[str], repeat: int) -> dic
                                  bool(torch.rand(1) < ours.hflip))
 
     def augment(planes: np.ndarray) -> Image.Image:
-        return ours.augment(Image.merge("RGB", [Image.fromarray(p) for p in planes]))
+        return ours.ops(Image.merge("RGB", [Image.fromarray(p) for p in planes]))
 
     def to_tensor(img: Image.Image) -> torch.Tensor:
         return torch.from_numpy(np.array(img)).permute(2, 0, 1)
@@ -137,7 +137,7 @@ def stages(loaders: dict[str, DataLoader], files: list[str], repeat: int) -> dic
     rows["timm"] = per_image_ms([decode, *zip(names, theirs)], files, repeat)
     # ours normalises and erases on the device, per batch: its cost on this CPU, for reference
     batch = torch.stack([ours(load_image(f)) for f in files])
-    finish = batch_augment(Augment(re_prob=DEIT["re_prob"]), IMAGENET_MEAN, IMAGENET_STD)
+    finish = batch_transform(Augmentation(re_prob=DEIT["re_prob"]), IMAGENET_MEAN, IMAGENET_STD)
     start = time.perf_counter()
     for _ in range(repeat):
         finish(batch)

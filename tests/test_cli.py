@@ -236,7 +236,7 @@ def test_ddp_on_two_cpu_processes_with_ema(tmp_path):
     from vit.data.digits import Digits
 
     config = yaml.safe_load((tmp_path / "logs" / "digits" / "version_0" / "config.yaml").read_text())
-    data = Digits(**{k: v for k, v in config["data"]["init_args"].items() if k != "augment"})  # val: no augment
+    data = Digits(**config["data"]["init_args"])  # val is not augmented
     data.setup("validate")
     model = load_classifier(tmp_path / "ckpt" / "last.ckpt").eval()
     shares = [list(DistributedSampler(data.val_set, 2, rank, shuffle=False)) for rank in (0, 1)]

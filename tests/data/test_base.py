@@ -38,7 +38,7 @@ def test_eval_split_gives_the_training_images_without_augmentation(kind, tmp_pat
         assert x.shape == (dm.in_chans, dm.img_size, dm.img_size)
     if kind == "digits":  # the stored pixels, normalised, as val and test are prepared
         torch.testing.assert_close(train[0][0], (dm.train_set.images[0] - dm.train_set.mean) / dm.train_set.std)
-        assert dm.train_set.augment is not None  # the training split itself still augments
+        assert dm.train_set.transform is not None  # the training split itself still augments
     else:  # the evaluation transform, as val and test use
         assert repr(train.transform) == repr(dm.val_set.transform) != repr(dm.train_set.transform)
     assert dm.eval_split("val") is dm.val_set and dm.eval_split("test") is dm.test_set

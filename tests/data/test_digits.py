@@ -34,7 +34,7 @@ def test_digits_split_sizes_batches_and_metadata():
     a, b = dm.train_set[0][0], dm.train_set[0][0]
     assert not torch.equal(a, b)
     # upsampled digits keep the split and their mean brightness
-    big = Digits(img_size=16, augment=None)
+    big = Digits(img_size=16, max_shift=0, max_rotation=0, zoom=(1, 1))
     big.setup("fit")
     x16 = big.val_set[0][0]
     assert x16.shape == (1, 16, 16) and big.img_size == 16

@@ -17,7 +17,7 @@ from timm.data import auto_augment as aa
 from timm.data import create_transform
 
 from vit.data import fast
-from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augment, guard_posterize, train_transform
+from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augmentation, guard_posterize, train_transform
 
 POLICY = "rand-m9-mstd0.5-inc1"
 
@@ -123,7 +123,7 @@ def test_training_transform_follows_timm_image_by_image(photos):
     can turn into a visible step on a few pixels)."""
     size = 112
     reference = reference_transform(size, use_prefetcher=True)  # uint8 (3, S, S), no normalise / erase
-    ours = train_transform(Augment(auto_augment=POLICY), size, "bicubic", IMAGENET_MEAN, IMAGENET_STD)
+    ours = train_transform(Augmentation(auto_augment=POLICY), size, "bicubic", IMAGENET_MEAN, IMAGENET_STD)
     theirs_boxes, our_boxes = record_boxes(reference.transforms[0]), record_boxes(ours.crop)
     mean_diffs, equal = [], []
     for i in range(120):
@@ -149,8 +149,8 @@ def test_images_smaller_than_the_output_are_enlarged_before_the_crop(photos):
     from torchvision.transforms import InterpolationMode
 
     digit = Image.fromarray((load_digits().images[0] * 255 / 16).astype(np.uint8)).convert("RGB")
-    ours = train_transform(Augment(auto_augment=None, hflip=0.0, color_jitter=0.0, scale=(0.5, 1.0)), 32, "bilinear",
-                           (0.5,) * 3, (0.5,) * 3)
+    plain = Augmentation(auto_augment=None, hflip=0.0, color_jitter=0.0, scale=(0.5, 1.0))
+    ours = train_transform(plain, 32, "bilinear", (0.5,) * 3, (0.5,) * 3)
     boxes = record_boxes(ours.crop)
     enlarged = digit.resize((32, 32), Image.Resampling.BILINEAR)
     for i in range(20):
@@ -165,15 +165,15 @@ def test_images_smaller_than_the_output_are_enlarged_before_the_crop(photos):
     assert fast.enlarge_to(photos[3], (224, 224), InterpolationMode.BICUBIC) is photos[3]
 
 
-def test_batch_augment_normalises_like_to_tensor_and_normalize():
+def test_batch_transform_normalises_like_to_tensor_and_normalize():
     from torchvision.transforms import Normalize
 
     x = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
     expected = Normalize(IMAGENET_MEAN, IMAGENET_STD)(x.float() / 255)
-    got = fast.BatchAugment(IMAGENET_MEAN, IMAGENET_STD, re_prob=1.0)(x, erase=False)
+    got = fast.BatchTransform(IMAGENET_MEAN, IMAGENET_STD, re_prob=1.0)(x, erase=False)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="uint8 images"):
-        fast.BatchAugment(IMAGENET_MEAN, IMAGENET_STD)(x.float())
+        fast.BatchTransform(IMAGENET_MEAN, IMAGENET_STD)(x.float())
 
 
 def erased_stats(erased: torch.Tensor, clean: torch.Tensor) -> tuple[float, float, float]:
@@ -191,7 +191,7 @@ def test_batch_erasing_is_timms_per_image_erasing():
     torch.manual_seed(0)
     random.seed(0)
     clean = torch.zeros(2000, 3, 24, 24)
-    ours = fast.BatchAugment((0.0,) * 3, (1 / 255,) * 3, re_prob=0.25)(torch.zeros_like(clean, dtype=torch.uint8))
+    ours = fast.BatchTransform((0.0,) * 3, (1 / 255,) * 3, re_prob=0.25)(torch.zeros_like(clean, dtype=torch.uint8))
     per_image = RandomErasing(0.25, mode="pixel", device="cpu")
     theirs = torch.stack([per_image(x.clone()) for x in clean])
     (p1, a1, s1), (p2, a2, s2) = erased_stats(ours, clean), erased_stats(theirs, clean)
@@ -263,7 +263,7 @@ def test_datamodule_normalises_uint8_batches_and_erases_only_in_training(tmp_pat
     dm.setup("fit")
     raw = next(iter(dm.train_dataloader()))
     assert raw[0].dtype == torch.uint8 and raw[0].shape == (4, 3, 32, 32)  # the workers' share of the work
-    normalised = fast.BatchAugment(dm.mean, dm.std)(raw[0], erase=False)
+    normalised = fast.BatchTransform(dm.mean, dm.std)(raw[0], erase=False)
     assert torch.equal(dm.on_after_batch_transfer(raw, 0)[0], normalised)  # no trainer: not erased
     dm.trainer = SimpleNamespace(training=False)
     assert torch.equal(dm.on_after_batch_transfer(raw, 0)[0], normalised)  # validating: not erased

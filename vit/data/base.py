@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from vit.data import transforms
 from vit.data.fast import collate
-from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augment
+from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augmentation
 from vit.errors import UserValueError
 
 
@@ -31,9 +31,10 @@ class ImageDataModule(LightningDataModule):
     pass the rest on as ``**kwargs``; `vit fit --help` still shows every argument with its default.
     Training transforms are timm's ``create_transform`` (random resized crop, flip, RandAugment or
     colour jitter, random erasing); evaluation is resize + centre crop (``crop_pct``) + normalise.
-    The training split yields uint8 images; normalisation and random erasing run batched on the
-    device after the transfer (`vit.data.fast`): a loader core then serves ~1.5x the images it
-    serves with timm's own transform (scripts/benchmark_data.py).
+    One name each: ``augmentation`` holds the settings, ``train_transform()`` is the worker-side
+    transform (file -> uint8 image) and ``batch_transform`` the device-side batch step (normalise,
+    erase), run by ``on_after_batch_transfer`` (`vit.data.fast`): a loader core then serves ~1.5x
+    the images it serves with timm's own transform (scripts/benchmark_data.py).
 
     Args:
         batch_size: images per batch (per device).
@@ -80,8 +81,8 @@ class ImageDataModule(LightningDataModule):
         self.img_size = img_size
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
-        self.augment = Augment(auto_augment, re_prob, hflip, color_jitter, tuple(scale))
-        self.batch_augment = transforms.batch_augment(self.augment, self.mean, self.std)  # the device's share
+        self.augmentation = Augmentation(auto_augment, re_prob, hflip, color_jitter, tuple(scale))
+        self.batch_transform = transforms.batch_transform(self.augmentation, self.mean, self.std)  # the device's share
         self.crop_pct = crop_pct
         self.interpolation = interpolation
         self.seed = seed
@@ -98,11 +99,11 @@ class ImageDataModule(LightningDataModule):
     @property
     def auto_augment(self) -> str | None:
         """The timm augmentation policy of the training transform."""
-        return self.augment.auto_augment
+        return self.augmentation.auto_augment
 
     def train_transform(self) -> Callable:
-        """timm's training transform with this DataModule's augmentation, up to uint8 (C, H, W)."""
-        return transforms.train_transform(self.augment, self.img_size, self.interpolation, self.mean, self.std)
+        """The worker-side training transform: timm's, with this DataModule's augmentation, up to uint8 (C, H, W)."""
+        return transforms.train_transform(self.augmentation, self.img_size, self.interpolation, self.mean, self.std)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Finish uint8 training batches on the device: normalise, and randomly erase while training."""
@@ -110,7 +111,7 @@ class ImageDataModule(LightningDataModule):
         if not (isinstance(images, Tensor) and images.dtype == torch.uint8):
             return batch  # evaluation batches are float already
         training = self.trainer is not None and self.trainer.training
-        return [self.batch_augment(images, erase=training), *batch[1:]]
+        return [self.batch_transform(images, erase=training), *batch[1:]]
 
     def eval_transform(self) -> Callable:
         """timm's evaluation transform: resize, centre crop (crop_pct), normalise."""

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -17,34 +17,22 @@ from vit.data.fingerprint import fingerprint
 from vit.data.io import stratified_split
 from vit.errors import UserValueError
 
+log = logging.getLogger(__name__)
+
 # Mean and std of the digits' pixels scaled to 0..1 (all 1,797 images).
 DIGITS_MEAN = (0.3053,)
 DIGITS_STD = (0.3760,)
 
 
-@dataclass(frozen=True)
-class DigitsAugment:
-    """A small random affine for the digits.
-
-    Args:
-        max_shift: largest shift in whole pixels at ``img_size``.
-        max_rotation: largest rotation in degrees.
-        scale: range of the zoom factor.
-    """
-
-    max_shift: float = 1.0
-    max_rotation: float = 10.0
-    scale: tuple[float, float] = (0.9, 1.1)
-
-
 class DigitsSet(Dataset):
-    """Digits as normalised (1, S, S) tensors (S = img_size), with an optional augmentation.
+    """Digits as normalised (1, S, S) tensors (S = img_size), with an optional training transform
+    (on the 0..1 image, before normalising).
 
     ``indices`` are the images' positions in scikit-learn's ``load_digits()``, which name them."""
 
     def __init__(self, images: Tensor, labels: Tensor, mean: Sequence[float], std: Sequence[float],
-                 augment: Callable | None = None, indices: Sequence[int] | None = None) -> None:
-        self.images, self.labels, self.augment = images, labels, augment
+                 transform: Callable | None = None, indices: Sequence[int] | None = None) -> None:
+        self.images, self.labels, self.transform = images, labels, transform
         self.indices = list(range(len(labels))) if indices is None else [int(i) for i in indices]
         self.mean = torch.tensor(mean).view(-1, 1, 1)
         self.std = torch.tensor(std).view(-1, 1, 1)
@@ -54,13 +42,13 @@ class DigitsSet(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
         x = self.images[index]
-        if self.augment is not None:
-            x = self.augment(x)
+        if self.transform is not None:
+            x = self.transform(x)
         return (x - self.mean) / self.std, self.labels[index]
 
     def fingerprint(self) -> str:
-        """A hash of the images, labels, normalisation and augmentation."""
-        return fingerprint(type(self).__name__, repr(self.augment), self.images, self.labels, self.mean, self.std)
+        """A hash of the images, labels, normalisation and transform."""
+        return fingerprint(type(self).__name__, repr(self.transform), self.images, self.labels, self.mean, self.std)
 
     def item_name(self, index: int) -> str:
         """``digits[i]``: the image's position in scikit-learn's ``load_digits()``."""
@@ -78,12 +66,17 @@ class Digits(ImageDataModule):
     The split is fixed by ``seed`` (default 0) and stratified by class (rounded per class):
     20% test (359 images), 10% validation (179), the remaining 70% (1,259) for training. Pixels 0..16
     are scaled to 0..1 and normalised with the dataset's mean/std; ``img_size`` > 8 upsamples them
-    (bilinear).
+    (bilinear). Training images get a small random affine (shift, rotation, zoom; all 0 / [1, 1] = off);
+    timm's augmentation (``auto_augment``, ``re_prob``, ...) does not apply to 8x8 digits and is off.
 
     Args:
         val_fraction: share of each class held out for validation.
         test_fraction: share of each class held out for test.
-        augment: the training augmentation; None = off.
+        max_shift: largest shift in whole pixels at ``img_size``.
+        max_rotation: largest rotation in degrees.
+        zoom: range of the zoom factor.
+        augment: the old nested spelling of the three above (``{max_shift, max_rotation, scale}``, or null for
+            none); still read, with a warning. Write the three keys directly under ``init_args`` instead.
     """
 
     in_chans = 1
@@ -96,13 +89,29 @@ class Digits(ImageDataModule):
         img_size: int = 8,
         val_fraction: float = 0.1,
         test_fraction: float = 0.2,
-        augment: DigitsAugment | None = DigitsAugment(),
+        max_shift: float = 1.0,
+        max_rotation: float = 10.0,
+        zoom: tuple[float, float] = (0.9, 1.1),
+        augment: dict | bool | None = True,
         seed: int = 0,
     ) -> None:
         super().__init__(
             batch_size=batch_size, num_workers=num_workers, img_size=img_size, mean=DIGITS_MEAN,
             std=DIGITS_STD, crop_pct=1.0, interpolation="bilinear", seed=seed,
+            auto_augment=None, re_prob=0.0, hflip=0.0, color_jitter=0.0, scale=(1.0, 1.0),
         )
+        if augment is not True:  # the spelling before the flat keys: null = off, a dict = the old dataclass
+            old = {"max_shift": 0.0, "max_rotation": 0.0, "scale": (1.0, 1.0)}
+            if augment is not None and augment is not False:
+                old = {"max_shift": 1.0, "max_rotation": 10.0, "scale": (0.9, 1.1)}
+                unknown = set(augment) - set(old) if isinstance(augment, dict) else {augment}
+                if unknown:
+                    raise UserValueError(f"data.init_args.augment: unknown {sorted(map(str, unknown))}; write "
+                                         "max_shift, max_rotation and zoom directly under data.init_args")
+                old.update(augment)
+            max_shift, max_rotation, zoom = old["max_shift"], old["max_rotation"], tuple(old["scale"])
+            log.warning("data.init_args.augment is the old spelling: write max_shift: %s, max_rotation: %s and "
+                        "zoom: %s directly under data.init_args", max_shift, max_rotation, list(zoom))
         if img_size < 8:
             raise UserValueError(f"Digits img_size must be at least the native 8, got {img_size}")
         if not 0 < val_fraction < 1 or not 0 < test_fraction < 1 or val_fraction + test_fraction >= 1:
@@ -110,8 +119,19 @@ class Digits(ImageDataModule):
                 f"val_fraction ({val_fraction}) and test_fraction ({test_fraction}) must be in (0, 1) "
                 "and leave images for training"
             )
-        self.val_fraction, self.test_fraction, self.augment = val_fraction, test_fraction, augment
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.max_shift, self.max_rotation, self.zoom = float(max_shift), float(max_rotation), tuple(zoom)
         self.class_names = [str(i) for i in range(10)]
+
+    def train_transform(self) -> Callable | None:
+        """The worker-side training transform: a random affine of the 0..1 image, or None when it is off."""
+        if self.max_shift == 0 and self.max_rotation == 0 and self.zoom == (1.0, 1.0):
+            return None
+        from torchvision.transforms import v2
+
+        shift = self.max_shift / self.img_size  # RandomAffine takes the shift as a fraction
+        return v2.RandomAffine(degrees=self.max_rotation, translate=(shift, shift), scale=self.zoom,
+                               interpolation=v2.InterpolationMode.BILINEAR)
 
     def without_augmentation(self, dataset: DigitsSet) -> DigitsSet:
         """The same digits without the random affine."""
@@ -132,17 +152,8 @@ class Digits(ImageDataModule):
         train_idx, val_idx, test_idx = stratified_split(
             digits.target, [self.val_fraction, self.test_fraction], self.seed
         )
-        affine = None
-        if self.augment is not None:
-            from torchvision.transforms import v2
-
-            shift = self.augment.max_shift / self.img_size  # RandomAffine takes the shift as a fraction
-            affine = v2.RandomAffine(
-                degrees=self.augment.max_rotation, translate=(shift, shift), scale=self.augment.scale,
-                interpolation=v2.InterpolationMode.BILINEAR,
-            )
-        make = lambda idx, aug: DigitsSet(images[idx], labels[idx], self.mean, self.std, aug, idx.tolist())
-        self.train_set = make(train_idx, affine)
+        make = lambda idx, tf: DigitsSet(images[idx], labels[idx], self.mean, self.std, tf, idx.tolist())
+        self.train_set = make(train_idx, self.train_transform())
         self.val_set = make(val_idx, None)
         self.test_set = make(test_idx, None)
         rank_zero_info(f"digits: {len(train_idx)} train, {len(val_idx)} val, {len(test_idx)} test images, "

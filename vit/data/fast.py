@@ -8,7 +8,7 @@ One training image, as a DataLoader worker sees it (timm's ``create_transform`` 
       -> horizontal flip                torch.rand(1) < p, as torchvision draws it
       -> RandAugment / AutoAugment ...  timm's own objects; shear and translate swapped for exact numpy ops
       -> uint8 tensor (3, S, S)         no float conversion here
-    then, batched on the device (`BatchAugment`, called from ``ImageDataModule.on_after_batch_transfer``):
+    then, batched on the device (`BatchTransform`, called from ``ImageDataModule.on_after_batch_transfer``):
       -> float, normalise (mean, std), random erasing (timm's RandomErasing on the batch)
 
 This is timm's prefetcher split: workers hand over 1 byte per value instead of 4, and the
@@ -239,12 +239,12 @@ class FastTrainTransform:
     """timm's training transform without its last float steps: PIL RGB image -> uint8 (3, S, S).
 
     Built from timm's own pieces (``create_transform(..., separate=True)``): its random resized
-    crop supplies the box sampler and interpolation, ``augment`` is its RandAugment / AutoAugment /
-    AugMix / colour jitter (with exact fast ops swapped in). Normalise and erase with `BatchAugment`.
+    crop supplies the box sampler and interpolation, ``ops`` is its RandAugment / AutoAugment /
+    AugMix / colour jitter (with exact fast ops swapped in). Normalise and erase with `BatchTransform`.
     """
 
-    def __init__(self, crop: Callable, hflip: float, augment: Callable | None = None) -> None:
-        self.crop, self.hflip, self.augment = crop, hflip, augment
+    def __init__(self, crop: Callable, hflip: float, ops: Callable | None = None) -> None:
+        self.crop, self.hflip, self.ops = crop, hflip, ops
 
     def __call__(self, img: Image.Image) -> Tensor:
         crop = self.crop
@@ -256,15 +256,15 @@ class FastTrainTransform:
             interpolation = random.choice(interpolation)
         flip = self.hflip > 0 and bool(torch.rand(1) < self.hflip)  # torchvision's RandomHorizontalFlip draw
         planes = resized_crop(img, box, crop.size, interpolation, flip)  # (3, S, S)
-        if self.augment is None:
+        if self.ops is None:
             return torch.from_numpy(planes)
         # timm's augmentations work on PIL images; planes merge into one in C
-        img = self.augment(Image.merge("RGB", [Image.fromarray(plane) for plane in planes]))
+        img = self.ops(Image.merge("RGB", [Image.fromarray(plane) for plane in planes]))
         # (3, S, S) uint8 view of (S, S, 3) memory: no transposing copy here, nor in `collate`
         return torch.from_numpy(np.array(img)).permute(2, 0, 1)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(crop={self.crop}, hflip={self.hflip}, augment={self.augment})"
+        return f"{type(self).__name__}(crop={self.crop}, hflip={self.hflip}, ops={self.ops})"
 
 
 def collate(batch: list) -> Any:
@@ -278,7 +278,7 @@ def collate(batch: list) -> Any:
 
 
 # ---- the batched, on-device end ------------------------------------------------------------------
-class BatchAugment:
+class BatchTransform:
     """uint8 (B, C, H, W) -> normalised float, then timm's random erasing per image (training only).
 
     The float steps of timm's training transform, run on a whole batch on its device: workers then
@@ -303,7 +303,7 @@ class BatchAugment:
 
     def __call__(self, x: Tensor, erase: bool = True) -> Tensor:
         if x.dtype != torch.uint8 or x.ndim != 4:
-            raise ValueError(f"BatchAugment expects uint8 images (B, C, H, W), got {x.dtype} {tuple(x.shape)}")
+            raise ValueError(f"BatchTransform expects uint8 images (B, C, H, W), got {x.dtype} {tuple(x.shape)}")
         mean, std, eraser = self._constants(x.device)
         x = x.float().sub_(mean).div_(std)  # = (x / 255 - mean) / std, as ToTensor + Normalize
         if erase and self.re_prob > 0:

@@ -1,7 +1,10 @@
 """Image transforms: timm's training augmentation and evaluation crop, shared by every image pipeline.
 
 Training images leave the workers as uint8 and are normalised and erased per batch on the device
-(`batch_augment`, called by ``ImageDataModule.on_after_batch_transfer``); see `vit.data.fast`.
+(`batch_transform`, called by ``ImageDataModule.on_after_batch_transfer``); see `vit.data.fast`.
+
+Names: an ``Augmentation`` holds the settings; ``train_transform`` builds the worker-side transform
+(file -> uint8 tensor); ``batch_transform`` builds the device-side batch step (normalise, erase).
 
 The DataModules, `vit predict`, `vit attention` and the exports all build their evaluation
 transform here from the same few numbers (size, crop_pct, interpolation, mean, std), which a
@@ -22,8 +25,9 @@ IMAGENET_STD: tuple[float, float, float] = IMAGENET_DEFAULT_STD
 
 
 @dataclass(frozen=True)
-class Augment:
-    """Training augmentation of the image DataModules (timm's ``create_transform``); see `ImageDataModule`."""
+class Augmentation:
+    """The training augmentation settings of the image DataModules (timm's ``create_transform``); see
+    `ImageDataModule`."""
 
     auto_augment: str | None = "rand-m9-mstd0.5-inc1"
     re_prob: float = 0.25
@@ -72,33 +76,33 @@ def guard_posterize(transform: Callable) -> Callable:
 
 
 def train_transform(
-    augment: Augment, img_size: int, interpolation: str, mean: Sequence[float], std: Sequence[float],
+    augmentation: Augmentation, img_size: int, interpolation: str, mean: Sequence[float], std: Sequence[float],
 ) -> Callable:
     """timm's training transform up to uint8 (3, S, S): random resized crop, flip, RandAugment or colour jitter.
 
-    Normalisation and random erasing follow on the batch (`batch_augment`), as in timm's prefetcher
+    Normalisation and random erasing follow on the batch (`batch_transform`), as in timm's prefetcher
     path; `vit.data.fast` says what is faster and why the augmentation stays timm's.
     """
     from timm.data import create_transform
 
     from vit.data.fast import FastTrainTransform, exact_ops
 
-    # mean only sets the fill colour of timm's geometric ops here; the float steps are batch_augment's
-    crop_flip, augment, _ = create_transform(
-        input_size=(3, img_size, img_size), is_training=True, scale=augment.scale, hflip=augment.hflip,
-        color_jitter=augment.color_jitter or None, auto_augment=augment.auto_augment,
+    # mean only sets the fill colour of timm's geometric ops here; the float steps are batch_transform's
+    crop_flip, ops, _ = create_transform(
+        input_size=(3, img_size, img_size), is_training=True, scale=augmentation.scale, hflip=augmentation.hflip,
+        color_jitter=augmentation.color_jitter or None, auto_augment=augmentation.auto_augment,
         interpolation=interpolation, mean=mean, std=std, use_prefetcher=True, separate=True,
     )
     crop, *flip = crop_flip.transforms  # RandomResizedCropAndInterpolation[, RandomHorizontalFlip]
-    augment = guard_posterize(swap_ops(augment, exact_ops()))
-    return FastTrainTransform(crop, flip[0].p if flip else 0.0, augment if augment.transforms else None)
+    ops = guard_posterize(swap_ops(ops, exact_ops()))  # RandAugment / AutoAugment / AugMix / colour jitter
+    return FastTrainTransform(crop, flip[0].p if flip else 0.0, ops if ops.transforms else None)
 
 
-def batch_augment(augment: Augment, mean: Sequence[float], std: Sequence[float]) -> Callable:
+def batch_transform(augmentation: Augmentation, mean: Sequence[float], std: Sequence[float]) -> Callable:
     """The end of the training transform, on a uint8 batch on its device: normalise, random erasing."""
-    from vit.data.fast import BatchAugment
+    from vit.data.fast import BatchTransform
 
-    return BatchAugment(mean, std, augment.re_prob, re_mode="pixel")
+    return BatchTransform(mean, std, augmentation.re_prob, re_mode="pixel")
 
 
 def eval_transform(
