@@ -119,3 +119,31 @@ def error_grid_figure(images: Sequence[np.ndarray], overlays: Sequence[np.ndarra
     fig.suptitle("most confident mistakes on the test split (image | attention rollout)", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def reconstruction_figure(images: Tensor, reconstructions: Tensor, mask: Tensor, patch_size: Sequence[int],
+                          mean: Sequence[float], std: Sequence[float], *, title: str) -> Figure:
+    """MAE at work, one column per image: the original, the masked input the encoder saw (hidden patches grey)
+    and the reconstruction. ``images`` and ``reconstructions`` are normalised (B, C, H, W); ``mask`` (B, h*w)
+    is 1 where a patch was hidden."""
+    from vit.explain.plot import to_display_image
+
+    (ph, pw), n = patch_size, len(images)
+    h, w = images.shape[-2] // ph, images.shape[-1] // pw
+    fig = Figure(figsize=(max(4.0, 1.3 * n), 4.4))
+    axes = fig.subplots(3, n, squeeze=False)
+    for k in range(n):
+        original = to_display_image(images[k], mean, std)
+        hidden = mask[k].reshape(h, w).repeat_interleave(ph, 0).repeat_interleave(pw, 1).bool().numpy()
+        masked = original.copy()
+        masked[hidden] = 0.5
+        for row, picture in enumerate((original, masked, to_display_image(reconstructions[k], mean, std))):
+            axes[row, k].imshow(picture.clip(0, 1), interpolation="nearest")
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    for row, name in enumerate(("original", "masked", "reconstruction")):
+        axes[row, 0].set_ylabel(name, fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -229,7 +229,11 @@ def _adapt(sd: dict[str, Tensor], model: VisionTransformer, result: LoadResult) 
             )
 
     head_keys = [k for k in sd if k.startswith("head.")]
-    if head_keys and any(k not in own or own[k].shape != sd[k].shape for k in head_keys):
+    if not head_keys and any(k.startswith("head.") for k in own):  # an encoder alone (MAE's, timm's num_classes=0)
+        result.head_reset = True
+        result.notes.append("the checkpoint has no classifier head (a pre-trained encoder): the head stays freshly "
+                            "initialised")
+    elif head_keys and any(k not in own or own[k].shape != sd[k].shape for k in head_keys):
         n_ckpt = sd["head.weight"].shape[0] if "head.weight" in sd else "?"
         for k in head_keys:
             del sd[k]

@@ -1,4 +1,4 @@
-"""LightningModules: what to train (image classification, translation), and how to reload one."""
+"""LightningModules: what to train (image classification, MAE pre-training, translation), and how to reload one."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from lightning.pytorch import LightningModule
 from vit.checkpoint import read_checkpoint, task_of
 from vit.errors import UserValueError
 from vit.tasks.classify import ImageClassifier
+from vit.tasks.pretrain import MaskedAutoencoder
 from vit.tasks.translate import Translator
 
-TASKS: dict[str, type[LightningModule]] = {"classify": ImageClassifier, "translate": Translator}
+TASKS: dict[str, type[LightningModule]] = {
+    "classify": ImageClassifier, "pretrain": MaskedAutoencoder, "translate": Translator,
+}
 Task = TypeVar("Task", bound=LightningModule)
 
 
@@ -33,4 +36,4 @@ def load_task(path: str | os.PathLike, task_class: type[Task], map_location: str
     return task.eval()
 
 
-__all__ = ["TASKS", "ImageClassifier", "Translator", "load_task"]
+__all__ = ["TASKS", "ImageClassifier", "MaskedAutoencoder", "Translator", "load_task"]

@@ -80,8 +80,9 @@ def save_error_report(
     return figures
 
 
-def log_figures(loggers: Sequence[Any], figures: dict[str, Any], step: int) -> None:
-    """Log the figures as images to the TensorBoard and W&B loggers among ``loggers`` (others have no images)."""
+def log_figures(loggers: Sequence[Any], figures: dict[str, Any], step: int, prefix: str = "test") -> None:
+    """Log the figures as images, named ``prefix/name``, to the TensorBoard and W&B loggers among ``loggers``
+    (others have no images)."""
     from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
     from vit.reports import png_bytes
@@ -89,11 +90,11 @@ def log_figures(loggers: Sequence[Any], figures: dict[str, Any], step: int) -> N
     for logger in loggers:
         if isinstance(logger, TensorBoardLogger):
             for name, fig in figures.items():
-                logger.experiment.add_figure(f"test/{name}", fig, global_step=step, close=False)
+                logger.experiment.add_figure(f"{prefix}/{name}", fig, global_step=step, close=False)
         elif isinstance(logger, WandbLogger):
             import io
 
             from PIL import Image
 
             images = [Image.open(io.BytesIO(png_bytes(fig))) for fig in figures.values()]
-            logger.log_image(key="test/figures", images=images, caption=list(figures), step=step)
+            logger.log_image(key=f"{prefix}/figures", images=images, caption=list(figures), step=step)

@@ -1,0 +1,250 @@
+"""Masked-autoencoder pre-training of a ViT on unlabelled images, as a LightningModule (`vit pretrain`).
+
+The task holds the encoder as ``model`` (a plain `VisionTransformer` without a head, as an ImageClassifier
+holds it) and the MAE decoder as ``decoder`` (`vit.nn.mae`). Its checkpoint is therefore one that
+``vit fit --model.init_args.pretrained`` and ``vit probe`` read as they read a classifier's: the weights under
+``model.`` load with every key checked, and ``decoder.`` is left behind.
+
+Every epoch, the validation images of a fixed batch go through a fixed masking, and the figure of
+originals, masked inputs and reconstructions is written to the run folder (``reconstructions/``) and to
+the TensorBoard or W&B logger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+
+from vit.checkpoint import META_KEY
+from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from vit.errors import UserValueError
+from vit.nn.mae import (
+    MAEDecoder,
+    encode_visible,
+    mae_init_,
+    normalize_patches,
+    num_visible,
+    patchify,
+    reconstruction_loss,
+    sincos_pos_embed,
+    unpatchify,
+)
+from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, create_model
+from vit.tasks.optim import per_epoch_steps, warmup_cosine
+
+FIGURE_SEED = 0  # the fixed masking of the figure's images, the same every epoch
+
+
+class MaskedAutoencoder(LightningModule):
+    """MAE pre-training (He et al., 2021): a ViT encoder on the visible patches, a light decoder, the loss on
+    the masked patches; AdamW with betas (0.9, 0.95), lr = blr x global batch / 256, warm-up then cosine.
+
+    Args:
+        model: a name from ``vit.list_models()``: the encoder, the architecture you will fine-tune.
+        img_size: input side (linked from the datamodule); ``None`` keeps the named config's.
+        in_chans: input channels (linked from the datamodule); ``None`` keeps the named config's.
+        model_kwargs: other ``VisionTransformer`` options, e.g. ``{global_pool: avg}``; give the fine-tuning
+            recipe the same ones, since they name the weights (``avg`` pooling keeps ``fc_norm``, not ``norm``).
+        mean, std: the data's normalisation (linked from the datamodule); for the figure, and in the checkpoint.
+        mask_ratio: share of the patches hidden from the encoder in each image (the paper's 0.75).
+        decoder_dim, decoder_depth, decoder_heads: the decoder's width, blocks and heads (the paper's 512, 8, 16).
+        norm_pix_loss: predict each patch normalised by its own mean and variance (the paper's default).
+        fixed_pos_embed: start the encoder's position embedding at 2-D sin-cos and keep it fixed while
+            pre-training, as MAE does (fine-tuning trains it); off, it is learnt from timm's initialisation.
+        blr: base learning rate, for a global batch of 256.
+        lr: an absolute peak learning rate instead of ``blr x global batch / 256``.
+        weight_decay: AdamW decoupled weight decay (not on biases, norms, tokens and position embeddings).
+        betas: AdamW betas (the paper's 0.9, 0.95).
+        warmup_epochs: linear warm-up in epochs (fractions allowed); ``warmup_steps`` overrides it.
+        warmup_steps: linear warm-up in optimiser steps.
+        min_lr: the floor of the cosine decay.
+        figure_images: validation images in the reconstruction figure; 0 = no figure.
+    """
+
+    def __init__(
+        self,
+        model: str = "vit_base_patch16_224",
+        img_size: int | None = None,
+        in_chans: int | None = None,
+        model_kwargs: dict[str, Any] | None = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        mask_ratio: float = 0.75,
+        decoder_dim: int = 512,
+        decoder_depth: int = 8,
+        decoder_heads: int = 16,
+        norm_pix_loss: bool = True,
+        fixed_pos_embed: bool = True,
+        blr: float = 1.5e-4,
+        lr: float | None = None,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_epochs: float = 40.0,
+        warmup_steps: int | None = None,
+        min_lr: float = 0.0,
+        figure_images: int = 8,
+    ) -> None:
+        super().__init__()
+        if model not in MODEL_CONFIGS:
+            raise UserValueError(f"unknown model {model!r}; known models: {', '.join(sorted(MODEL_CONFIGS))}")
+        self.save_hyperparameters()
+        overrides = dict(model_kwargs or {}, num_classes=0)  # an encoder: no head
+        if img_size is not None:
+            overrides["img_size"] = img_size
+        if in_chans is not None:
+            overrides["in_chans"] = in_chans
+        self.model_name = model
+        self.model_config: dict[str, Any] = {**MODEL_CONFIGS[model], **overrides}
+        self.model: VisionTransformer = create_model(model, **overrides)
+        num_patches = self.model.patch_embed.num_patches
+        self.visible = num_visible(num_patches, mask_ratio)
+        if not 0 < self.visible < num_patches:
+            raise UserValueError(f"mask_ratio {mask_ratio} leaves {self.visible} of {num_patches} patches visible; "
+                                 "MAE needs some visible and some masked (the paper's 0.75)")
+        self.decoder = MAEDecoder(
+            embed_dim=self.model.embed_dim, grid_size=self.model.patch_embed.grid_size,
+            patch_size=self.model.patch_size, in_chans=self.model.in_chans, decoder_dim=decoder_dim,
+            decoder_depth=decoder_depth, decoder_heads=decoder_heads,
+        )
+        mae_init_(self.model)
+        mae_init_(self.decoder)
+        if fixed_pos_embed:
+            with torch.no_grad():
+                self.model.pos_embed.copy_(sincos_pos_embed(self.model.embed_dim, self.model.patch_embed.grid_size))
+            self.model.pos_embed.requires_grad_(False)
+        chans = self.model.in_chans
+        self.mean = tuple(float(m) for m in (mean or (IMAGENET_MEAN if chans == 3 else (0.5,) * chans)))
+        self.std = tuple(float(s) for s in (std or (IMAGENET_STD if chans == 3 else (0.5,) * chans)))
+        if len(self.mean) != chans or len(self.std) != chans:
+            raise UserValueError(f"mean {list(self.mean)} and std {list(self.std)} need one value per input "
+                                 f"channel ({chans})")
+        self.figure_batch: Tensor | None = None
+
+    # --- the method ----------------------------------------------------------------------------
+    def forward(self, images: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """(loss, predicted patches (B, N, ph*pw*C), mask (B, N), 1 = masked) for a batch of normalised images."""
+        latent, masking = encode_visible(self.model, images, self.visible, generator=generator)
+        grid = self.model.patch_grid(images.shape[-2], images.shape[-1])
+        pred = self.decoder(latent, masking.restore, grid)
+        target = patchify(images, self.model.patch_size)
+        if self.hparams.norm_pix_loss:
+            target = normalize_patches(target)[0]
+        return reconstruction_loss(pred, target, masking.mask), pred, masking.mask
+
+    @staticmethod
+    def images_of(batch: Any) -> Tensor:
+        """The images of a batch: (images, labels) from an image DataModule (labels unused), or images alone."""
+        return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        images = self.images_of(batch)
+        if images.dtype == torch.uint8:
+            raise TypeError("training images arrived as uint8: they are normalised on the device by the "
+                            "DataModule's on_after_batch_transfer; pass datamodule=... to Trainer.fit")
+        loss = self(images)[0]
+        if not torch.isfinite(loss):  # before the optimiser step: no checkpoint holds broken weights
+            raise FloatingPointError(
+                f"loss is {loss.item()} at step {self.global_step} (lr {self.optimizers().param_groups[0]['lr']:.3g}, "
+                f"precision {self.trainer.precision}); lower blr, clip gradients or check the inputs. "
+                "The last checkpoint holds the weights from before this step."
+            )
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        images = self.images_of(batch)
+        # A fixed masking per batch, so val_loss compares epochs with each other (not masks).
+        generator = torch.Generator().manual_seed(batch_idx)
+        self.log("val_loss", self(images, generator)[0], prog_bar=True, sync_dist=True)
+        if batch_idx == 0 and self.figure_batch is None:
+            self.figure_batch = images[: self.hparams.figure_images].detach()
+
+    # --- the reconstruction figure --------------------------------------------------------------
+    @torch.no_grad()
+    def reconstruct(self, images: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """Reconstructions (B, C, H, W) of normalised images, visible patches pasted back (MAE's "reconstruction
+        + visible"), in the images' normalisation; and the mask (B, N)."""
+        _, pred, mask = self(images, generator)
+        target = patchify(images, self.model.patch_size)
+        if self.hparams.norm_pix_loss:  # the prediction is per-patch normalised: undo it with the true statistics
+            _, mean, std = normalize_patches(target)
+            pred = pred.float() * std + mean
+        mixed = torch.where(mask.bool().unsqueeze(-1), pred.float(), target.float())
+        grid = self.model.patch_grid(images.shape[-2], images.shape[-1])
+        return unpatchify(mixed, self.model.patch_size, grid), mask
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking or self.figure_batch is None or not self.trainer.is_global_zero:
+            return
+        out_dir = self.trainer.log_dir
+        if out_dir is None:
+            return
+        from vit.reports import reconstruction_figure, save_figure
+        from vit.tasks.mistakes import log_figures
+
+        images = self.figure_batch
+        recon, mask = self.reconstruct(images, torch.Generator().manual_seed(FIGURE_SEED))
+        fig = reconstruction_figure(images.float().cpu(), recon.cpu(), mask.cpu(), self.model.patch_size,
+                                    self.mean, self.std, title=f"epoch {self.current_epoch}: original / masked "
+                                    f"({self.hparams.mask_ratio:.0%}) / reconstruction + visible")
+        save_figure(fig, Path(out_dir) / "reconstructions" / f"epoch_{self.current_epoch:04d}.png")
+        log_figures(self.trainer.loggers, {"reconstruction": fig}, self.global_step, prefix="pretrain")
+
+    # --- optimiser -------------------------------------------------------------------------------
+    def peak_lr(self) -> float:
+        """``lr``, or ``blr`` x global batch (batch size x devices x nodes x accumulation) / 256."""
+        hp = self.hparams
+        if hp.lr is not None:
+            return hp.lr
+        batch = getattr(self.trainer.datamodule, "batch_size", None) or self.trainer.train_dataloader.batch_size
+        global_batch = batch * self.trainer.world_size * self.trainer.accumulate_grad_batches
+        lr = hp.blr * global_batch / 256
+        rank_zero_info(f"lr = blr {hp.blr:g} x global batch {global_batch} / 256 = {lr:.3g}")
+        return lr
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        lr = self.peak_lr()
+        tokens = ("pos_embed", "cls_token", "mask_token")
+        trained = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        no_decay = [p for n, p in trained if p.ndim <= 1 or n.split(".")[-1] in tokens]
+        decay = [p for n, p in trained if not (p.ndim <= 1 or n.split(".")[-1] in tokens)]
+        groups = [{"params": decay, "weight_decay": hp.weight_decay, "name": "decay"},
+                  {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
+        optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(hp.betas))
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = hp.warmup_steps if hp.warmup_steps is not None else round(
+            hp.warmup_epochs * per_epoch_steps(self.trainer, total))
+        warmup, min_ratio = min(warmup, total), (min(1.0, hp.min_lr / lr) if lr > 0 else 0.0)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, warmup, total, min_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    # --- checkpoint ------------------------------------------------------------------------------
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """What the checkpoint says about itself: the task, and the encoder to build for its weights."""
+        hp = self.hparams
+        return {"task": "pretrain", "model_name": self.model_name, "model_config": dict(self.model_config),
+                "mean": list(self.mean), "std": list(self.std), "mask_ratio": hp.mask_ratio,
+                "decoder": [hp.decoder_dim, hp.decoder_depth, hp.decoder_heads], "norm_pix_loss": hp.norm_pix_loss}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[META_KEY] = self.checkpoint_meta()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Before any weight is copied: a checkpoint of another task or encoder is a clear error."""
+        meta = checkpoint.get(META_KEY) or {}
+        if meta.get("task") != "pretrain":
+            found = f"a {meta['task']!r} task" if meta.get("task") else "no `vit` task"
+            raise UserValueError(f"this checkpoint holds {found}, not MAE pre-training: --ckpt_path resumes a "
+                                 "`vit pretrain` run from its own checkpoint")
+        theirs, ours = meta["model_config"], self.model_config
+        differ = [f"{k}: checkpoint {theirs.get(k)!r}, this model {ours.get(k)!r}"
+                  for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
+        if differ:
+            raise UserValueError(f"the checkpoint's encoder is not this run's: {'; '.join(differ)}")
