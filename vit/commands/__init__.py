@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("vit.commands.export", "write a checkpoint as ONNX or timm safetensors: vit export --ckpt CKPT ..."),
     "attention": ("vit.commands.attention", "draw attention maps and the top classes of image files"),
     "probe": ("vit.commands.probe", "linear-probe and kNN baseline on frozen features: vit probe --config CFG"),
+    "shard": ("vit.commands.shard", "write an image folder as streaming shards: vit shard SRC OUT [--max_side 320]"),
     "audit": ("vit.commands.audit", "check a dataset: leakage, duplicates, label issues, skew: vit audit --config CFG"),
     "translate": ("vit.commands.translate", "translate sentences with a Translator checkpoint"),
 }

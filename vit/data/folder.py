@@ -210,7 +210,7 @@ class ImageFolder(ImageDataModule):
         remap = [self.class_names.index(name) for name in present]
         return [(path, remap[label]) for path, label in scan_class_folders(folder, present)]
 
-    def _splits(self) -> dict[str, list[tuple[str, int]]]:
+    def splits(self) -> dict[str, list[tuple[str, int]]]:
         """(path, label) samples of train, val and (when there is one) test."""
         if self.split_folders:
             splits = {name: self._scan(self.root / name) for name in ("train", "val", "test")
@@ -239,7 +239,7 @@ class ImageFolder(ImageDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        splits = self._splits()
+        splits = self.splits()
         if self.check_images:
             splits = self._without_bad_files(splits)
         train_tf, eval_tf = self.train_transform(), self.eval_transform()
