@@ -2,6 +2,7 @@
 
 from vit.nn.attention import KVCache, MultiHeadAttention
 from vit.nn.blocks import DecoderBlock, DropPath, EncoderBlock, Mlp
+from vit.nn.pyramid import SimpleFeaturePyramid
 from vit.nn.vision import (
     MODEL_CONFIGS,
     PatchEmbed,
@@ -21,6 +22,7 @@ __all__ = [
     "MultiHeadAttention",
     "PatchEmbed",
     "ShiftedPatchEmbed",
+    "SimpleFeaturePyramid",
     "VisionTransformer",
     "create_model",
     "list_models",

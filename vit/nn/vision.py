@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from vit.errors import UserValueError
 from vit.nn.blocks import EncoderBlock
@@ -84,6 +85,34 @@ def resample_pos_embed(
     grid = F.interpolate(grid, size=new_grid, mode="bicubic", antialias=True, align_corners=False)
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, C).to(pos_embed.dtype)  # (1, H*W, C)
     return torch.cat([prefix, grid], dim=1)
+
+
+def patch_grid(
+    height: int, width: int, img_size: tuple[int, int], patch_size: tuple[int, int], dynamic_img_size: bool
+) -> tuple[int, int]:
+    """The patch grid for an input of this size, or a clear error if the model does not accept it."""
+    ph, pw = patch_size
+    if dynamic_img_size:
+        if height % ph or width % pw:
+            raise ValueError(f"input {height}x{width} is not divisible by the patch size {ph}x{pw}")
+    elif (height, width) != tuple(img_size):
+        raise ValueError(
+            f"expected a {img_size[0]}x{img_size[1]} input, got {height}x{width}; "
+            "resize it, or build the model with dynamic_img_size=True"
+        )
+    return height // ph, width // pw
+
+
+@torch.fx.wrap  # a leaf for torch.fx: it branches on the input's shape, which a symbolic trace does not know
+def positions_for(
+    x: Tensor, pos_embed: Tensor, img_size: tuple[int, int], patch_size: tuple[int, int], dynamic_img_size: bool
+) -> Tensor:
+    """``pos_embed`` for the images ``x`` (B, C, H, W): their size checked, resampled to their patch grid."""
+    if x.dim() != 4:
+        raise ValueError(f"expected images shaped (batch, channels, height, width), got {tuple(x.shape)}")
+    grid = patch_grid(x.shape[-2], x.shape[-1], img_size, patch_size, dynamic_img_size)
+    trained = (img_size[0] // patch_size[0], img_size[1] // patch_size[1])
+    return pos_embed if grid == trained else resample_pos_embed(pos_embed, grid, trained)
 
 
 class PatchGrid(nn.Module):
@@ -187,6 +216,7 @@ class VisionTransformer(nn.Module):
         self.dynamic_img_size = dynamic_img_size
         self.shifted_patches = shifted_patches
         self.locality_attention = locality_attention
+        self.grad_checkpointing = False
 
         embed = ShiftedPatchEmbed if shifted_patches else PatchEmbed
         self.patch_embed = embed(img_size, patch_size, in_chans, embed_dim)
@@ -251,40 +281,36 @@ class VisionTransformer(nn.Module):
 
     def patch_grid(self, height: int, width: int) -> tuple[int, int]:
         """The patch grid for an input of this size, or a clear error if it is not accepted."""
-        ph, pw = self.patch_size
-        if self.dynamic_img_size:
-            if height % ph or width % pw:
-                raise ValueError(
-                    f"input {height}x{width} is not divisible by the patch size {ph}x{pw}"
-                )
-        elif (height, width) != self.img_size:
-            raise ValueError(
-                f"expected a {self.img_size[0]}x{self.img_size[1]} input, got {height}x{width}; "
-                "resize it, or build the model with dynamic_img_size=True"
-            )
-        return height // ph, width // pw
+        return patch_grid(height, width, self.img_size, self.patch_size, self.dynamic_img_size)
 
     def embed(self, x: Tensor) -> Tensor:
         """Image (B, C, H, W) -> tokens (B, 1 + h*w, D) with positions added."""
-        if x.dim() != 4:
-            raise ValueError(f"expected images shaped (batch, channels, height, width), got {tuple(x.shape)}")
-        grid = self.patch_grid(x.shape[-2], x.shape[-1])
-        pos_embed = self.pos_embed
-        if grid != self.patch_embed.grid_size:
-            pos_embed = resample_pos_embed(pos_embed, grid, self.patch_embed.grid_size)
+        pos_embed = positions_for(x, self.pos_embed, self.img_size, self.patch_size, self.dynamic_img_size)
         x = self.patch_embed(x)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + pos_embed
         return self.pos_drop(x)
 
-    def layer_indices(self, layers: Sequence[int] | None) -> list[int]:
-        """Sorted block indices for ``layers`` (negative counts from the end; None = all), or a clear error."""
+    def layer_indices(self, layers: int | Sequence[int] | None) -> list[int]:
+        """Sorted block indices: the last n (an int), the listed ones (negative counts from the end), or all (None)."""
         depth = len(self.blocks)
         if layers is None:
             return list(range(depth))
+        if isinstance(layers, int):
+            if not 0 < layers <= depth:
+                raise UserValueError(f"cannot take the last {layers} layers: the model has {depth} (1..{depth})")
+            return list(range(depth - layers, depth))
         for i in layers:
             if not -depth <= i < depth:
                 raise UserValueError(f"layer {i} does not exist: the model has {depth} layers (0..{depth - 1})")
         return sorted({i % depth for i in layers})
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass instead of keeping them (timm's name).
+
+        Only the block inputs are kept (B, N, D each): a big ViT trains at a fraction of the memory, for
+        about one more forward pass of compute. Non-reentrant ``torch.utils.checkpoint``: same gradients.
+        """
+        self.grad_checkpointing = enable
 
     def forward_blocks(
         self,
@@ -292,22 +318,30 @@ class VisionTransformer(nn.Module):
         *,
         attention_layers: Collection[int] = (),
         on_attention: Callable[[int, Tensor], None] | None = None,
+        on_block: Callable[[int, Tensor], None] | None = None,
+        stop_after: int | None = None,
         pooled_only: bool = False,
     ) -> Tensor:
         """Run the encoder blocks and the final norm over tokens (B, N, D): the one block loop.
 
         Blocks in ``attention_layers`` take the kernel's explicit path and hand their weights
-        (B, heads, N, N) to ``on_attention(layer, weights)`` as soon as they exist. With
-        ``pooled_only`` a cls-token model's last block computes only the cls row, all the head needs.
+        (B, heads, N, N) to ``on_attention(layer, weights)`` as soon as they exist. ``on_block(i, tokens)``
+        sees every block's output; ``stop_after=i`` runs blocks 0..i only. With ``pooled_only`` a
+        cls-token model's last block computes only the cls row, all the head needs.
         """
         last = len(self.blocks) - 1
-        for i, block in enumerate(self.blocks):
+        blocks = self.blocks if stop_after is None else self.blocks[:stop_after + 1]
+        for i, block in enumerate(blocks):
             num_queries = 1 if pooled_only and i == last and self.global_pool == "token" else None
             if i in attention_layers:
                 x, weights = block(x, num_queries=num_queries, return_attention=True)
                 on_attention(i, weights)
+            elif self.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(block, x, num_queries=num_queries, use_reentrant=False)
             else:
                 x = block(x, num_queries=num_queries)
+            if on_block is not None:
+                on_block(i, x)
         return self.norm(x)
 
     def forward_features(self, x: Tensor) -> Tensor:
@@ -337,6 +371,57 @@ class VisionTransformer(nn.Module):
             on_attention=lambda _, w: weights.append(w),
         )
         return self.forward_head(tokens), torch.stack(weights)
+
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | Sequence[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[Any] | tuple[Tensor, list[Any]]:
+        """Block outputs for dense tasks, with timm's signature and results.
+
+        ``indices``: the last n blocks (an int), the listed ones (negative counts from the end), or all.
+        Each output loses its prefix (cls) token, or comes as (spatial, prefix (B, 1, D)) pairs with
+        ``return_prefix_tokens``; ``norm`` applies the final norm to each; ``output_fmt`` "NCHW" gives
+        maps (B, D, h, w) on the input's own patch grid, "NLC" tokens (B, h*w, D). Returns the list, or
+        (all tokens after the final norm, the list); ``stop_early`` stops at the last block asked for.
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take = self.layer_indices(indices)
+        h, w = self.patch_grid(x.shape[-2], x.shape[-1])
+        taken: list[Tensor] = []
+
+        def keep(i: int, tokens: Tensor) -> None:
+            if i in take:
+                taken.append(self.norm(tokens) if norm else tokens)
+
+        final = self.forward_blocks(self.embed(x), on_block=keep, stop_after=take[-1] if stop_early else None)
+        p = self.num_prefix_tokens
+        prefixes, maps = [t[:, :p] for t in taken], [t[:, p:] for t in taken]
+        if output_fmt == "NCHW":  # (B, h*w, D) -> (B, D, h, w)
+            maps = [t.reshape(t.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous() for t in maps]
+        out = list(zip(maps, prefixes)) if return_prefix_tokens else maps
+        return out if intermediates_only else (final, out)
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drop the blocks after the last of ``indices`` (and the final norm, the head); returns the indices kept.
+
+        As timm's; after ``prune_head`` the model returns its pooled features instead of logits.
+        """
+        take = self.layer_indices(indices)
+        self.blocks = self.blocks[:take[-1] + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.fc_norm, self.head, self.num_classes = nn.Identity(), nn.Identity(), 0
+        return take
 
 
 def list_models() -> list[str]:
