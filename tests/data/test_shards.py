@@ -1,0 +1,259 @@
+"""`vit shard` and `ImageShards`: the folder's samples, labels and pixels; timm reads the WebDataset export;
+DDP sees every sample once with equal batch counts; a run killed mid-epoch resumes to the same weights."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from PIL import Image
+
+from tests import CONFIGS
+from tests.conftest import subprocess_env
+from tests.formats import write_class_folders
+from vit.commands.shard import main as shard
+from vit.data.folder import ImageFolder
+from vit.data.shards import write_shards
+from vit.data.stream import ImageShards, mixed_seed, seed_all
+from vit.errors import UserPathError
+
+# Every common mode, sizes around the 16 px the model sees, and one truncated file.
+MODES = ("RGB", "L", "P", "RGBA", "CMYK", "I;16")
+OPTS = dict(img_size=16, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25, interpolation="bicubic", seed=0)
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> tuple[Path, Path, dict]:
+    """A single-folder image set (3 classes x 10, one truncated file) and its shards, with the webdataset."""
+    root = tmp_path_factory.mktemp("shards")
+    folder = root / "photos"
+    write_class_folders(folder, ["ant", "bee", "cat"], per_class=10, modes=MODES, size=20)
+    good = (folder / "ant" / "img_0.jpg").read_bytes()
+    (folder / "bee" / "broken.jpg").write_bytes(good[: len(good) // 2])  # a header that passes, data cut short
+    info = shard([str(folder), str(root / "out"), "--webdataset", "--num_workers", "2"])
+    return folder, root / "out", info
+
+
+def test_shards_hold_the_folders_samples_labels_and_pixels(sharded):
+    folder, out, info = sharded
+    assert info["bad_files"][0][0] == "bee/broken.jpg" and len(info["bad_files"]) == 1  # reported, left out
+    files = ImageFolder(str(folder), check_images=False, num_workers=0, **OPTS)
+    files.setup("fit")  # no header check: the broken file decodes only partly, as in training without the check
+    shards = ImageShards(str(out), num_workers=0, **OPTS)
+    shards.setup("fit")
+    assert shards.class_names == files.class_names == ["ant", "bee", "cat"]
+    for split in ("train", "val", "test"):
+        wanted = {Path(p).relative_to(folder).as_posix(): label for p, label in getattr(files, f"{split}_set").samples}
+        wanted.pop("bee/broken.jpg", None)
+        ours = shards.eval_split(split)
+        ids = [ours.item_name(i) for i in range(len(ours))]
+        assert len(ids) == len(set(ids)) == info["splits"][split] == len(wanted)
+        paths = [Path(p).relative_to(folder).as_posix() for p, _ in files.eval_split(split).samples]
+        by_path = {path: i for i, path in enumerate(paths)}
+        for i, sample_id in enumerate(ids):
+            x, y = ours[i]
+            fx, fy = files.eval_split(split)[by_path[sample_id]]
+            assert y == fy == wanted[sample_id] and torch.equal(x, fx)  # same label, same pixels
+    assert shards.class_counts("train") == info["class_counts"]["train"] and sum(info["splits"].values()) == 30
+    # the training transform too: under the same seed, the same random crop, flip and RandAugment pixels
+    train = shards.train_set
+    for i in range(len(train)):
+        sample_id = train.item_name(i)
+        seed_all(mixed_seed(0, train.current_epoch, i))
+        x, y = train[i]
+        seed_all(mixed_seed(0, train.current_epoch, i))
+        fx, fy = files.train_set[[Path(p).relative_to(folder).as_posix() for p, _ in files.train_set.samples]
+                                 .index(sample_id)]
+        assert x.dtype == torch.uint8 and torch.equal(x, fx) and y == fy
+
+
+def test_the_datamodule_streams_uint8_batches_and_finishes_them_on_the_device(sharded):
+    _, out, info = sharded
+    dm = ImageShards(str(out), num_workers=2, batch_size=4, **OPTS)
+    dm.setup("fit")
+    batches = list(dm.train_dataloader())
+    assert len(batches) == info["splits"]["train"] // 4  # the remainder (< one batch) sits the epoch out
+    x, y = batches[0]
+    assert x.dtype == torch.uint8 and x.shape == (4, 3, 16, 16) and y.dtype == torch.int64
+    finished = dm.batch_transform(x, erase=False)
+    mean = torch.tensor(dm.mean).view(1, 3, 1, 1)
+    std = torch.tensor(dm.std).view(1, 3, 1, 1)
+    torch.testing.assert_close(finished, (x.float() / 255 - mean) / std)
+    val = list(dm.val_dataloader())
+    assert sum(len(y) for _, y in val) == info["splits"]["val"] and val[0][0].dtype == torch.float32
+
+
+def test_timm_reads_the_webdataset_export(sharded):
+    from timm.data import create_dataset
+
+    _, out, info = sharded
+    for split in ("train", "val"):
+        ours = ImageShards(str(out), num_workers=0, **OPTS)
+        ours.setup("fit")
+        plain = ours.eval_split(split)
+        stored = {plain.item_name(i): i for i in range(len(plain))}
+        theirs = create_dataset("wds/photos", root=str(out / "wds"), split=split, is_training=False, batch_size=1)
+        assert len(theirs) == info["splits"][split]
+        seen = 0
+        for img, label in theirs:  # PIL RGB images and int labels, as timm's wds reader decodes them
+            seen += 1
+            matches = [i for i in stored.values() if _raw(plain, i)[1] == label and _raw(plain, i)[0] == img.tobytes()]
+            assert matches, "every webdataset image is a stored image with its label"
+        assert seen == len(stored)
+    names = json.loads((out / "wds" / "_info.json").read_text())
+    assert names["class_names"] == ["ant", "bee", "cat"]
+
+
+def _raw(dataset, i: int) -> tuple[bytes, int]:
+    from vit.data.shards import decode
+    from vit.data.stream import ShardSet
+
+    item = super(ShardSet, dataset).__getitem__(i)
+    return decode(item["image"], item["id"]).tobytes(), int(item["label"])
+
+
+def test_max_side_reencodes_only_larger_images(tmp_path):
+    folder = tmp_path / "photos"
+    for c, size in (("big", (90, 60)), ("small", (30, 20))):
+        (folder / c).mkdir(parents=True)
+        for i in range(10):
+            Image.fromarray(np.full((size[1], size[0], 3), 25 * i, np.uint8)).save(folder / c / f"{i}.jpg")
+    write_shards(folder, tmp_path / "out", max_side=32, num_workers=1)
+    dm = ImageShards(str(tmp_path / "out"), num_workers=0, **OPTS)
+    dm.setup("fit")
+    from vit.data.stream import ShardSet
+
+    for i in range(len(dm.train_set)):
+        item = super(ShardSet, dm.train_set).__getitem__(i)
+        img = Image.open(io.BytesIO(bytes(item["image"])))
+        if item["id"].startswith("big/"):
+            assert img.size == (48, 32) and img.format == "JPEG"  # shorter side 60 -> 32, aspect kept
+        else:
+            assert bytes(item["image"]) == (folder / item["id"]).read_bytes()  # the original bytes
+
+
+def test_a_second_run_refuses_finished_shards_and_resumes_unfinished_ones(tmp_path, monkeypatch):
+    import litdata
+
+    folder = tmp_path / "photos"
+    write_class_folders(folder, ["a", "b"], per_class=10, size=16)
+    real = litdata.optimize
+
+    def dies_on_val(fn, inputs, output_dir, **kwargs):
+        if output_dir.endswith("val"):
+            raise KeyboardInterrupt  # as if stopped here
+        return real(fn, inputs, output_dir, **kwargs)
+
+    monkeypatch.setattr(litdata, "optimize", dies_on_val)
+    with pytest.raises(KeyboardInterrupt):
+        write_shards(folder, tmp_path / "out", num_workers=1)
+    train_index = tmp_path / "out" / "train" / "index.json"
+    written = train_index.stat().st_mtime_ns
+    with pytest.raises(UserPathError, match="run it again as it was"):
+        write_shards(folder, tmp_path / "out", num_workers=1, max_side=8)
+    with pytest.raises(UserPathError, match=r"not found \(an unfinished `vit shard` run"):
+        _ = ImageShards(str(tmp_path / "out")).class_names
+    monkeypatch.setattr(litdata, "optimize", real)
+    info = write_shards(folder, tmp_path / "out", num_workers=1)  # resumes: train is kept
+    assert train_index.stat().st_mtime_ns == written and info["splits"] == {"train": 16, "val": 2, "test": 2}
+    with pytest.raises(UserPathError, match="already holds finished shards"):
+        write_shards(folder, tmp_path / "out", num_workers=1)
+
+
+def test_an_unreachable_object_store_fails_fast_with_a_clear_message(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there: as offline, but certain
+    start = time.perf_counter()
+    with pytest.raises(UserPathError, match=r"cannot reach s3://bucket/imagenet: 127.0.0.1:9 does not answer"):
+        _ = ImageShards("s3://bucket/imagenet", cache_dir="cache").class_names
+    assert time.perf_counter() - start < 10
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_rank(rank: int, port: int, out: str, result: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dm = ImageShards(out, num_workers=2, batch_size=4, img_size=16, auto_augment=None)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    epochs = [[y.tolist() for _, y in loader] for _ in range(2)]
+    Path(result, f"{rank}.json").write_text(json.dumps(epochs))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ddp_ranks_see_every_sample_once_per_epoch_in_equal_batch_counts(tmp_path):
+    # one image per class, so a label names its sample; 2 ranks x batch 4 x 4 batches + 3 left over
+    folder = tmp_path / "photos"
+    for split, n in (("train", 35), ("val", 1)):
+        write_class_folders(folder / split, [f"c{i:02d}" for i in range(n)], per_class=1, size=16)
+    write_shards(folder, tmp_path / "out", num_workers=1)
+    torch.multiprocessing.spawn(_ddp_rank, args=(_free_port(), str(tmp_path / "out"), str(tmp_path)), nprocs=2)
+    ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
+    orders = []
+    for epoch in range(2):
+        batches = [ranks[r][epoch] for r in range(2)]
+        assert len(batches[0]) == len(batches[1]) == 4 and all(len(b) == 4 for r in batches for b in r)
+        seen = [label for r in batches for b in r for label in b]
+        assert len(seen) == len(set(seen)) == 32  # each sample once; 35 - 32 = 3 (< 2 x 4) sit the epoch out
+        orders.append(seen)
+    assert orders[0] != orders[1]  # a new order each epoch, from the seed and the epoch
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_epoch_resumes_to_the_same_weights_bit_for_bit(tmp_path):
+    """configs/shards_cpu.yaml at reduced size: an uninterrupted run, and one SIGKILLed in its second epoch
+    and resumed from last.ckpt; both end with equal weights, EMA, optimizer state and loader position."""
+    folder = tmp_path / "photos"
+    write_class_folders(folder, ["a", "b"], per_class=60, size=24)
+    write_shards(folder, tmp_path / "shards", num_workers=1)  # 96 train: 12 batches of 8 an epoch
+    (tmp_path / "killer.py").write_text(
+        "import os, signal\nfrom lightning.pytorch import Callback\n\n\nclass KillAt(Callback):\n"
+        "    def __init__(self, step: int) -> None:\n        self.step = step\n\n"
+        "    def on_train_batch_start(self, trainer, *args) -> None:\n"
+        "        if trainer.global_step == self.step:\n            os.kill(os.getpid(), signal.SIGKILL)\n")
+    (tmp_path / "kill.yaml").write_text(
+        "trainer:\n  callbacks:\n    - class_path: killer.KillAt\n      init_args:\n        step: 17\n")
+    env = subprocess_env(PYTHONPATH=os.pathsep.join([str(CONFIGS.parent), str(tmp_path)]))
+
+    def fit(run: str, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([
+            sys.executable, "-m", "vit", "fit", "--config", str(CONFIGS / "shards_cpu.yaml"),
+            f"--data.init_args.root={tmp_path / 'shards'}", "--data.init_args.batch_size=8",
+            "--trainer.max_epochs=2", "--checkpoint.every_n_train_steps=3", "--test_after_fit=false",
+            "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2, drop_path_rate: 0.1}",
+            "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path / run}",
+            f"--trainer.logger.init_args.save_dir={tmp_path / run}", f"--checkpoint.dirpath={tmp_path / run}/ckpt",
+            *extra], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+
+    whole = fit("whole")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    killed = fit("killed", "--config", str(tmp_path / "kill.yaml"))
+    assert killed.returncode == -9  # SIGKILL at step 17, in epoch 2; last.ckpt is step 15's
+    assert torch.load(tmp_path / "killed/ckpt/last.ckpt", weights_only=False)["global_step"] == 15
+    resumed = fit("killed", "--ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a = torch.load(tmp_path / "whole/ckpt/last.ckpt", weights_only=False)
+    b = torch.load(tmp_path / "killed/ckpt/last.ckpt", weights_only=False)
+    assert a["global_step"] == b["global_step"] == 24
+    diff = max((a["state_dict"][k].double() - b["state_dict"][k].double()).abs().max().item() for k in a["state_dict"])
+    print(f"largest weight difference after the killed run's resume: {diff}")
+    assert diff == 0 and all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    from vit.checkpoint import load_classifier
+
+    classifier = load_classifier(tmp_path / "killed/ckpt/last.ckpt")  # what predict/export/attention read
+    assert classifier.class_names == ["a", "b"] and classifier.img_size == (32, 32)

@@ -1,0 +1,175 @@
+"""Images streamed from `vit shard`'s shards (a folder or an s3:// / gs:// URL), with exact mid-epoch resume.
+
+```
+shards ─► LitData StreamingDataset (chunks cached locally) ─► decode as ImageFolder does ─► train_transform (uint8)
+      ─► StreamingDataLoader (stateful: its position goes into the checkpoint) ─► batch_transform on the device
+```
+What makes a resumed run end with the same weights, bit for bit on a CPU, as an uninterrupted one:
+- the loader's position is saved in every checkpoint (Lightning saves a loader that has ``state_dict``)
+  and a resumed run carries on from the next batch;
+- every random draw of the worker-side transform is seeded from (seed, epoch, sample index), so a
+  sample gets the same crop and RandAugment ops whichever run, worker or rank draws it;
+- before each training batch's device step, the global RNGs (erasing, mixup, drop path, dropout)
+  are seeded from (seed, rank, training batches so far); that count is saved with the checkpoint.
+
+Under DDP (any number of nodes) LitData deals the shuffled samples out to the ranks: every sample is
+read by exactly one rank per epoch. To give every rank the same number of batches it drops the
+remainder: of N samples, each rank trains on floor(N / world) of them rounded down to whole batches,
+and the few left over (fewer than world x batch_size) sit out this epoch; the next epoch's shuffle
+(from the seed and the epoch) leaves out others.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from litdata import StreamingDataLoader, StreamingDataset
+from torch import Tensor
+
+from vit.data.base import ImageDataModule
+from vit.data.fast import collate
+from vit.data.shards import decode, is_url, read_info, split_dir
+
+
+def mixed_seed(*values: int) -> int:
+    """A 63-bit seed from a few integers, well spread (numpy's SeedSequence), for torch, random and numpy."""
+    return int(np.random.SeedSequence([int(v) & 0xFFFFFFFF for v in values]).generate_state(2, np.uint64)[0] >> 1)
+
+
+def seed_all(seed: int) -> None:
+    """Seed python's ``random``, numpy's global RNG and torch's CPU RNG (the ones timm's ops draw from)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class ShardSet(StreamingDataset):
+    """One split of the shards as (image, label): decoded as `ImageFolder` decodes files, then transformed.
+
+    With ``seeded``, the transform's draws are a function of (seed, epoch, sample index) alone. The
+    transform is ``image_transform``: LitData's StreamingDataset reserves ``transform`` for its own hook.
+    """
+
+    def __init__(self, input_dir: Any, image_transform: Callable | None, *, train: bool = False, seed: int = 0,
+                 max_cache_size: str | None = None) -> None:
+        super().__init__(input_dir, shuffle=train, drop_last=train, seed=seed, max_cache_size=max_cache_size)
+        self.image_transform, self.seeded = image_transform, train
+        self.init_args = {"input_dir": input_dir, "seed": seed, "max_cache_size": max_cache_size}
+
+    def __getitem__(self, index: Any) -> tuple[Any, int]:
+        item = super().__getitem__(index)
+        img = decode(item["image"], item["id"])
+        if self.image_transform is None:
+            return img, int(item["label"])
+        if self.seeded:
+            position = int(getattr(index, "index", index))  # litdata's ChunkedIndex, or an int
+            seed_all(mixed_seed(self.seed, self.current_epoch, position))
+        return self.image_transform(img), int(item["label"])
+
+    def item_name(self, index: int) -> str:
+        """The sample's path in the image folder it was sharded from."""
+        return str(super().__getitem__(index)["id"])
+
+
+class ImageShards(ImageDataModule):
+    """Images from `vit shard`'s shards, streamed: ``root`` is the shard folder or its s3:// or gs:// URL.
+
+    The same transforms as `ImageFolder` (uint8 work in the loader workers, normalise and erase per
+    batch on the device); class names, image settings and per-class counts come from the shards'
+    info.json, so checkpoints carry what `vit predict`, `vit export` and `vit attention` need. A
+    training run interrupted mid-epoch and resumed from ``last.ckpt`` carries on at the next batch
+    and ends with the same weights (see the module docstring, and what DDP does with the remainder).
+
+    Args:
+        root: the shard folder written by `vit shard`, or its URL (s3://bucket/path, gs://bucket/path).
+        cache_dir: where chunks of a URL are cached (default ~/.cache/vit/shards/<bucket>/<path>); unused
+            for a local folder, which is read in place.
+        max_cache_size: cap of that cache, e.g. "200GB" (default: LitData's, 75% of the free disk).
+        batch_size: images per batch (per device).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        cache_dir: str | None = None,
+        max_cache_size: str | None = None,
+        *,
+        batch_size: int = 64,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(batch_size=batch_size, **kwargs)
+        self.root = root if is_url(root) else str(Path(root))
+        self.cache_dir, self.max_cache_size = cache_dir, max_cache_size
+        self._info: dict[str, Any] | None = None
+        self.batches_seen = 0  # training batches so far, over all epochs: the key of each batch's draws
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The shards' info.json (class names, split sizes and counts), read on first use."""
+        if self._info is None:
+            self._info = read_info(self.root, self.cache_dir)
+        return self._info
+
+    @property
+    def class_names(self) -> list[str]:
+        """The class names the shards were written with."""
+        return list(self.info["class_names"]) if self._class_names is None else self._class_names
+
+    @class_names.setter
+    def class_names(self, names: list[str]) -> None:
+        self._class_names = list(names) or None
+
+    def _split(self, name: str, transform: Callable | None, train: bool = False) -> ShardSet:
+        """One split; training shuffles (from the seed and the epoch), seeds its draws and drops the remainder."""
+        return ShardSet(split_dir(self.root, name, self.cache_dir), transform, train=train, seed=self.seed,
+                        max_cache_size=self.max_cache_size)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        splits = self.info["splits"]
+        eval_tf = self.eval_transform()
+        self.train_set = self._split("train", self.train_transform(), train=True)
+        self.val_set = self._split("val", eval_tf)
+        self.test_set = self._split("test", eval_tf) if "test" in splits else self.val_set
+        test = f"{splits['test']} test" if "test" in splits else "no test (val stands in for it)"
+        rank_zero_info(f"{self.root}: {splits['train']} train, {splits['val']} val, {test} images, "
+                       f"{self.num_classes} classes (shards)")
+
+    def class_counts(self, split: str = "train") -> list[int]:
+        """Images per class in a split, from info.json (no shard is read)."""
+        return list(self.info["class_counts"][split])
+
+    def without_augmentation(self, dataset: ShardSet) -> ShardSet:
+        """A copy of a split that uses the evaluation transform, unseeded and in stored order."""
+        return ShardSet(**dataset.init_args, image_transform=self.eval_transform())
+
+    def _loader(self, dataset: Any, name: str, train: bool = False) -> StreamingDataLoader:
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__} has no {name} split; was setup() called?")
+        return StreamingDataLoader(dataset, batch_size=self.batch_size, num_workers=self.num_workers,
+                                   collate_fn=collate, pin_memory=torch.cuda.is_available())
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Seed the global RNGs from (seed, rank, training batches so far), then the device step (normalise, erase).
+
+        Random erasing here, and mixup, drop path and dropout in the model, then draw the same numbers
+        in a resumed run as in an uninterrupted one."""
+        images = batch[0] if isinstance(batch, (tuple, list)) and batch else None
+        if self.trainer is not None and self.trainer.training and isinstance(images, Tensor):
+            seed_all(mixed_seed(self.seed, self.trainer.global_rank, self.batches_seen))
+            self.batches_seen += 1
+        return super().on_after_batch_transfer(batch, dataloader_idx)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in checkpoints: the training batches so far (the loader saves its own position)."""
+        return {"batches_seen": self.batches_seen}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.batches_seen = int(state_dict.get("batches_seen", 0))
