@@ -1,10 +1,13 @@
 """Loader throughput per core: our ImageFolder training pipeline against torchvision's ImageFolder
-with timm's ``create_transform``, on the same ImageNet-sized JPEGs, with the same DeiT augmentation.
+with timm's ``create_transform``, and against the same images streamed from shards (`vit shard`,
+`ImageShards`), as written and pre-resized (``--max_side``, default 320), on the same ImageNet-sized
+JPEGs, with the same DeiT augmentation.
 
 What one DataLoader worker does is timed on one thread (num_workers=0, so no process start-up or
-IPC): read, decode, augment and collate batches of ``--batch_size``. The two pipelines run in
-alternation (ours, timm, ours, ...) so that a shared, noisy machine hurts both alike; the median
-img/s of ``--runs`` runs each, and the median of the paired ratios, are reported. A per-stage
+IPC): read, decode, augment and collate batches of ``--batch_size``. The pipelines run in
+alternation (ours, timm, shards, shards pre-resized, ours, ...) so that a shared, noisy machine
+hurts all alike; the median img/s of ``--runs`` runs each, and the medians of the paired ratios
+(against timm, and shards against the folder), are reported. A per-stage
 breakdown follows (ms per image). Ours leaves normalisation and random erasing to the device
 (``ImageDataModule.on_after_batch_transfer``); their cost on this CPU is shown, not counted.
 
@@ -70,8 +73,11 @@ def write_jpegs(root: Path, classes: int = 2, per_class: int = 100, size: tuple[
     return root
 
 
-def pipelines(root: Path, img_size: int, batch_size: int) -> dict[str, DataLoader]:
-    """Our ImageFolder's training loader, and torchvision's ImageFolder + timm's create_transform."""
+def pipelines(root: Path, img_size: int, batch_size: int, shards: Path | None = None,
+              max_side: int = 320) -> dict[str, DataLoader]:
+    """Our ImageFolder's training loader, and torchvision's ImageFolder + timm's create_transform; with
+    ``shards`` (a folder to write them in), also ImageShards over the same images, as they are and
+    re-encoded to ``max_side``."""
     from timm.data import create_transform
     from torchvision.datasets import ImageFolder as TorchvisionFolder
 
@@ -83,8 +89,19 @@ def pipelines(root: Path, img_size: int, batch_size: int) -> dict[str, DataLoade
     # timm's transform as DeiT configures it; guarded, or Pillow 13 crashes it on ~0.3% of images
     transform = guard_posterize(create_transform(img_size, is_training=True, re_mode="pixel", **DEIT))
     theirs = TorchvisionFolder(str(root / "train"), transform=transform)
-    return {"ours": dm.train_dataloader(),
-            "timm": DataLoader(theirs, batch_size=batch_size, shuffle=True, drop_last=True)}
+    loaders = {"ours": dm.train_dataloader(),
+               "timm": DataLoader(theirs, batch_size=batch_size, shuffle=True, drop_last=True)}
+    if shards is not None:
+        from vit.data import ImageShards
+        from vit.data.shards import write_shards
+
+        for name, side in (("shards", None), (f"shards_{max_side}", max_side)):
+            write_shards(root, shards / name, max_side=side, num_workers=2)
+            streamed = ImageShards(str(shards / name), batch_size=batch_size, num_workers=0, img_size=img_size,
+                                   **DEIT)
+            streamed.setup("fit")
+            loaders[name] = streamed.train_dataloader()
+    return loaders
 
 
 def img_per_s(loader: DataLoader, images: int) -> float:
@@ -156,16 +173,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model_img_s", type=float, default=3000.0,
                         help="the model's training img/s per GPU (default: issue 9's ViT-B/16 bf16 H200 goal)")
     parser.add_argument("--host_cores", type=int, default=16, help="CPU cores per GPU on the training host")
+    parser.add_argument("--max_side", type=int, default=320, help="shorter side of the pre-resized shards")
+    parser.add_argument("--no_shards", action="store_true", help="time the folder pipelines only")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # as in a DataLoader worker
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.root) if args.root else write_jpegs(Path(tmp), per_class=args.per_class)
-        loaders = pipelines(root, args.img_size, args.batch_size)
+        shards = None if args.no_shards else Path(tmp) / "shards"
+        loaders = pipelines(root, args.img_size, args.batch_size, shards, args.max_side)
         for loader in loaders.values():
             img_per_s(loader, args.batch_size)  # warm-up: imports, first allocations
-        rates: dict[str, list[float]] = {"ours": [], "timm": []}
+        rates: dict[str, list[float]] = {name: [] for name in loaders}
         for _ in range(args.runs):
             for name, loader in loaders.items():
                 rates[name].append(img_per_s(loader, args.images))
@@ -173,14 +193,17 @@ def main(argv: list[str] | None = None) -> dict:
         breakdown = stages(loaders, files, repeat=2)
 
     ours, theirs = statistics.median(rates["ours"]), statistics.median(rates["timm"])
+    medians = {name: statistics.median(r) for name, r in rates.items()}
     result = {
         "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread",
         "img_size": args.img_size, "batch_size": args.batch_size, "augmentation": DEIT,
         "ours_img_s": ours, "timm_img_s": theirs,
         "ratio_median": statistics.median(a / b for a, b in zip(rates["ours"], rates["timm"])),
-        "runs": rates, "stages_ms": breakdown, "model_img_s": args.model_img_s,
-        "cores_needed": {name: math.ceil(args.model_img_s / rate) for name, rate in (("ours", ours), ("timm", theirs))},
-        "host_img_s": {name: rate * args.host_cores for name, rate in (("ours", ours), ("timm", theirs))},
+        "runs": rates, "stages_ms": breakdown, "model_img_s": args.model_img_s, "img_s": medians,
+        # each pipeline against our folder pipeline, run by run (the shards' targets: >= 1.0 and, pre-resized, 1.5)
+        "vs_folder": {name: statistics.median(a / b for a, b in zip(r, rates["ours"])) for name, r in rates.items()},
+        "cores_needed": {name: math.ceil(args.model_img_s / rate) for name, rate in medians.items()},
+        "host_img_s": {name: rate * args.host_cores for name, rate in medians.items()},
     }
     report(result, args.host_cores)
     if args.json:
@@ -197,9 +220,11 @@ def report(r: dict, host_cores: int) -> None:
     for step in steps:
         print(f"{step:25s}" + "".join(f"{row[step]:10.2f}" if step in row else f"{'':10s}"
                                       for row in r["stages_ms"].values()))
-    need = r["cores_needed"]
-    print(f"at {r['model_img_s']:.0f} img/s per GPU: {need['ours']} loader cores (ours), {need['timm']} (timm); "
-          f"{host_cores} cores give {r['host_img_s']['ours']:.0f} and {r['host_img_s']['timm']:.0f} img/s")
+    print(f"{'pipeline':25s}{'img/s':>10s}{'vs folder':>10s}{'cores at':>10s}")
+    for name, rate in r["img_s"].items():
+        print(f"{name:25s}{rate:10.0f}{r['vs_folder'][name]:10.2f}{r['cores_needed'][name]:10d}")
+    print(f"'cores at': loader cores a GPU training at {r['model_img_s']:.0f} img/s needs; {host_cores} cores give "
+          + ", ".join(f"{r['host_img_s'][name]:.0f} ({name})" for name in r["img_s"]) + " img/s")
 
 
 if __name__ == "__main__":

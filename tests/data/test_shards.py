@@ -257,3 +257,21 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_weights_bit_for_bit(tmp_path
 
     classifier = load_classifier(tmp_path / "killed/ckpt/last.ckpt")  # what predict/export/attention read
     assert classifier.class_names == ["a", "b"] and classifier.img_size == (32, 32)
+
+
+@pytest.mark.parametrize("path", sorted(p for p in CONFIGS.rglob("*.yaml") if "vit.data.ImageShards" in p.read_text()),
+                         ids=lambda p: p.stem)
+def test_every_shard_recipe_builds_its_datamodule_from_its_yaml_and_streams(path, sharded):
+    """The recipe's own data options (its augmentation included) over local shards; the URL and cache swapped."""
+    import yaml
+    from jsonargparse import ArgumentParser
+    from lightning.pytorch import LightningDataModule
+
+    data = yaml.safe_load(path.read_text())["data"]
+    data["init_args"].update(root=str(sharded[1]), num_workers=0, batch_size=4, cache_dir=None)
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(LightningDataModule, "data")
+    dm = parser.instantiate_classes(parser.parse_object({"data": data})).data
+    dm.setup("fit")
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.dtype == torch.uint8 and x.shape == (4, 3, dm.img_size, dm.img_size) and y.max() < 3
