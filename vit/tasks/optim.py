@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -20,8 +20,14 @@ def layer_id(name: str, depth: int) -> int:
     return depth + 1
 
 
+def original_name(name: str) -> str:
+    """A parameter's name without the segments FSDP and activation checkpointing insert when they wrap a block."""
+    return name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
+
+
 def param_groups(
-    model: VisionTransformer, lr: float, weight_decay: float, layer_decay: float | None = None
+    model: VisionTransformer, lr: float, weight_decay: float, layer_decay: float | None = None,
+    ndims: Mapping[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """AdamW parameter groups: no decay on biases, norms, pos_embed and cls_token; per-layer lr; the head apart.
 
@@ -30,12 +36,15 @@ def param_groups(
     ``lr`` is set directly (``lr * layer_decay ** (depth + 1 - layer)``) because Lightning's scheduler
     stepping knows nothing of timm's ``lr_scale`` key. Group names: ``layer{i}_decay``,
     ``layer{i}_no_decay`` (or ``decay``/``no_decay`` without layer decay), ``head_decay``, ``head_no_decay``.
+    ``ndims``: each parameter's dimensions before FSDP wrapped the model (``use_orig_params`` leaves
+    flat 1-D shards, which would all look like biases).
     """
     depth = len(model.blocks)
     skip = model.no_weight_decay()
     groups: dict[tuple[int, bool], dict[str, Any]] = {}
     for name, p in model.named_parameters():
-        no_decay = p.ndim <= 1 or name in skip
+        name = original_name(name)
+        no_decay = (p.ndim if ndims is None else ndims[name]) <= 1 or name in skip
         layer = layer_id(name, depth) if layer_decay is not None else depth + 1
         head = name.startswith("head.")
         scale = layer_decay ** (depth + 1 - layer) if layer_decay is not None else 1.0
