@@ -12,7 +12,7 @@ A folder is ``train/ val/ test/`` of class folders (all arms read the very same 
              OneCycleLR (10% warm-up); label smoothing 0.1; batch 64; 30 epochs; final weights tested.
     parity   `vit fit` set up like the loop (`parity_config`): same model, data, optimiser, OneCycle schedule
              (`schedule: onecycle`) and epochs; final weights tested. What still differs is vit's own: no weight
-             decay on biases, norms and embeddings (as timm's train.py), and a last partial batch dropped.
+             decay on biases, norms and embeddings (as timm's train.py), and a last batch under half a batch dropped.
     recipe   `vit fit --config configs/scratch_small.yaml --data.init_args.root FOLDER`, as a user runs it,
              plus the knobs its config documents (--recipe_args), e.g. no flips for digits.
     logreg   scikit-learn's logistic regression on standardised raw pixels at the images' own size

@@ -47,3 +47,16 @@ def test_eval_split_gives_the_training_images_without_augmentation(kind, tmp_pat
 def test_eval_split_before_setup_says_so():
     with pytest.raises(RuntimeError, match="no train split; was setup"):
         Digits().eval_split("train")
+
+
+@pytest.mark.parametrize("images, batches", [(100, 2), (70, 1), (128, 2), (40, 1)])
+def test_training_loader_drops_only_a_last_batch_under_half_a_batch(images, batches, tmp_path):
+    # 100 at batch 64: the last 36 train (dropping them left 36% of the folder out of every epoch);
+    # 70: a last batch of 6 is dropped (a noisy step at the full lr); 40: one batch, smaller than the batch size.
+    write_class_folders(tmp_path / "train", ["a", "b"], per_class=images // 2, size=8)
+    write_class_folders(tmp_path / "val", ["a", "b"], per_class=1, size=8)
+    dm = ImageFolder(str(tmp_path), img_size=8, batch_size=64, num_workers=0)
+    dm.setup("fit")
+    assert len(dm.train_set) == images
+    sizes = [len(y) for _, y in dm.train_dataloader()]
+    assert len(sizes) == batches and sum(sizes) == {100: 100, 70: 64, 128: 128, 40: 40}[images]

@@ -10,6 +10,7 @@ by the time the model sees them: training images leave the workers as uint8, and
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -151,9 +152,11 @@ class ImageDataModule(LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__} has no {name} split; was setup() called?")
         sampler = self.train_sampler() if train else None
+        ranks = self.trainer.world_size if self.trainer is not None else 1
+        drop = train and drops_last_batch(math.ceil(len(dataset) / ranks), self.batch_size)
         return DataLoader(
             dataset, batch_size=self.batch_size, shuffle=train and sampler is None, sampler=sampler,
-            num_workers=self.num_workers, drop_last=train and len(dataset) > self.batch_size, collate_fn=collate,
+            num_workers=self.num_workers, drop_last=drop, collate_fn=collate,
             pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0,
         )
 
@@ -168,6 +171,14 @@ class ImageDataModule(LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.test_set, "test")
+
+
+def drops_last_batch(num_samples: int, batch_size: int) -> bool:
+    """Whether a training loader over ``num_samples`` (one rank's) drops its last, partial batch: only when
+    it is under half a batch. A tiny last batch is a noisy step at the full lr; dropping a large one leaves
+    a big share of a small folder out of every epoch (36 of 100 images at batch 64)."""
+    remainder = num_samples % batch_size
+    return num_samples > batch_size and 0 < remainder < batch_size / 2
 
 
 # ---- is the test split held out? -------------------------------------------------------------------
