@@ -55,8 +55,8 @@ def test_pretraining_recipe_runs_whole_and_its_encoder_fine_tunes(path, tmp_path
     data = data_args(config, tmp_path / "data")
     run = cli([
         "pretrain", *quiet_run(tmp_path, str(path)), *data, *CPU, "--trainer.max_epochs=1",
-        "--trainer.check_val_every_n_epoch=1", "--trainer.log_every_n_steps=1",
-        f"--model.init_args.model_kwargs={shrunk(config)}", *DECODER,
+        "--trainer.check_val_every_n_epoch=1", "--trainer.log_every_n_steps=1", f"--model.init_args.model_kwargs="
+        f"{shrunk(config)}", "--model.init_args.figure_every_n_epochs=1", *DECODER,
     ])
     trainer = run.trainer
     accumulate = config["trainer"].get("accumulate_grad_batches", 1)

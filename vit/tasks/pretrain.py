@@ -5,9 +5,10 @@ holds it) and the MAE decoder as ``decoder`` (`vit.nn.mae`). Its checkpoint is t
 ``vit fit --model.init_args.pretrained`` and ``vit probe`` read as they read a classifier's: the weights under
 ``model.`` load with every key checked, and ``decoder.`` is left behind.
 
-Every epoch, the validation images of a fixed batch go through a fixed masking, and the figure of
-originals, masked inputs and reconstructions is written to the run folder (``reconstructions/``) and to
-the TensorBoard or W&B logger.
+At the end of every training epoch (or every ``figure_every_n_epochs``), a fixed batch of validation images
+(the first, kept from the first validation, the sanity check included) goes through a fixed masking, and
+the figure of originals, masked inputs and reconstructions is written to the run folder
+(``reconstructions/epoch_NNNN.png``) and to the TensorBoard or W&B logger.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class MaskedAutoencoder(LightningModule):
         warmup_steps: linear warm-up in optimiser steps.
         min_lr: the floor of the cosine decay.
         figure_images: validation images in the reconstruction figure; 0 = no figure.
+        figure_every_n_epochs: draw the figure every this many epochs (each takes about half a second).
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class MaskedAutoencoder(LightningModule):
         warmup_steps: int | None = None,
         min_lr: float = 0.0,
         figure_images: int = 8,
+        figure_every_n_epochs: int = 1,
     ) -> None:
         super().__init__()
         if model not in MODEL_CONFIGS:
@@ -179,8 +182,9 @@ class MaskedAutoencoder(LightningModule):
         grid = self.model.patch_grid(images.shape[-2], images.shape[-1])
         return unpatchify(mixed, self.model.patch_size, grid), mask
 
-    def on_validation_epoch_end(self) -> None:
-        if self.trainer.sanity_checking or self.figure_batch is None or not self.trainer.is_global_zero:
+    def on_train_epoch_end(self) -> None:
+        every = max(1, self.hparams.figure_every_n_epochs)
+        if self.figure_batch is None or not self.trainer.is_global_zero or (self.current_epoch + 1) % every:
             return
         out_dir = self.trainer.log_dir
         if out_dir is None:
@@ -189,7 +193,9 @@ class MaskedAutoencoder(LightningModule):
         from vit.tasks.mistakes import log_figures
 
         images = self.figure_batch
+        self.eval()  # no dropout or drop path in the picture
         recon, mask = self.reconstruct(images, torch.Generator().manual_seed(FIGURE_SEED))
+        self.train()
         fig = reconstruction_figure(images.float().cpu(), recon.cpu(), mask.cpu(), self.model.patch_size,
                                     self.mean, self.std, title=f"epoch {self.current_epoch}: original / masked "
                                     f"({self.hparams.mask_ratio:.0%}) / reconstruction + visible")
