@@ -13,7 +13,7 @@ import pytest
 from vit.commands import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
-LIGHTNING = {"fit", "validate", "test", "predict"}
+LIGHTNING = {"fit", "pretrain", "validate", "test", "predict"}
 
 
 def readme_commands() -> list[list[str]]:
