@@ -115,3 +115,28 @@ def test_the_wrong_task_is_a_clear_error(pretrained, capsys):
         main(["fit", "--config", str(CONFIGS / "digits.yaml"), "--ckpt_path", str(root / "ckpt" / "last.ckpt")])
     err = capsys.readouterr().err
     assert "holds a MaskedAutoencoder checkpoint" in err and "Traceback" not in err
+
+
+def test_vit_pretrain_under_ddp_on_two_cpu_processes(tmp_path):
+    """Two gloo ranks: each trains on its share, val_loss is synced, rank 0 alone draws and saves."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+
+    cmd = [sys.executable, "-m", "vit", "pretrain", *quiet_run(tmp_path, str(CONFIGS / "pretrain" / "mae_digits.yaml")),
+           "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_epochs=2", "--trainer.limit_train_batches=3",
+           "--trainer.limit_val_batches=2", "--trainer.check_val_every_n_epoch=1", "--trainer.log_every_n_steps=1",
+           "--model.init_args.figure_every_n_epochs=1", "--model.init_args.model_kwargs={depth: 1, embed_dim: 32}",
+           "--model.init_args.decoder_dim=16", "--model.init_args.decoder_depth=1"]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("global batch 128") == 1  # lr = blr x (64 per rank x 2 ranks) / 256, said once
+    assert read_checkpoint(tmp_path / "ckpt" / "last.ckpt")["global_step"] == 6
+    run_dir = tmp_path / "logs" / "mae_digits" / "version_0"
+    assert sorted(p.name for p in (run_dir / "reconstructions").iterdir()) == ["epoch_0000.png", "epoch_0001.png"]

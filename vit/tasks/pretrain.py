@@ -184,10 +184,10 @@ class MaskedAutoencoder(LightningModule):
 
     def on_train_epoch_end(self) -> None:
         every = max(1, self.hparams.figure_every_n_epochs)
-        if self.figure_batch is None or not self.trainer.is_global_zero or (self.current_epoch + 1) % every:
+        if self.hparams.figure_images <= 0 or (self.current_epoch + 1) % every:
             return
-        out_dir = self.trainer.log_dir
-        if out_dir is None:
+        out_dir = self.trainer.log_dir  # on every rank: Lightning broadcasts it (rank 0 alone would wait forever)
+        if out_dir is None or self.figure_batch is None or not self.trainer.is_global_zero:
             return
         from vit.reports import reconstruction_figure, save_figure
         from vit.tasks.mistakes import log_figures
