@@ -5,7 +5,11 @@ It checks and measures, in order:
      path agrees with the explicit path that returns the weights;
   2. throughput of our ViT against timm's (scripts/benchmark.py), eager fp32 and bf16, then bf16 with
      torch.compile on both;
-  3. a Lightning fit of the digits classifier with precision bf16-mixed under the DDP strategy.
+  3. a Lightning fit of the digits classifier with precision bf16-mixed under the DDP strategy;
+  4. a short FSDP fit of ViT-B/16 on synthetic images as configs/finetune/mae_imagenet_vit_large_fsdp.yaml
+     shards it (each EncoderBlock a unit, activation-checkpointed, bf16-mixed, sharded checkpoint), then the
+     sharded checkpoint consolidated by `vit export --format ckpt` in a fresh process and compared with the
+     trained weights. (On a CPU, Lightning refuses FSDP: the smoke run takes DDP there.)
 Everything it measures goes to --out/gpu_check.json (and the benchmark JSONs beside it).
 
     python scripts/gpu_check.py --out gpu_check                        # on the GPU machine
@@ -17,7 +21,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import subprocess
+import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -100,6 +107,58 @@ def lightning_fit(device: str, quick: bool, out: Path) -> dict:
     }
 
 
+def fsdp_fit(device: str, quick: bool, out: Path) -> dict:
+    """A few FSDP training steps of ViT-B/16 (ViT-tiny in --quick) on synthetic images, then the consolidation."""
+    from lightning.pytorch import Trainer, seed_everything
+    from lightning.pytorch.strategies import FSDPStrategy
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from vit.checkpoint import read_checkpoint
+    from vit.nn.blocks import EncoderBlock
+    from vit.tasks.classify import ImageClassifier
+    from vit.tasks.optim import original_name
+
+    seed_everything(0)
+    gpu = device.startswith("cuda")
+    name, size, batch, steps = ("vit_tiny_patch16_224", 32, 8, 4) if quick else ("vit_base_patch16_224", 224, 64, 40)
+    labels = torch.randint(0, 10, (batch * 8,))
+    images = torch.randn(len(labels), 3, size, size) + labels.view(-1, 1, 1, 1) * 0.1  # learnable: a class offset
+    loader = DataLoader(TensorDataset(images, labels), batch_size=batch, shuffle=True, drop_last=True)
+    task = ImageClassifier(model=name, num_classes=10, img_size=size, lr=1e-4, layer_decay=0.75, warmup_steps=2)
+    strategy = FSDPStrategy(auto_wrap_policy={EncoderBlock}, activation_checkpointing_policy={EncoderBlock},
+                            state_dict_type="sharded") if gpu else "ddp"
+    trainer = Trainer(
+        accelerator="gpu" if gpu else "cpu", devices=1, strategy=strategy, precision="bf16-mixed", max_steps=steps,
+        default_root_dir=str(out / "fsdp"), enable_progress_bar=False, logger=False, enable_checkpointing=False,
+        enable_model_summary=False,
+    )
+    if gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    trainer.fit(task, train_dataloaders=loader)
+    seconds = time.perf_counter() - start
+    saved = out / "fsdp.ckpt"  # a folder of shards under FSDP
+    trainer.save_checkpoint(saved)
+    trained = {original_name(k): v.detach().float().cpu() for k, v in task.model.named_parameters()}
+    # Consolidate as a user would: another process, no GPU or process group (`vit export` imports no Lightning).
+    done = subprocess.run([sys.executable, "-m", "vit", "export", "--ckpt", str(saved), "--format", "ckpt",
+                           "--out", str(out / "fsdp_export")], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"vit export --format ckpt failed: {done.stderr[-1500:]}")
+    consolidated = read_checkpoint(out / "fsdp_export" / "model.ckpt")["state_dict"]
+    diff = max((consolidated[f"model.{k}"].float() - v).abs().max().item() for k, v in trained.items())
+    groups = trainer.optimizers[0].param_groups
+    return {
+        "model": name, "strategy": type(trainer.strategy).__name__, "precision": "bf16-mixed", "steps": steps,
+        "batch_size": batch, "images_per_s": steps * batch / seconds, "fit_seconds": seconds,
+        "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if gpu else None,
+        "sharded_checkpoint": saved.is_dir(), "checkpoint_files": sorted(p.name for p in saved.iterdir())
+        if saved.is_dir() else [saved.name],
+        "consolidated_max_abs_diff": diff, "param_groups": len(groups),
+        "decayed_groups": sum(g["weight_decay"] > 0 for g in groups),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -133,6 +192,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     report["lightning"] = lightning_fit(args.device, args.quick, out)
     print("lightning:", report["lightning"], flush=True)
+    try:  # last, and caught: the measurements above are written whatever happens here
+        report["fsdp"] = fsdp_fit(args.device, args.quick, out)
+    except Exception as e:
+        traceback.print_exc()
+        report["fsdp"] = {"error": f"{type(e).__name__}: {e}"}
+    print("fsdp:", report["fsdp"], flush=True)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
     print(f"wrote {out / 'gpu_check.json'}")
     return report

@@ -24,7 +24,16 @@ from vit.cli import cli
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")]
 
 RECIPES = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "loggers")
-CPU = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.precision=32-true"]
+CPU = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto",
+       "--trainer.precision=32-true"]
+
+
+def cpu_strategy(config: dict) -> list[str]:
+    """An FSDP recipe runs under DDP here: Lightning refuses FSDP on a CPU (its strategy is checked in
+    tests/tasks/test_scale.py)."""
+    strategy = config["trainer"].get("strategy")
+    fsdp = isinstance(strategy, dict) and strategy["class_path"].endswith("FSDPStrategy")
+    return ["--trainer.strategy=ddp"] if fsdp else []
 
 
 def recipe(path: Path) -> dict:
@@ -77,11 +86,12 @@ def pretrained_file(config: dict, folder: Path) -> list[str]:
 def test_image_recipe_runs_its_whole_pipeline(path, tmp_path):
     config = recipe(path)
     run = cli([
-        "fit", *quiet_run(tmp_path, str(path)), *image_data(config, tmp_path / "data"), *CPU,
+        "fit", *quiet_run(tmp_path, str(path)), *image_data(config, tmp_path / "data"), *CPU, *cpu_strategy(config),
         *pretrained_file(config, tmp_path), "--trainer.max_epochs=1", "--trainer.log_every_n_steps=1",
         "--test_after_fit=true", f"--model.init_args.model_kwargs={SHRUNK}",
     ])
     trainer, model = run.trainer, run.model
+    assert type(trainer.strategy).__name__ == ("DDPStrategy" if cpu_strategy(config) else "SingleDeviceStrategy")
     images = trainer.num_training_batches * run.datamodule.batch_size
     accumulate = config["trainer"].get("accumulate_grad_batches", 1)
     assert trainer.global_step == math.ceil(trainer.num_training_batches / accumulate)  # the last, partial, steps too

@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import stat
+import warnings
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,6 +25,9 @@ from vit.errors import UserPathError, UserValueError
 from vit.nn.vision import VisionTransformer
 
 META_KEY = "vit"  # checkpoint["vit"]: what the task wrote for loading without the training config
+# FSDP with state_dict_type "sharded" saves a checkpoint as a folder: torch.distributed.checkpoint files
+# (".metadata" and one "*.distcp" per rank) for the weights and optimiser, and Lightning's "meta.pt" for the rest.
+SHARDED_META = "meta.pt"
 
 
 class DamagedCheckpointError(UserValueError):
@@ -91,11 +95,20 @@ def classifier_checkpoint(meta: dict[str, Any], weights: dict[str, Tensor], **ex
 
 
 # ---- reading ---------------------------------------------------------------------------------
+def is_sharded(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a sharded checkpoint folder (FSDP's, see `SHARDED_META`)."""
+    path = Path(path)
+    return (path / SHARDED_META).is_file() and (path / ".metadata").is_file()
+
+
 def is_intact(path: str | os.PathLike) -> bool:
     """Whether a torch checkpoint file is whole, judged from its zip directory (cheap: no tensor is read).
 
-    A save cut short loses the directory at the end of the file, so a torn file fails here.
+    A save cut short loses the directory at the end of the file, so a torn file fails here. A sharded
+    folder counts as whole when its meta.pt is and its shards' index exists.
     """
+    if Path(path).is_dir():
+        return is_sharded(path) and is_intact(Path(path) / SHARDED_META)
     try:
         with zipfile.ZipFile(path) as archive:
             return any(name.endswith("data.pkl") for name in archive.namelist())
@@ -149,6 +162,11 @@ def read_checkpoint(
     ``mmap`` leaves the tensors on disk until used: cheap when only the metadata is wanted.
     """
     path = Path(path)
+    if is_sharded(path):
+        return read_sharded(path)
+    if path.is_dir():
+        raise UserPathError(f"{path} is a folder, not a checkpoint (a sharded checkpoint folder holds "
+                            f"{SHARDED_META} and .metadata)")
     if not path.is_file():
         raise UserPathError(f"checkpoint not found: {path}")
     if not is_intact(path):
@@ -159,6 +177,34 @@ def read_checkpoint(
         raise DamagedCheckpointError(damaged_message(path, f"{type(e).__name__}: {e}")) from e
     if not isinstance(checkpoint, dict):
         raise UserValueError(f"{path}: expected a checkpoint dict, found {type(checkpoint).__name__}")
+    return checkpoint
+
+
+def read_sharded(path: str | os.PathLike) -> dict[str, Any]:
+    """A sharded checkpoint folder as one checkpoint, in this process, without GPUs or a process group:
+    meta.pt's entries and the whole ``state_dict``. The optimiser's shards stay on disk (export, predict
+    and fine-tune need none of them; to resume, pass the folder itself to ``--ckpt_path``)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    path = Path(path)
+    checkpoint = read_checkpoint(path / SHARDED_META)
+    try:
+        reader = dcp.FileSystemReader(path)
+        # Lightning saves {"model": state_dict, "optimizer_0": ...}; the files key each tensor "model.<name>".
+        weights = {
+            key: torch.empty(meta.size, dtype=meta.properties.dtype)
+            for key, meta in reader.read_metadata().state_dict_metadata.items()
+            if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+        }
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(weights, storage_reader=reader)
+    except (Exception, CheckpointException) as e:  # a missing or torn shard
+        raise DamagedCheckpointError(f"sharded checkpoint {path} cannot be read ({type(e).__name__}: "
+                                     f"{str(e).strip().splitlines()[-1][:200]})") from e
+    checkpoint["state_dict"] = {key.removeprefix("model."): value for key, value in weights.items()}
     return checkpoint
 
 

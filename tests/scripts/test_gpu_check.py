@@ -24,6 +24,11 @@ def test_gpu_check_runs_every_step_on_cpu(tmp_path):
         ("infer", "fp32"), ("train", "fp32"), ("infer", "bf16"), ("train", "bf16")
     }
     assert report["lightning"]["fit_seconds"] > 0
+    # the FSDP step's code (DDP on a CPU): trained, saved, consolidated by `vit export --format ckpt` in another
+    # process, equal to the trained weights; layer decay kept its decayed and undecayed groups
+    fsdp = report["fsdp"]
+    assert "error" not in fsdp and fsdp["strategy"] == "DDPStrategy" and fsdp["consolidated_max_abs_diff"] == 0
+    assert fsdp["param_groups"] == 29 and fsdp["decayed_groups"] == 14  # ViT-tiny: 14 layers x 2 + head's 2 - 1
 
     # the reported test accuracy, recomputed from the saved weights outside Lightning (bf16 autocast, as in the fit)
     model = load_classifier(tmp_path / "digits.ckpt")
@@ -36,3 +41,23 @@ def test_gpu_check_runs_every_step_on_cpu(tmp_path):
             total += len(y)
     assert total == 359
     assert report["lightning"]["test_acc"] == pytest.approx(correct / total, abs=2 / total)
+
+
+def test_gpu_check_needs_neither_jsonargparse_nor_wandb():
+    """The GPU image lacks both: the script and what its steps import load without them."""
+    import subprocess
+    import sys
+
+    from tests import SCRIPTS
+
+    code = (
+        "import sys; sys.modules['jsonargparse'] = None; sys.modules['wandb'] = None\n"
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('gpu_check', {str(SCRIPTS / 'gpu_check.py')!r})\n"
+        "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "import lightning.pytorch.strategies, vit.checkpoint, vit.data.digits, vit.tasks.classify, vit.tasks.optim\n"
+        "from vit.commands import export\n"
+        "export.parse_args(['--ckpt', 'x', '--format', 'ckpt', '--out', 'y'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -7,6 +7,8 @@ Writes the checkpoint's evaluated weights (the EMA copy when training kept one) 
   ``DIR/model.int8.onnx`` with int8 Linear layers. `vit predict --ckpt DIR/model.onnx` runs either.
 * ``safetensors``: ``DIR/model.safetensors`` + ``DIR/config.json`` in timm's Hugging Face hub layout,
   so ``timm.create_model("local-dir:DIR", pretrained=True)`` rebuilds the model.
+* ``ckpt``: ``DIR/model.ckpt``, the checkpoint as one file (weights and metadata, no optimiser state): how a
+  sharded FSDP checkpoint folder becomes a file every other command reads. Any format reads such a folder.
 
 Imports no Lightning.
 """
@@ -18,9 +20,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from vit.checkpoint import load_classifier
+from vit.checkpoint import expect_task, load_classifier, read_checkpoint, save_checkpoint
 
-FORMATS = ("onnx", "safetensors")
+FORMATS = ("onnx", "safetensors", "ckpt")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -29,8 +31,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         prog="vit export", description="Export a `vit fit` classifier checkpoint to ONNX or to timm's safetensors "
         "layout, with its class names and image preparation.",
     )
-    parser.add_argument("--ckpt", required=True, help="classifier checkpoint written by `vit fit`")
-    parser.add_argument("--format", required=True, choices=FORMATS, help="onnx or safetensors")
+    parser.add_argument("--ckpt", required=True, help="classifier checkpoint written by `vit fit` (a file, or "
+                        "the folder of a sharded FSDP checkpoint)")
+    parser.add_argument("--format", required=True, choices=FORMATS, help="onnx, safetensors, or ckpt (one file)")
     parser.add_argument("--out", required=True, help="output folder (created if needed)")
     parser.add_argument("--quantize", choices=["int8"], default=None,
                         help="onnx only: also write model.int8.onnx, Linear layers quantised dynamically to int8")
@@ -48,6 +51,13 @@ def main(argv: Sequence[str]) -> list[Path]:
     args = parse_args(argv)
     if args.format == "onnx":
         export.need_onnx()  # before the checkpoint is read: fail fast when the extra is missing
+    if args.format == "ckpt":
+        checkpoint = read_checkpoint(args.ckpt)
+        expect_task(checkpoint, "classify", args.ckpt)
+        path = save_checkpoint(checkpoint, Path(args.out) / "model.ckpt")
+        print(f"wrote {path} ({len(checkpoint['state_dict'])} tensors, no optimiser state): vit predict, vit test "
+              "--ckpt_path and --model.init_args.pretrained read it")
+        return [path]
     classifier = load_classifier(args.ckpt)
     if args.format == "safetensors":
         files = export.export_safetensors(classifier, args.out)
