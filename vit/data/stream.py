@@ -5,8 +5,10 @@ shards ─► LitData StreamingDataset (chunks cached locally) ─► decode as 
       ─► StreamingDataLoader (stateful: its position goes into the checkpoint) ─► batch_transform on the device
 ```
 What makes a resumed run end with the same weights, bit for bit on a CPU, as an uninterrupted one:
-- the loader's position is saved in every checkpoint (Lightning saves a loader that has ``state_dict``)
-  and a resumed run carries on from the next batch;
+- the loader's position is saved in every checkpoint and a resumed run carries on from the next
+  batch. The DataModule saves and restores it itself: Lightning saves a stateful loader too, but
+  restores it only when it builds the loader after the restore, and ``estimated_stepping_batches``
+  (which the lr schedule reads) builds it before, so the run would silently restart the epoch;
 - every random draw of the worker-side transform is seeded from (seed, epoch, sample index), so a
   sample gets the same crop and RandAugment ops whichever run, worker or rank draws it;
 - before each training batch's device step, the global RNGs (erasing, mixup, drop path, dropout)
@@ -108,6 +110,8 @@ class ImageShards(ImageDataModule):
         self.cache_dir, self.max_cache_size = cache_dir, max_cache_size
         self._info: dict[str, Any] | None = None
         self.batches_seen = 0  # training batches so far, over all epochs: the key of each batch's draws
+        self._train_loader: StreamingDataLoader | None = None
+        self._loader_state: dict[str, Any] | None = None  # from a checkpoint, for the next training loader
 
     @property
     def info(self) -> dict[str, Any]:
@@ -156,6 +160,14 @@ class ImageShards(ImageDataModule):
         return StreamingDataLoader(dataset, batch_size=self.batch_size, num_workers=self.num_workers,
                                    collate_fn=collate, pin_memory=torch.cuda.is_available())
 
+    def train_dataloader(self) -> StreamingDataLoader:
+        """The training loader, at the position a checkpoint saved when resuming."""
+        self._train_loader = self._loader(self.train_set, "train", train=True)
+        if self._loader_state is not None:
+            self._train_loader.load_state_dict(self._loader_state)
+            self._loader_state = None
+        return self._train_loader
+
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Seed the global RNGs from (seed, rank, training batches so far), then the device step (normalise, erase).
 
@@ -168,8 +180,13 @@ class ImageShards(ImageDataModule):
         return super().on_after_batch_transfer(batch, dataloader_idx)
 
     def state_dict(self) -> dict[str, Any]:
-        """Saved in checkpoints: the training batches so far (the loader saves its own position)."""
-        return {"batches_seen": self.batches_seen}
+        """Saved in checkpoints: the training batches so far and the training loader's position."""
+        state: dict[str, Any] = {"batches_seen": self.batches_seen}
+        if self._train_loader is not None:
+            state["train_loader"] = self._train_loader.state_dict()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restored before the loaders are built (Lightning restores DataModules first)."""
         self.batches_seen = int(state_dict.get("batches_seen", 0))
+        self._loader_state = state_dict.get("train_loader")

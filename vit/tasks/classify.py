@@ -307,7 +307,10 @@ class ImageClassifier(LightningModule):
         frozen = [p for m in self.frozen_modules(self.current_epoch) for p in m.parameters()]
         return describe_param_groups(self.trainer.optimizers[0], frozen)
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        # Here, not in on_train_batch_end: Lightning runs callbacks' on_train_batch_end first, so a mid-epoch
+        # checkpoint (every_n_train_steps) would miss this step's update and a resumed run would drift from it.
         if self.model_ema is not None:
             self.model_ema.update(self.model, step=self.global_step)
 
