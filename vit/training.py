@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_info
 
 from vit.checkpoint import save_checkpoint
 
@@ -105,7 +106,8 @@ class RandomState(Callback):
 
 # ---- what a run worked around ------------------------------------------------------------------
 class TrainingReport(Callback):
-    """Reports, each training epoch, the steps the fp16 GradScaler skipped and the images replaced.
+    """Reports the world size of a distributed run once, then, each training epoch, the steps the fp16
+    GradScaler skipped and the images replaced.
 
     With ``precision: 16-mixed`` torch's GradScaler skips an optimiser step whose gradients are not
     finite and lowers its scale; a lower scale after a step is how a skipped step shows. (bf16 needs
@@ -118,6 +120,11 @@ class TrainingReport(Callback):
         self.replaced_before = 0  # the training set's count at the end of the last epoch
         self._scale: float | None = None
         self._step = 0
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.world_size > 1:
+            rank_zero_info(f"world size {trainer.world_size}: {trainer.num_nodes} nodes x {trainer.num_devices} "
+                           f"processes each ({type(trainer.strategy).__name__})")
 
     @staticmethod
     def _scaler(trainer: Trainer) -> Any:

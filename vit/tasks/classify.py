@@ -29,7 +29,14 @@ from vit.reports import save_confusion_matrix
 from vit.tasks.finetune import apply_freezing, check_strategy, frozen_modules, unfreeze_epoch
 from vit.tasks.losses import SoftTargetCrossEntropy
 from vit.tasks.mistakes import ConfidentMistakes, log_figures, save_error_report
-from vit.tasks.optim import describe_param_groups, one_cycle, param_groups, per_epoch_steps, warmup_cosine
+from vit.tasks.optim import (
+    describe_param_groups,
+    global_batch,
+    one_cycle,
+    param_groups,
+    per_epoch_steps,
+    warmup_cosine,
+)
 from vit.weights import load_pretrained
 
 log = logging.getLogger(__name__)
@@ -358,16 +365,16 @@ class ImageClassifier(LightningModule):
 
     # --- optimiser -------------------------------------------------------------------------
     def peak_lr(self) -> float:
-        """``lr``, scaled to the global batch when ``lr_base_batch`` is set."""
+        """``lr``, scaled to the global batch when ``lr_base_batch`` is set; said once, on rank 0."""
         hp = self.hparams
+        images, parts = global_batch(self.trainer)
         if hp.lr_base_batch is None:
+            rank_zero_info(f"effective lr {hp.lr:.4g} (as given: no lr_base_batch to scale it by); global batch "
+                           f"{images} = {parts}")
             return hp.lr
-        batch = getattr(self.trainer.datamodule, "batch_size", None) or self.trainer.train_dataloader.batch_size
-        world, accumulate = self.trainer.world_size, self.trainer.accumulate_grad_batches
-        global_batch = batch * world * accumulate
-        lr = hp.lr * global_batch / hp.lr_base_batch
-        rank_zero_info(f"effective lr {lr:.4g} = {hp.lr:g} x global batch {global_batch} / {hp.lr_base_batch} "
-                       f"(batch {batch} x {world} processes x {accumulate} accumulated)")
+        lr = hp.lr * images / hp.lr_base_batch
+        rank_zero_info(f"effective lr {lr:.4g} = {hp.lr:g} x global batch {images} / lr_base_batch "
+                       f"{hp.lr_base_batch}; global batch {images} = {parts}")
         return lr
 
     def configure_optimizers(self) -> dict[str, Any]:

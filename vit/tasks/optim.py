@@ -81,6 +81,17 @@ def one_cycle(
     )
 
 
+def global_batch(trainer: Any) -> tuple[int, str]:
+    """Images per optimiser step across every process, and how they add up (for the lr's scaling report)."""
+    batch = getattr(trainer.datamodule, "batch_size", None)
+    if batch is None:  # loaders passed to fit(): configure_optimizers runs before Lightning loads them, unless asked
+        trainer.fit_loop.setup_data()  # as Trainer.estimated_stepping_batches does; later calls reuse the loader
+        batch = trainer.train_dataloader.batch_size
+    world, accumulate = trainer.world_size, trainer.accumulate_grad_batches
+    return batch * world * accumulate, (f"{batch} per process x {world} processes ({trainer.num_nodes} nodes x "
+                                        f"{trainer.num_devices} devices) x {accumulate} accumulated")
+
+
 def per_epoch_steps(trainer: Any, total: int) -> int:
     """Optimiser steps in one epoch (``total`` when the epoch length is unknown)."""
     batches = trainer.num_training_batches
