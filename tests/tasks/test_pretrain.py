@@ -129,7 +129,7 @@ def test_vit_pretrain_under_ddp_on_two_cpu_processes(tmp_path):
            "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_epochs=2", "--trainer.limit_train_batches=3",
            "--trainer.limit_val_batches=2", "--trainer.check_val_every_n_epoch=1", "--trainer.log_every_n_steps=1",
            "--model.init_args.figure_every_n_epochs=1", "--model.init_args.model_kwargs={depth: 1, embed_dim: 32}",
-           "--model.init_args.decoder_dim=16", "--model.init_args.decoder_depth=1"]
+           "--model.init_args.decoder_dim=16", "--model.init_args.decoder_depth=1", "--data.init_args.batch_size=64"]
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
