@@ -13,7 +13,7 @@ same lr grid, and each run starts from ``seed_everything(draw)``, so a draw repr
 before it. Each step budget (``--steps``) is a comparison of its own: from scratch a ViT needs many more
 steps than a pre-trained one, so a short budget alone would flatter MAE.
 
-    flock /tmp/cpu.lock python scripts/pretrain_digits.py          # about 15 minutes on 1 CPU thread
+    flock /tmp/cpu.lock python scripts/pretrain_digits.py          # about 10 minutes on 1 CPU thread
     python scripts/pretrain_digits.py --steps 100 --json mae_digits.json
 """
 
