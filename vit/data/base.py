@@ -152,7 +152,7 @@ class ImageDataModule(LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__} has no {name} split; was setup() called?")
         sampler = self.train_sampler() if train else None
-        ranks = self.trainer.world_size if self.trainer is not None else 1
+        ranks = getattr(self.trainer, "world_size", None) or 1  # (a trainer stand-in may lack it)
         drop = train and drops_last_batch(math.ceil(len(dataset) / ranks), self.batch_size)
         return DataLoader(
             dataset, batch_size=self.batch_size, shuffle=train and sampler is None, sampler=sampler,
