@@ -123,8 +123,8 @@ def test_print_config_and_links_from_an_image_folder(tmp_path, capsys):
         "--data.num_workers=0", "--data.batch_size=4", "--data.val_fraction=0.25",
         "--model=vit.tasks.ImageClassifier", "--model.model=vit_tiny_patch16_224",
         "--model.model_kwargs={depth: 1, patch_size: 8}",
-        f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1", "--trainer.log_every_n_steps=1",
-        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=1", "--trainer.log_every_n_steps=1",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--seed_everything=0",
     ])
     model = run.model
     assert model.model.head.out_features == 3 and model.class_names == ["circle", "square", "star"]

@@ -152,7 +152,7 @@ class TrainingReport(Callback):
         total, files = dataset.replacements()
         # Loader workers may already be fetching the next epoch, so the count is cumulative: take the difference.
         replaced, self.replaced_before = total - self.replaced_before, total
-        pl_module.log("replaced_images", float(replaced))
+        pl_module.log("replaced_images", float(replaced), reduce_fx="sum", sync_dist=True)  # all ranks' images
         if replaced:
             shown = ", ".join(files[:5]) + (" ..." if len(files) > 5 else "")
             log.warning("epoch %d: replaced %d undecodable images by others of their class (%.2f%% of %d): %s",

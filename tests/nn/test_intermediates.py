@@ -91,6 +91,8 @@ def test_prune_intermediate_layers_equals_timm(pair, kwargs):
         assert ours(x).shape == (2, 192)  # pooled features (timm returns all tokens here)
 
 
+# torchvision notes that eval-mode nodes are a subset of train-mode ones: the test traces both on purpose.
+@pytest.mark.filterwarnings("ignore:NOTE. The nodes obtained by tracing:UserWarning")
 def test_fx_feature_extractor_traces_and_equals_eager():
     """torchvision's create_feature_extractor (train and eval graphs, drop path on) gives the eager blocks."""
     model = perturb(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=4,
