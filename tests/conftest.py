@@ -10,6 +10,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 
 import contextlib
 import csv
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,14 @@ from PIL import Image
 from tests import CONFIGS
 
 DIGITS = str(CONFIGS / "digits.yaml")
+
+
+def free_port() -> int:
+    """A localhost port free now, for a 2-process test's rendezvous (rather than one Lightning picks while others
+    bind)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests import CONFIGS
-from tests.conftest import DIGITS, subprocess_env
+from tests.conftest import DIGITS, free_port, subprocess_env
 from tests.conftest import short_digits_run as short_run
 from tests.formats import write_class_folders
 from vit.checkpoint import load_classifier
@@ -217,9 +217,7 @@ def test_ddp_on_two_cpu_processes_with_ema(tmp_path):
            f"--trainer.limit_val_batches={val_batches}", f"--data.init_args.batch_size={batch}",
            "--model.init_args.warmup_epochs=0", "--test_after_fit=false",
            "--trainer.callbacks+=tests.dummies.RecordWorldSize"]
-    with socket.socket() as probe:  # a port free now, rather than one Lightning picks while others bind
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -5,7 +5,6 @@ one last.ckpt."""
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 import torch
 
 from tests import CONFIGS
-from tests.conftest import subprocess_env
+from tests.conftest import free_port, subprocess_env
 from tests.formats import write_class_folders
 
 pytestmark = pytest.mark.slow
@@ -22,9 +21,7 @@ pytestmark = pytest.mark.slow
 
 def two_nodes(tmp_path: Path, *args: str) -> str:
     """Run `vit fit ARGS` as node 0 and node 1 of a 2-node torchrun job on this machine; both outputs, joined."""
-    with socket.socket() as probe:  # a port free now
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
                 "--master_addr", "127.0.0.1", "--master_port", str(port)]
     fit = ["-m", "vit", "fit", *args, "--trainer.num_nodes=2", "--trainer.devices=1", "--trainer.strategy=ddp",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import free_port
 from tests.formats import random_rgb, write_class_folders
 from vit.data import ImageFolder, ImageNet
 
@@ -109,7 +110,6 @@ def check_headers_on_a_rank(rank: int, world: int, port: int, root: str, out: st
 @pytest.mark.slow
 def test_under_ddp_each_rank_checks_its_shard_of_headers_and_all_get_every_bad_file(tmp_path):
     import json
-    import socket
 
     import torch.multiprocessing as mp
 
@@ -122,9 +122,7 @@ def test_under_ddp_each_rank_checks_its_shard_of_headers_and_all_get_every_bad_f
     assert len(expected) == 3
     shards = [paths[0::2], paths[1::2]]
     assert all(any(path in shard for path, _ in expected) for shard in shards)  # no rank sees them all alone
-    with socket.socket() as probe:  # a port free now
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     mp.spawn(check_headers_on_a_rank, args=(2, port, str(root), str(tmp_path)), nprocs=2)
     for rank, shard in enumerate(shards):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())

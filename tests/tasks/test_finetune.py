@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
@@ -11,7 +10,7 @@ import torch
 from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.conftest import short_digits_run, subprocess_env
+from tests.conftest import free_port, short_digits_run, subprocess_env
 from vit.commands import main
 from vit.tasks import ImageClassifier
 
@@ -170,9 +169,7 @@ def test_a_run_killed_in_the_frozen_stage_resumes_with_the_same_groups_and_unfre
 
 @pytest.mark.slow
 def test_ddp_on_two_processes_passes_through_the_unfreeze(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     common = [sys.executable, "-m", "vit", "fit", *short_digits_run(tmp_path, steps=2), "--trainer.devices=2",
               "--trainer.max_epochs=2", "--model.init_args.finetune=staged", "--model.init_args.head_epochs=1",

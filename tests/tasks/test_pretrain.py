@@ -11,7 +11,7 @@ import torch
 
 from tests import CONFIGS
 from tests.commands.test_probe import noisy_colour_folder
-from tests.conftest import quiet_run
+from tests.conftest import free_port, quiet_run
 from tests.formats import random_rgb
 from vit.checkpoint import read_checkpoint
 from vit.cli import cli
@@ -119,7 +119,6 @@ def test_the_wrong_task_is_a_clear_error(pretrained, capsys):
 
 def test_vit_pretrain_under_ddp_on_two_cpu_processes(tmp_path):
     """Two gloo ranks: each trains on its share, val_loss is synced, rank 0 alone draws and saves."""
-    import socket
     import subprocess
     import sys
 
@@ -130,9 +129,7 @@ def test_vit_pretrain_under_ddp_on_two_cpu_processes(tmp_path):
            "--trainer.limit_val_batches=2", "--trainer.check_val_every_n_epoch=1", "--trainer.log_every_n_steps=1",
            "--model.init_args.figure_every_n_epochs=1", "--model.init_args.model_kwargs={depth: 1, embed_dim: 32}",
            "--model.init_args.decoder_dim=16", "--model.init_args.decoder_depth=1", "--data.init_args.batch_size=64"]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

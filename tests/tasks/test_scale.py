@@ -4,7 +4,6 @@ shards, and sharded checkpoints consolidated in one process (`vit export --forma
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 import yaml
 
 from tests import CONFIGS
+from tests.conftest import free_port
 from vit.checkpoint import DamagedCheckpointError, is_intact, load_classifier, read_checkpoint
 from vit.nn.blocks import EncoderBlock
 from vit.tasks.classify import ImageClassifier
@@ -102,9 +102,7 @@ def sharded(tmp_path_factory) -> Path:
     import torch.multiprocessing as mp
 
     out = tmp_path_factory.mktemp("fsdp")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     mp.spawn(fsdp_rank, args=(port, str(out)), nprocs=2)
     return out
 

@@ -7,6 +7,7 @@ import sacrebleu
 import torch
 
 from tests import CONFIGS
+from tests.conftest import free_port
 from vit.commands import main
 from vit.data.translation import SyntheticTranslationDataModule, TranslationDataModule
 from vit.tasks import load_task
@@ -134,7 +135,6 @@ def test_tsv_config_runs_on_an_anki_export(tmp_path):
 @pytest.mark.slow
 def test_ddp_on_two_cpu_processes_splits_the_sentences_between_ranks(tmp_path):
     """The length-bucketing batch sampler under DDP: each rank trains on its own half, and reports once."""
-    import socket
     import subprocess
     import sys
 
@@ -145,9 +145,7 @@ def test_ddp_on_two_cpu_processes_splits_the_sentences_between_ranks(tmp_path):
            "--trainer.enable_progress_bar=false", "--trainer.logger=false", "--checkpoint.dirpath=ckpt",
            "--data.init_args.num_train=400", "--data.init_args.num_val=64", "--data.init_args.num_test=64",
            "--model.init_args.embed_dim=32", "--trainer.callbacks+=tests.dummies.RecordSources"]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
