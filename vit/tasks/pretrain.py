@@ -37,7 +37,7 @@ from vit.nn.mae import (
     unpatchify,
 )
 from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, create_model
-from vit.tasks.optim import per_epoch_steps, warmup_cosine
+from vit.tasks.optim import global_batch, per_epoch_steps, warmup_cosine
 
 FIGURE_SEED = 0  # the fixed masking of the figure's images, the same every epoch
 
@@ -208,10 +208,9 @@ class MaskedAutoencoder(LightningModule):
         hp = self.hparams
         if hp.lr is not None:
             return hp.lr
-        batch = getattr(self.trainer.datamodule, "batch_size", None) or self.trainer.train_dataloader.batch_size
-        global_batch = batch * self.trainer.world_size * self.trainer.accumulate_grad_batches
-        lr = hp.blr * global_batch / 256
-        rank_zero_info(f"lr = blr {hp.blr:g} x global batch {global_batch} / 256 = {lr:.3g}")
+        images, parts = global_batch(self.trainer)
+        lr = hp.blr * images / 256
+        rank_zero_info(f"lr = blr {hp.blr:g} x {images} / 256 = {lr:.3g} (global batch {images} = {parts})")
         return lr
 
     def configure_optimizers(self) -> dict[str, Any]:
