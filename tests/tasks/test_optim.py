@@ -1,11 +1,12 @@
-"""Parameter groups with layer decay, and the warm-up + cosine schedule."""
+"""Parameter groups with layer decay, the warm-up + cosine schedule, and the fused AdamW."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 import vit
-from vit.tasks.optim import layer_id, param_groups, warmup_cosine
+from vit.tasks.optim import adamw, layer_id, param_groups, warmup_cosine
 
 
 def test_param_groups_decay_and_layer_scales():
@@ -33,3 +34,24 @@ def test_warmup_then_cosine():
     assert warmup_cosine(10, 10, 100, 0.0) == pytest.approx(1.0)
     assert warmup_cosine(55, 10, 100, 0.0) == pytest.approx(0.5)
     assert warmup_cosine(100, 10, 100, 0.1) == pytest.approx(0.1)
+
+
+def test_adamw_is_fused_on_a_cpu_and_updates_as_the_per_tensor_loop():
+    model = vit.create_model("vit_digits_patch2_8", depth=2, embed_dim=32, num_heads=2, num_classes=10)
+    twin = vit.create_model("vit_digits_patch2_8", depth=2, embed_dim=32, num_heads=2, num_classes=10)
+    twin.load_state_dict(model.state_dict())
+    start = model.blocks[0].attn.qkv.weight.detach().clone()
+    fused = adamw(param_groups(model, 1e-2, 0.05, 0.75), lr=1e-2, betas=(0.9, 0.95))
+    loop = torch.optim.AdamW(param_groups(twin, 1e-2, 0.05, 0.75), lr=1e-2, betas=(0.9, 0.95), foreach=False)
+    assert fused.defaults["fused"] and not loop.defaults["fused"]
+    x, y = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])
+    for _ in range(3):
+        for net, optimizer in ((model, fused), (twin, loop)):
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for (name, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
+        if name.endswith("qkv.bias"):  # the key bias's gradient is 0 but for rounding, which Adam scales up to lr
+            a, b = a[torch.arange(len(a)) // 32 != 1], b[torch.arange(len(b)) // 32 != 1]
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+    assert (model.blocks[0].attn.qkv.weight - start).abs().max() > 1e-3  # they did move

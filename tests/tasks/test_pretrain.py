@@ -60,7 +60,7 @@ def test_vit_pretrain_trains_mae_and_writes_its_checkpoint_and_figures(pretraine
     trainer, model = run.trainer, run.model
     assert trainer.global_step == 2 * 4  # 32 training images in batches of 8, two epochs
     optimizer = trainer.optimizers[0]
-    assert optimizer.param_groups[0]["betas"] == (0.9, 0.95)
+    assert optimizer.param_groups[0]["betas"] == (0.9, 0.95) and optimizer.defaults["fused"]
     assert optimizer.param_groups[0]["initial_lr"] == pytest.approx(1.5e-4 * 8 / 256)  # blr x batch / 256
     assert model.visible == 4 and not model.model.pos_embed.requires_grad  # 16 patches, 4 seen; fixed positions
     checkpoint = read_checkpoint(root / "ckpt" / "last.ckpt")

@@ -62,6 +62,7 @@ def test_inverse_square_root_schedule():
     model = tiny_translator(dm, warmup_steps=400)
     optimizer = model.configure_optimizers()["optimizer"]
     assert optimizer.defaults["lr"] == pytest.approx(32**-0.5 * 400**-0.5)  # the paper's peak
+    assert optimizer.defaults["fused"]
 
 
 @pytest.mark.slow

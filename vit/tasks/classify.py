@@ -30,6 +30,7 @@ from vit.tasks.finetune import apply_freezing, check_strategy, frozen_modules, u
 from vit.tasks.losses import SoftTargetCrossEntropy
 from vit.tasks.mistakes import ConfidentMistakes, log_figures, save_error_report
 from vit.tasks.optim import (
+    adamw,
     describe_param_groups,
     global_batch,
     one_cycle,
@@ -381,7 +382,7 @@ class ImageClassifier(LightningModule):
         hp = self.hparams
         lr = self.peak_lr()
         groups = param_groups(self.model, lr, hp.weight_decay, hp.layer_decay, ndims=self.param_ndims)
-        optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(hp.betas))
+        optimizer = adamw(groups, lr=lr, betas=tuple(hp.betas))
         total = max(1, int(self.trainer.estimated_stepping_batches))
         if hp.warmup_steps is not None:
             warmup = hp.warmup_steps

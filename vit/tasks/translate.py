@@ -23,6 +23,7 @@ from vit.checkpoint import META_KEY
 from vit.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer, tokenizer_from_dict
 from vit.errors import UserValueError
 from vit.nn.text import Seq2SeqTransformer
+from vit.tasks.optim import adamw
 
 log = logging.getLogger(__name__)
 
@@ -199,10 +200,8 @@ class Translator(LightningModule):
         decay = [p for n, p in self.model.named_parameters() if p.dim() > 1 and not n.endswith(".pos")]
         rest = [p for n, p in self.model.named_parameters() if not (p.dim() > 1 and not n.endswith(".pos"))]
         peak = hp.lr if hp.lr is not None else self.model.embed_dim**-0.5 * max(1, hp.warmup_steps) ** -0.5
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-            lr=peak, betas=tuple(hp.betas), eps=1e-9,
-        )
+        optimizer = adamw([{"params": decay, "weight_decay": hp.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                          lr=peak, betas=tuple(hp.betas), eps=1e-9)
         if hp.lr_schedule == "constant":
             return {"optimizer": optimizer}
         scheduler = LambdaLR(optimizer, inverse_sqrt_schedule(hp.warmup_steps))
