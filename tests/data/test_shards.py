@@ -24,7 +24,7 @@ from tests.formats import write_class_folders
 from vit.commands.shard import main as shard
 from vit.data.folder import ImageFolder
 from vit.data.shards import write_shards
-from vit.data.stream import ImageShards, mixed_seed, seed_all
+from vit.data.stream import ImageShards, mixed_seed, seed_transform
 from vit.errors import UserPathError
 
 # Every common mode, sizes around the 16 px the model sees, and one truncated file.
@@ -69,9 +69,8 @@ def test_shards_hold_the_folders_samples_labels_and_pixels(sharded):
     train = shards.train_set
     for i in range(len(train)):
         sample_id = train.item_name(i)
-        seed_all(mixed_seed(0, train.current_epoch, i))
         x, y = train[i]
-        seed_all(mixed_seed(0, train.current_epoch, i))
+        seed_transform(mixed_seed(0, train.current_epoch, i))  # the draws train[i] made
         fx, fy = files.train_set[[Path(p).relative_to(folder).as_posix() for p, _ in files.train_set.samples]
                                  .index(sample_id)]
         assert x.dtype == torch.uint8 and torch.equal(x, fx) and y == fy
@@ -91,6 +90,42 @@ def test_the_datamodule_streams_uint8_batches_and_finishes_them_on_the_device(sh
     torch.testing.assert_close(finished, (x.float() / 255 - mean) / std)
     val = list(dm.val_dataloader())
     assert sum(len(y) for _, y in val) == info["splits"]["val"] and val[0][0].dtype == torch.float32
+
+
+def _draws(out: Path, seed: int = 0, epoch: int = 1, order: str = "forward") -> dict[int, torch.Tensor]:
+    """Each training sample's transformed image, read by index in ``order``, with the global RNGs stirred."""
+    dm = ImageShards(str(out), num_workers=0, **{**OPTS, "seed": seed})
+    dm.setup("fit")
+    train = dm.train_set
+    train.set_epoch(epoch)
+    indices = list(range(len(train)))
+    if order != "forward":
+        indices = indices[::-1]
+    result = {}
+    for i in indices:
+        torch.rand(i + 1), np.random.rand(i + 1)  # whatever the RNGs held before must not matter
+        result[i] = train[i][0]
+    return result
+
+
+def test_a_samples_draws_depend_on_seed_epoch_and_index_alone(sharded):
+    """What exact resume rests on: a training sample's crop, flip and RandAugment come from (seed, epoch, index)
+    alone, whichever order, worker or process draws it; another epoch or seed draws anew."""
+    _, out, info = sharded
+    forward = _draws(out)
+    backward = _draws(out, order="backward")
+    assert all(torch.equal(forward[i], backward[i]) for i in forward)
+    for other in (_draws(out, epoch=2), _draws(out, seed=1)):
+        assert sum(not torch.equal(forward[i], other[i]) for i in forward) >= len(forward) - 1
+
+    def epoch_of(num_workers: int) -> list[tuple[bytes, int]]:  # one epoch's samples as (pixels, label), sorted
+        dm = ImageShards(str(out), num_workers=num_workers, batch_size=2, **OPTS)
+        dm.setup("fit")
+        return sorted((x.numpy().tobytes(), int(y)) for xs, ys in dm.train_dataloader() for x, y in zip(xs, ys))
+
+    one, two = epoch_of(0), epoch_of(2)  # 2 workers split the samples otherwise, in other processes
+    assert len(one) == info["splits"]["train"] // 2 * 2 and one == two
+    assert sorted(x.numpy().tobytes() for x in forward.values()) == sorted(x for x, _ in one)  # epoch 1 as above
 
 
 def test_timm_reads_the_webdataset_export(sharded):
