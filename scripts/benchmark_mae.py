@@ -3,7 +3,10 @@
 Both steps are whole training steps on one batch: forward, loss, backward and the (fused) AdamW update. The
 supervised step is `vit fit`'s (every token through the encoder, cross-entropy on 1,000 classes); the MAE
 step is `vit pretrain`'s (the encoder on the visible quarter of the tokens, the decoder on all of them, the
-loss on the masked patches). Each is timed as the median of ``--steps`` steps after one warm-up step.
+loss on the masked patches). Each kind is timed over ``--steps`` steps after a warm-up step, the kinds in
+turns; the median of the turns' ratios counts.
+Beside each time ratio is the ratio of the two steps' forward and backward FLOPs (torch's FlopCounterMode):
+what the step would cost if every operation ran equally fast, the bound the decoder sets.
 
     flock /tmp/cpu.lock python scripts/benchmark_mae.py                     # ViT-B/16, batch 16, CPU
     python scripts/benchmark_mae.py --device cuda --batch 256 --dtype bf16
@@ -21,24 +24,21 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from vit import create_model
 from vit.tasks import MaskedAutoencoder
 
 
-def timed(step: Callable[[], None], steps: int, device: torch.device) -> float:
-    """Median seconds of ``step`` over ``steps`` runs, after one warm-up run."""
-    times = []
-    for i in range(steps + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def seconds(step: Callable[[], None], device: torch.device) -> float:
+    """Wall-clock seconds of one call of ``step`` (the device synchronised on both sides)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 def training_step(model: torch.nn.Module, loss_of: Callable[[], torch.Tensor], dtype: torch.dtype | None,
@@ -65,7 +65,14 @@ def training_step(model: torch.nn.Module, loss_of: Callable[[], torch.Tensor], d
     return step
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def step_flops(loss_of: Callable[[], torch.Tensor]) -> float:
+    """Forward and backward FLOPs of one loss computation (the gradients it leaves are cleared by the next step)."""
+    with FlopCounterMode(display=False) as counter:
+        loss_of().backward()
+    return float(counter.get_total_flops())
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="vit_base_patch16_224")
     parser.add_argument("--batch", type=int, default=16)
@@ -85,27 +92,39 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     images = torch.randn(args.batch, supervised.in_chans, *supervised.img_size, device=device)
     labels = torch.randint(0, 1000, (args.batch,), device=device)
     tokens = supervised.patch_embed.num_patches
-    updates: list[float] = []
-    base = timed(training_step(supervised, lambda: F.cross_entropy(supervised(images), labels), dtype, device,
-                               updates), args.steps, device)
-    base_update = statistics.median(updates[1:])
-    supervised = None  # its memory, before the MAE models
-    print(f"{args.model}, batch {args.batch}, {args.device} {args.dtype}, threads {torch.get_num_threads()}:")
-    print(f"  supervised step (all {tokens} patch tokens):  {base:.3f} s ({base_update:.3f} s of it the AdamW update)")
-    ratios = {}
+    models = {"supervised": supervised}
+    losses = {"supervised": lambda: F.cross_entropy(supervised(images), labels)}
+    visible = {}
     for spec in args.decoders:
         width, depth, heads = map(int, spec.split(","))
         mae = MaskedAutoencoder(model=args.model, mask_ratio=args.mask_ratio, decoder_dim=width, decoder_depth=depth,
                                 decoder_heads=heads, figure_images=0).to(device)
-        updates = []
-        seconds = timed(training_step(mae, lambda m=mae: m(images)[0], dtype, device, updates), args.steps, device)
-        update = statistics.median(updates[1:])
-        ratios[spec] = seconds / base
-        print(f"  MAE step, {mae.visible} visible tokens, decoder {width} wide x {depth} deep: {seconds:.3f} s "
-              f"= {ratios[spec]:.2f}x the supervised step; without the updates {(seconds - update):.3f} s "
-              f"= {(seconds - update) / (base - base_update):.2f}x")
-        mae = None
-    return ratios
+        models[spec], losses[spec], visible[spec] = mae, (lambda m=mae: m(images)[0]), mae.visible
+    updates: dict[str, list[float]] = {name: [] for name in losses}
+    steps = {name: training_step(models[name], losses[name], dtype, device, updates[name]) for name in models}
+    # in turns (supervised, each MAE, supervised, ...), so that a busy machine slows every kind alike
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for turn in range(args.steps + 1):
+        for name, step in steps.items():
+            t = seconds(step, device)
+            if turn:  # the first turn warms up
+                times[name].append(t)
+    flops = {name: step_flops(loss) for name, loss in losses.items()}
+    base, base_update = statistics.median(times["supervised"]), statistics.median(updates["supervised"][1:])
+    print(f"{args.model}, batch {args.batch}, {args.device} {args.dtype}, threads {torch.get_num_threads()}, "
+          f"median of {args.steps} steps each, taken in turns:")
+    print(f"  supervised step (all {tokens} patch tokens): {base:.3f} s ({base_update:.3f} s of it the AdamW update), "
+          f"{flops['supervised'] / 1e9:.0f} GFLOP")
+    ratios, flop_ratios = {}, {}
+    for spec in args.decoders:
+        width, depth, _ = map(int, spec.split(","))
+        step, update = statistics.median(times[spec]), statistics.median(updates[spec][1:])
+        ratios[spec] = statistics.median(t / b for t, b in zip(times[spec], times["supervised"]))
+        flop_ratios[spec] = flops[spec] / flops["supervised"]
+        print(f"  MAE step, {visible[spec]} visible tokens, decoder {width} wide x {depth} deep: {step:.3f} s "
+              f"= {ratios[spec]:.2f}x the supervised step (median of the turns' ratios); without the updates "
+              f"{(step - update) / (base - base_update):.2f}x; FLOPs {flop_ratios[spec]:.2f}x")
+    return {"time": ratios, "flops": flop_ratios}
 
 
 if __name__ == "__main__":
