@@ -22,6 +22,7 @@ issue 9's goal for ``vit_base_patch16_224`` training in bf16 on one H200 (not me
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import platform
@@ -127,8 +128,10 @@ def per_image_ms(steps: list[tuple[str, Callable]], inputs: list, repeat: int) -
     return {name: 1e3 * t / (repeat * len(inputs)) for name, t in total.items()}
 
 
-def stages(loaders: dict[str, DataLoader], files: list[str], repeat: int) -> dict[str, dict[str, float]]:
-    """Where the time goes, per image: decoding, then each transform step, then collation."""
+def stages(loaders: dict[str, DataLoader], files: list[str], repeat: int,
+           shards: dict[str, Path] | None = None) -> dict[str, dict[str, float]]:
+    """Where the time goes, per image: decoding, then each transform step. With ``shards`` (name -> folder),
+    also our steps on the same images' stored bytes, decoded from memory (pre-resized: fewer pixels)."""
     from vit.data import fast
     from vit.data.io import load_image
     from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augmentation, batch_transform
@@ -149,6 +152,18 @@ def stages(loaders: dict[str, DataLoader], files: list[str], repeat: int) -> dic
 
     ours_steps = [decode, ("crop+resize+flip", crop_flip), ("augment", augment), ("to tensor", to_tensor)]
     rows = {"ours": per_image_ms(ours_steps, files, repeat)}
+    if shards:
+        from litdata import StreamingDataset
+
+        from vit.data.shards import decode as decode_bytes
+
+        wanted = {Path(f).relative_to(Path(files[0]).parents[2]).as_posix() for f in files}  # ids: train/c0/1.jpg
+        for name, folder in shards.items():
+            stored = StreamingDataset(str(folder / "train"))
+            blobs = [bytes(item["image"]) for item in (stored[i] for i in range(len(stored)))
+                     if item["id"] in wanted]
+            steps = [("decode", lambda data: decode_bytes(data, "")), *ours_steps[1:]]
+            rows[name] = per_image_ms(steps, blobs, repeat)
     theirs = loaders["timm"].dataset.transform.transforms  # crop, flip, RandAugment, ToTensor, Normalize, erase
     names = ["crop+resize", "flip", "augment", "to tensor", "normalise", "erase"]
     rows["timm"] = per_image_ms([decode, *zip(names, theirs)], files, repeat)
@@ -160,6 +175,33 @@ def stages(loaders: dict[str, DataLoader], files: list[str], repeat: int) -> dic
         finish(batch)
     rows["ours"]["(device) normalise+erase"] = 1e3 * (time.perf_counter() - start) / (repeat * len(files))
     return rows
+
+
+def pixel_ratio(shards: Path, root: Path) -> float:
+    """Pixels of the pre-resized training images in ``shards`` over their originals' in ``root``."""
+    from litdata import StreamingDataset
+
+    stored = StreamingDataset(str(shards / "train"))
+    small = big = 0
+    for i in range(len(stored)):
+        item = stored[i]
+        with Image.open(io.BytesIO(bytes(item["image"]))) as a, Image.open(root / item["id"]) as b:
+            small, big = small + a.width * a.height, big + b.width * b.height
+    return small / big
+
+
+def bound(folder_ms: float, resized_ms: float, decode_ms: float, resized_decode_ms: float,
+          pixels: float, target: float = 1.5) -> dict[str, float]:
+    """What pre-resizing can give at most, in ms per image and ratios against the folder.
+
+    ``decode_free``: the pre-resized pipeline's ratio were its decode free (all else as measured);
+    ``decode_by_pixels``: the folder's, had decode alone shrunk with the pixel ratio (all else equal);
+    ``decode_budget_ms``: the decode time per image that ``target`` leaves to the pre-resized pipeline."""
+    rest = resized_ms - resized_decode_ms
+    return {"pixel_ratio": pixels, "folder_ms": folder_ms, "resized_ms": resized_ms,
+            "resized_decode_ms": resized_decode_ms, "resized_rest_ms": rest, "decode_free": folder_ms / rest,
+            "decode_by_pixels": folder_ms / (folder_ms - (1 - pixels) * decode_ms), "target": target,
+            "decode_budget_ms": folder_ms / target - rest}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -190,7 +232,10 @@ def main(argv: list[str] | None = None) -> dict:
             for name, loader in loaders.items():
                 rates[name].append(img_per_s(loader, args.images))
         files = [path for path, _ in loaders["timm"].dataset.samples[:: max(1, len(loaders["timm"].dataset) // 32)]]
-        breakdown = stages(loaders, files, repeat=2)
+        stored = {name: shards / name for name in loaders if shards is not None and name.startswith("shards")}
+        breakdown = stages(loaders, files, repeat=2, shards=stored)
+        resized = f"shards_{args.max_side}"
+        pixels = pixel_ratio(stored[resized], root) if resized in stored else None
 
     ours, theirs = statistics.median(rates["ours"]), statistics.median(rates["timm"])
     medians = {name: statistics.median(r) for name, r in rates.items()}
@@ -205,6 +250,9 @@ def main(argv: list[str] | None = None) -> dict:
         "cores_needed": {name: math.ceil(args.model_img_s / rate) for name, rate in medians.items()},
         "host_img_s": {name: rate * args.host_cores for name, rate in medians.items()},
     }
+    if pixels is not None:
+        result["bound"] = bound(1e3 / ours, 1e3 / medians[resized], breakdown["ours"]["decode"],
+                                breakdown[resized]["decode"], pixels)
     report(result, args.host_cores)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
@@ -215,16 +263,22 @@ def report(r: dict, host_cores: int) -> None:
     print(f"{r['machine']}; {r['img_size']}px, batch {r['batch_size']}, {r['augmentation']}")
     print(f"per core: ours {r['ours_img_s']:.0f} img/s, torchvision+timm {r['timm_img_s']:.0f} img/s, "
           f"ratio {r['ratio_median']:.2f} (median of {len(r['runs']['ours'])} paired runs)")
-    print(f"{'ms per image':25s}" + "".join(f"{name:>10s}" for name in r["stages_ms"]))
+    print(f"{'ms per image':25s}" + "".join(f"{name:>12s}" for name in r["stages_ms"]))
     steps = dict.fromkeys(step for row in r["stages_ms"].values() for step in row)
     for step in steps:
-        print(f"{step:25s}" + "".join(f"{row[step]:10.2f}" if step in row else f"{'':10s}"
+        print(f"{step:25s}" + "".join(f"{row[step]:12.2f}" if step in row else f"{'':12s}"
                                       for row in r["stages_ms"].values()))
     print(f"{'pipeline':25s}{'img/s':>10s}{'vs folder':>10s}{'cores at':>10s}")
     for name, rate in r["img_s"].items():
         print(f"{name:25s}{rate:10.0f}{r['vs_folder'][name]:10.2f}{r['cores_needed'][name]:10d}")
     print(f"'cores at': loader cores a GPU training at {r['model_img_s']:.0f} img/s needs; {host_cores} cores give "
           + ", ".join(f"{r['host_img_s'][name]:.0f} ({name})" for name in r["img_s"]) + " img/s")
+    b = r.get("bound")
+    if b:
+        print(f"pre-resized: {b['pixel_ratio']:.2f}x the pixels; {b['resized_ms']:.2f} ms per image, of which decode "
+              f"{b['resized_decode_ms']:.2f}. Were decode free: {b['decode_free']:.2f}x the folder; had decode alone "
+              f"shrunk with the pixels: {b['decode_by_pixels']:.2f}x. {b['target']}x leaves decode "
+              f"{b['decode_budget_ms']:.2f} ms per image")
 
 
 if __name__ == "__main__":

@@ -49,13 +49,17 @@ _WDS_EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}  # what timm's wds read
 
 # ---- writing ---------------------------------------------------------------------------------------
 def _shrink(img: Image.Image, max_side: int) -> bytes:
-    """``img`` with its shorter side resized to ``max_side`` (bicubic), encoded as JPEG 90 or PNG."""
+    """``img`` with its shorter side resized to ``max_side`` (bicubic), encoded as JPEG 90 (4:2:0) or PNG.
+
+    Measured on 427x320 re-encodes of 500x375 photos (libjpeg-turbo, one core): 4:2:0 decodes in 0.54 ms
+    against 4:4:4's 0.71; quality 85 would save 9% of that decode (~2% of a DeiT-augmented image's loader
+    time) and quality 75 17%, at a visible cost; Huffman ``optimize`` makes files 2% smaller, not faster."""
     w, h = img.size
     scale = max_side / min(w, h)
     small = to_rgb(img).resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.Resampling.BICUBIC)
     out = io.BytesIO()
     if img.format == "JPEG":
-        small.save(out, "JPEG", quality=90)
+        small.save(out, "JPEG", quality=90, subsampling="4:2:0")  # Pillow's default too; said, as it decodes faster
     else:
         small.save(out, "PNG")
     return out.getvalue()
