@@ -117,10 +117,14 @@ def img_per_s(loader: DataLoader, images: int) -> float:
 
 
 def per_image_ms(steps: list[tuple[str, Callable]], inputs: list, repeat: int) -> dict[str, float]:
-    """Mean ms per image of each step of a chain, applied in order to each input."""
+    """Mean ms per image of each step of a chain, applied in order to each input. The k-th input of each
+    repeat gets the same random draws in every chain (crop box, flip, RandAugment ops), so chains compare."""
+    from vit.data.stream import mixed_seed, seed_transform
+
     total = dict.fromkeys([name for name, _ in steps], 0.0)
-    for _ in range(repeat):
-        for x in inputs:
+    for r in range(repeat):
+        for k, x in enumerate(inputs):
+            seed_transform(mixed_seed(r, k))
             for name, step in steps:
                 start = time.perf_counter()
                 x = step(x)
@@ -157,11 +161,11 @@ def stages(loaders: dict[str, DataLoader], files: list[str], repeat: int,
 
         from vit.data.shards import decode as decode_bytes
 
-        wanted = {Path(f).relative_to(Path(files[0]).parents[2]).as_posix() for f in files}  # ids: train/c0/1.jpg
+        ids = [Path(f).relative_to(Path(f).parents[2]).as_posix() for f in files]  # train/c0/1.jpg: as sharded
         for name, folder in shards.items():
             stored = StreamingDataset(str(folder / "train"))
-            blobs = [bytes(item["image"]) for item in (stored[i] for i in range(len(stored)))
-                     if item["id"] in wanted]
+            by_id = {item["id"]: bytes(item["image"]) for item in (stored[i] for i in range(len(stored)))}
+            blobs = [by_id[i] for i in ids]  # the same images, in the same order as ``files``
             steps = [("decode", lambda data: decode_bytes(data, "")), *ours_steps[1:]]
             rows[name] = per_image_ms(steps, blobs, repeat)
     theirs = loaders["timm"].dataset.transform.transforms  # crop, flip, RandAugment, ToTensor, Normalize, erase
