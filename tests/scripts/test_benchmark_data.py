@@ -17,6 +17,9 @@ def test_benchmark_data_times_both_pipelines_and_sizes_the_loader(tmp_path):
     assert result["cores_needed"]["ours"] == -(-1000 // result["ours_img_s"])  # ceil
     assert {"decode", "crop+resize+flip", "augment", "to tensor"} <= set(result["stages_ms"]["ours"])
     assert {"decode", "crop+resize", "augment", "normalise", "erase"} <= set(result["stages_ms"]["timm"])
+    assert {"decode", "augment"} <= set(result["stages_ms"]["shards"]) & set(result["stages_ms"]["shards_320"])
+    bound = result["bound"]  # what pre-resizing can give at most
+    assert 0.6 < bound["pixel_ratio"] < 0.8 and bound["decode_free"] > bound["decode_by_pixels"] > 1
 
 
 def test_benchmark_data_writes_imagenet_sized_jpegs_from_real_photos(tmp_path):
