@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -13,3 +15,27 @@ def progress(iterable: Iterable[T], total: int | None, description: str) -> Iter
     from rich.progress import track
 
     yield from track(iterable, description=description, total=total)
+
+
+@contextlib.contextmanager
+def progress_while(count: Callable[[], int], total: int, description: str, every: float = 0.5) -> Iterator[None]:
+    """A progress bar while the block runs, at ``count()`` of ``total``, asked every ``every`` seconds from a
+    thread: for work that shows its progress only from outside, such as worker processes'."""
+    from rich.progress import Progress
+
+    stop = threading.Event()
+    with Progress(*Progress.get_default_columns()) as bar:
+        task = bar.add_task(description, total=total)
+
+        def poll() -> None:
+            while not stop.wait(every):
+                bar.update(task, completed=min(count(), total))
+
+        watcher = threading.Thread(target=poll, daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            watcher.join()
+        bar.update(task, completed=total)  # reached only when the block finished

@@ -205,6 +205,32 @@ def test_a_second_run_refuses_finished_shards_and_resumes_unfinished_ones(tmp_pa
         write_shards(folder, tmp_path / "out", num_workers=1)
 
 
+def test_writing_counts_samples_as_workers_handle_them_and_is_quiet(tmp_path, monkeypatch, capfd):
+    import contextlib
+
+    import vit.data.shards as shards
+
+    folder = tmp_path / "photos"
+    write_class_folders(folder, ["a", "b"], per_class=25, size=16)
+    seen = []
+
+    @contextlib.contextmanager
+    def recording(count, total, description):  # what the bar would show once the split is written
+        yield
+        seen.append((description, count(), total))
+
+    monkeypatch.setattr(shards, "progress_while", recording)
+    monkeypatch.setattr(shards, "PROGRESS_EVERY", 4)  # the forked workers inherit it
+    write_shards(folder, tmp_path / "out", num_workers=2)
+    assert [d for d, _, _ in seen] == ["train: shards", "val: shards", "test: shards"]
+    assert sum(total for _, _, total in seen) == 50
+    _, counted, total = seen[0]
+    assert total - 2 * 4 < counted <= total  # each of the 2 workers noted every 4th sample it handled
+    assert not (tmp_path / "out" / ".progress").exists()
+    printed = capfd.readouterr()
+    assert "Create an account" not in printed.out + printed.err and "Worker" not in printed.out + printed.err
+
+
 def test_an_unreachable_object_store_fails_fast_with_a_clear_message(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there: as offline, but certain
     start = time.perf_counter()

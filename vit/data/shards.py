@@ -18,6 +18,7 @@ No Lightning here: the reading side is `vit.data.stream`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -35,6 +36,7 @@ from PIL import Image
 
 from vit.data.io import describe_bad_files, to_rgb
 from vit.errors import UserPathError, UserValueError
+from vit.progress import progress, progress_while
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,7 @@ FORMAT = "vit-shards/1"
 URL_SCHEMES = ("s3", "gs")
 # Where each object store answers when no endpoint is configured (AWS_ENDPOINT_URL overrides S3's).
 _ENDPOINTS = {"s3": ("s3.amazonaws.com", 443), "gs": ("storage.googleapis.com", 443)}
+PROGRESS_EVERY = 64  # samples between a shard worker's progress notes
 _WDS_EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}  # what timm's wds reader decodes (input_key jpg;png;webp)
 
 
@@ -65,10 +68,19 @@ def _shrink(img: Image.Image, max_side: int) -> bytes:
     return out.getvalue()
 
 
-def encode_sample(item: tuple[str, int, str], max_side: int | None, bad_dir: str) -> Iterator[dict[str, Any]]:
+_done_here = 0  # samples this worker process has handled: each forked worker counts its own
+
+
+def encode_sample(item: tuple[str, int, str], max_side: int | None, bad_dir: str, progress_dir: str
+                  ) -> Iterator[dict[str, Any]]:
     """One shard sample from (path, label, id), or none for a file that does not decode (noted in ``bad_dir``).
 
-    Runs in litdata.optimize's worker processes; a generator, so a bad file simply yields nothing."""
+    Runs in litdata.optimize's worker processes; a generator, so a bad file simply yields nothing. Every
+    `PROGRESS_EVERY` samples the worker writes its count to ``progress_dir``/<pid>, for the progress bar."""
+    global _done_here
+    _done_here += 1
+    if _done_here % PROGRESS_EVERY == 0:
+        Path(progress_dir, str(os.getpid())).write_text(str(_done_here))
     path, label, sample_id = item
     try:
         data = Path(path).read_bytes()
@@ -84,6 +96,15 @@ def encode_sample(item: tuple[str, int, str], max_side: int | None, bad_dir: str
             f.write(f"{sample_id}\t{type(e).__name__}: {e}".replace("\n", " ") + "\n")
         return
     yield {"image": data, "label": int(label), "id": sample_id}
+
+
+def _count_done(progress_dir: Path) -> int:
+    """Samples handled so far by the workers that note their counts in ``progress_dir``."""
+    done = 0
+    for note in progress_dir.glob("*"):
+        with contextlib.suppress(OSError, ValueError):  # a note being rewritten reads as empty: skip it this time
+            done += int(note.read_text())
+    return done
 
 
 def _relative(path: str, root: Path) -> str:
@@ -122,11 +143,14 @@ def write_shards(
             continue  # finished by an earlier run
         shutil.rmtree(target, ignore_errors=True)  # an interrupted split starts over
         inputs = [(path, label, _relative(path, src)) for path, label in samples]
-        litdata.optimize(
-            functools.partial(encode_sample, max_side=max_side, bad_dir=str(bad_dir)), inputs, str(target),
-            chunk_bytes=chunk_bytes, num_workers=min(num_workers, len(inputs)), reorder_files=False,
-            start_method="fork",
-        )
+        notes = out / ".progress" / name
+        shutil.rmtree(notes, ignore_errors=True)
+        notes.mkdir(parents=True)
+        encode = functools.partial(encode_sample, max_side=max_side, bad_dir=str(bad_dir), progress_dir=str(notes))
+        with progress_while(functools.partial(_count_done, notes), len(inputs), f"{name}: shards"):
+            # verbose=False: no worker chatter, no hosted-service advert; the bar above says how far it is
+            litdata.optimize(encode, inputs, str(target), chunk_bytes=chunk_bytes, reorder_files=False,
+                             num_workers=min(num_workers, len(inputs)), start_method="fork", verbose=False)
     bad = sorted(line.rstrip("\n").split("\t", 1) for f in bad_dir.glob("*.tsv") for line in f.open())
     bad_ids = {sample_id for sample_id, _ in bad}
     info: dict[str, Any] = {
@@ -141,6 +165,7 @@ def write_shards(
         write_webdataset(out, info, samples_per_tar)
     _write_json(out / INFO, info)
     shutil.rmtree(bad_dir)
+    shutil.rmtree(out / ".progress")
     (out / PLAN).unlink()
     if bad:
         total = sum(plan["inputs"].values())
@@ -196,8 +221,6 @@ def write_webdataset(out: Path, info: dict[str, Any], samples_per_tar: int = 10_
     """``out/wds``: each split's samples as tar shards (``key.jpg|png|webp``, ``key.cls``, ``key.json``)
     plus the ``_info.json`` timm's ``wds/`` reader needs (names, sample counts, file names, lengths)."""
     from litdata import StreamingDataset
-
-    from vit.progress import progress
 
     wds = out / "wds"
     wds.mkdir(exist_ok=True)
