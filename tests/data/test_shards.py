@@ -25,7 +25,7 @@ from vit.commands.shard import main as shard
 from vit.data.folder import ImageFolder
 from vit.data.shards import write_shards
 from vit.data.stream import ImageShards, mixed_seed, seed_transform
-from vit.errors import UserPathError
+from vit.errors import UserPathError, UserValueError
 
 # Every common mode, sizes around the 16 px the model sees, and one truncated file.
 MODES = ("RGB", "L", "P", "RGBA", "CMYK", "I;16")
@@ -126,6 +126,18 @@ def test_a_samples_draws_depend_on_seed_epoch_and_index_alone(sharded):
     one, two = epoch_of(0), epoch_of(2)  # 2 workers split the samples otherwise, in other processes
     assert len(one) == info["splits"]["train"] // 2 * 2 and one == two
     assert sorted(x.numpy().tobytes() for x in forward.values()) == sorted(x for x, _ in one)  # epoch 1 as above
+
+
+def test_a_training_split_too_small_for_one_whole_batch_is_an_error_not_an_empty_epoch(sharded):
+    _, out, info = sharded
+    n = info["splits"]["train"]
+    shards = ImageShards(str(out), num_workers=0, **{**OPTS, "batch_size": n + 1})
+    shards.setup("fit")
+    with pytest.raises(UserValueError, match=rf"{n} training images make no whole batch of {n + 1}.*at most {n}"):
+        shards.train_dataloader()
+    shards = ImageShards(str(out), num_workers=0, **{**OPTS, "batch_size": n})
+    shards.setup("fit")
+    assert len(shards.train_dataloader()) == 1
 
 
 def test_timm_reads_the_webdataset_export(sharded):

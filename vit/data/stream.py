@@ -37,6 +37,7 @@ from torch import Tensor
 from vit.data.base import ImageDataModule
 from vit.data.fast import collate
 from vit.data.shards import decode, is_url, read_info, split_dir
+from vit.errors import UserValueError
 
 _MASK64 = (1 << 64) - 1
 
@@ -189,6 +190,12 @@ class ImageShards(ImageDataModule):
     def train_dataloader(self) -> StreamingDataLoader:
         """The training loader, at the position a checkpoint saved when resuming."""
         self._train_loader = self._loader(self.train_set, "train", train=True)
+        if len(self._train_loader) == 0:  # every rank drops its remainder: a small split can leave nothing at all
+            world = self.trainer.world_size if self.trainer is not None else 1
+            raise UserValueError(
+                f"{self.root}: {self.info['splits']['train']} training images make no whole batch of "
+                f"{self.batch_size} on each of {world} rank(s); set --data.init_args.batch_size to at most "
+                f"{max(1, self.info['splits']['train'] // world)}")
         if self._loader_state is not None:
             self._train_loader.load_state_dict(self._loader_state)
             self._loader_state = None
