@@ -54,6 +54,9 @@ def test_a_misspelt_key_suggests_the_nearest(photos, tmp_path, capsys):
     assert "did you mean 'ImageClassifier'?" in err
     err = user_error(["fit", "--config", FOLDER_CPU, "--trainer.max_epochs", "many"], capsys)
     assert "trainer.max_epochs" in err and "'many'" in err and "int" in err
+    for command in ("probe", "audit"):  # their config goes through the same parser, under their own name
+        err = user_error([command, "--config", str(config), "--data.init_args.root", str(photos)], capsys)
+        assert "did you mean 'batch_size'?" in err and f"`vit {command} --help`" in err
 
 
 def test_a_value_a_constructor_refuses_is_its_message(photos, capsys):

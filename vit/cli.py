@@ -387,7 +387,7 @@ def build_model_and_data(argv: list[str], command: str) -> tuple[Any, Any, Path]
     quiet_dependencies()
     built = ConfigOnlyCLI(model_class=None, datamodule_class=None, subclass_mode_model=True,
                           subclass_mode_data=True, args=argv, run=False,
-                          parser_kwargs={"description": DESCRIPTION})
+                          parser_kwargs={"description": DESCRIPTION, "prog": command})
     if not isinstance(built.model, ImageClassifier) or not isinstance(built.datamodule, ImageDataModule):
         raise UserValueError(f"{command} needs an image classifier and an image datamodule (vit.tasks.ImageClassifier, "
                              f"vit.data.*), got {type(built.model).__name__} and {type(built.datamodule).__name__}")
