@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from vit.nn.blocks import EncoderBlock
-from vit.nn.vision import VisionTransformer, resample_pos_embed
+from vit.nn.vision import VisionTransformer, positions_for
 
 
 # ---- patches -----------------------------------------------------------------------------------------
@@ -126,10 +126,8 @@ def encode_visible(
 ) -> tuple[Tensor, Masking]:
     """The encoder on ``visible`` random patches of each image: its tokens (B, 1 + n, D) after the final norm
     (``norm``, or ``fc_norm`` for an average-pooling model, whose ``norm`` is the identity), and the masking."""
-    grid = encoder.patch_grid(images.shape[-2], images.shape[-1])
-    pos_embed = encoder.pos_embed
-    if grid != encoder.patch_embed.grid_size:
-        pos_embed = resample_pos_embed(pos_embed, grid, encoder.patch_embed.grid_size)
+    pos_embed = positions_for(images, encoder.pos_embed, encoder.img_size, encoder.patch_size,
+                              encoder.dynamic_img_size)  # as the encoder's own `embed` finds them
     x = encoder.patch_embed(images) + pos_embed[:, 1:]  # (B, N, D): positions go with their patches
     B, N, _ = x.shape
     masking = random_masking(B, N, visible, device=x.device, generator=generator)
