@@ -56,12 +56,16 @@ def test_posterize_keeping_zero_bits_is_a_black_image_as_timm_means():
     assert (np.asarray(op(image)) == 192).all()
 
 
+IMAGE_MODULES = ("CIFAR", "ImageFolder", "ImageNet", "ImageShards", "UnlabelledFolder")
+
+
 def image_recipes() -> list[Path]:
-    """Every config whose DataModule trains on images through timm's transforms."""
+    """Every config whose DataModule trains on images through a worker-side transform (shards and MAE's
+    unlabelled folders included: their augmentation is built from their own YAML as the others' is)."""
     found = []
     for path in sorted(CONFIGS.rglob("*.yaml")):
         data = (yaml.safe_load(path.read_text()) or {}).get("data") or {}
-        if str(data.get("class_path", "")).rsplit(".", 1)[-1] in ("CIFAR", "ImageFolder", "ImageNet"):
+        if str(data.get("class_path", "")).rsplit(".", 1)[-1] in IMAGE_MODULES:
             found.append(path)
     return found
 
@@ -91,6 +95,7 @@ def build_datamodule(config: Path, root: Path):
 def test_every_image_recipe_is_soaked():
     names = {p.stem for p in image_recipes()}
     assert {"cifar10_vit", "cifar100_vit", "imagenet_vit_small", "imagenet_vit_base"} <= names
+    assert {"shards_cpu", "imagenet_vit_base_stream", "mae_folder_vit_small", "mae_imagenet_vit_base"} <= names
 
 
 @pytest.mark.slow
