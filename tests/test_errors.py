@@ -8,7 +8,7 @@ from pathlib import Path
 import lightning.pytorch  # noqa: F401  (before capsys: Lightning's log handler keeps the stderr it first sees)
 import pytest
 
-from tests.test_weights import closed_port
+from tests.conftest import free_port
 from vit.commands import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def test_pretrained_weights_with_the_hub_unreachable_fail_fast(photos, tmp_path,
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty_cache"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")
     start = time.perf_counter()
     err = user_error(["probe", "--config", FOLDER_CPU, "--data.init_args.root", str(photos)], capsys)
     assert time.perf_counter() - start < 15

@@ -2,7 +2,6 @@
 
 import hashlib
 import logging
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from safetensors.torch import save_file
 from timm.models.vision_transformer import _load_weights as timm_load_npz
 
 import vit
-from tests.conftest import subprocess_env
+from tests.conftest import free_port, subprocess_env
 from vit.errors import WeightsUnavailableError
 from vit.weights import convert_torchvision, read_state_dict
 
@@ -276,20 +275,13 @@ def test_timm_name_with_the_hub_unreachable_fails_within_seconds(offline_hub, mo
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")
     model = vit.create_model("vit_tiny_patch16_224")
     start = time.perf_counter()
     with pytest.raises(WeightsUnavailableError, match="unreachable") as err:
         vit.load_pretrained(model, TIMM_NAME)
     assert time.perf_counter() - start < 10
     assert "Three ways on" in str(err.value)
-
-
-def closed_port() -> int:
-    """A local TCP port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

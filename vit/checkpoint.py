@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
-import stat
 import warnings
 import zipfile
 from collections.abc import Callable, Sequence
@@ -22,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from vit.errors import UserPathError, UserValueError
+from vit.files import save_atomic
 from vit.nn.vision import VisionTransformer
 
 META_KEY = "vit"  # checkpoint["vit"]: what the task wrote for loading without the training config
@@ -35,52 +34,6 @@ class DamagedCheckpointError(UserValueError):
 
 
 # ---- writing ---------------------------------------------------------------------------------
-def save_atomic(write: Callable[[Any], None], path: str | os.PathLike) -> Path:
-    """Write a file through ``write(file_object)`` so that a kill at any moment leaves the old file or
-    the new one, never a torn one: a temporary file in the same folder (same filesystem), flushed
-    and fsynced, then renamed over ``path`` with ``os.replace``.
-
-    The file gets the mode a plain ``open(path, "wb")`` would give it: the umask's (0644 under umask
-    022) for a new file, the old file's mode when one is replaced.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _create_temp(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if path.exists():  # as an overwrite in place would, keep a mode the user chose
-                os.fchmod(f.fileno(), stat.S_IMODE(path.stat().st_mode))
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
-    return path
-
-
-def _create_temp(path: Path) -> tuple[int, str]:
-    """A new, empty ``.NAME.XXXX.tmp`` beside ``path``, opened for writing: (fd, its path).
-
-    Not `tempfile.mkstemp`: it creates files 0600, and the rename would keep that. Opening with 0666
-    lets the kernel apply the umask (or the folder's default ACL) itself, so no umask is read or set
-    (``os.umask`` can only be read by setting it, a race with other threads creating files).
-    """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    while True:
-        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
-        try:
-            return os.open(tmp, flags, 0o666), tmp
-        except FileExistsError:  # another writer drew the same name: draw again
-            continue
-
-
 def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> Path:
     """``torch.save`` a checkpoint atomically (see `save_atomic`)."""
     return save_atomic(lambda f: torch.save(checkpoint, f), path)

@@ -43,13 +43,34 @@ def want_traceback() -> bool:
     return os.environ.get(TRACEBACK_ENV, "").lower() not in ("", "0", "false", "no")
 
 
+# Optional packages -> the extra of pyproject.toml that brings each (one feature each).
+EXTRAS = {"litdata": "shards", "webdataset": "shards", "wandb": "wandb", "onnx": "export", "onnxruntime": "export",
+          "onnxscript": "export"}
+
+
+def missing_extra(error: BaseException) -> MissingPackageError | None:
+    """A `MissingPackageError` naming the extra to install, when ``error`` is the import of an optional package
+    failing (ours, or Lightning's loggers, which say it in words: "Requirement 'wandb>=…' not met")."""
+    if not isinstance(error, ImportError):
+        return None
+    words = str(error)
+    for package, extra in EXTRAS.items():
+        if getattr(error, "name", None) == package or f"'{package}" in words or f"`{package}" in words:
+            return MissingPackageError(f"{package} is not installed; this feature needs it: pip install 'vit[{extra}]'")
+    return None
+
+
 def find_user_error(error: BaseException) -> UserError | None:
-    """``error`` or the first `UserError` it was raised from (jsonargparse wraps constructor errors)."""
+    """``error`` or the first `UserError` it was raised from (jsonargparse wraps constructor errors); an optional
+    package that is not installed counts as one (`missing_extra`)."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         if isinstance(current, UserError):
             return current
+        missing = missing_extra(current)
+        if missing is not None:
+            return missing
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None

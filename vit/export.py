@@ -12,7 +12,7 @@ an image (size, channels, mean/std, crop_pct, interpolation).
   hub layout (architecture, num_classes, label_names, model_args, pretrained_cfg), loadable with
   ``timm.create_model("local-dir:DIR", pretrained=True)``.
 
-Every file is written atomically (`vit.checkpoint.save_atomic`); nothing is written when a check fails.
+Every file is written atomically (`vit.files.save_atomic`); nothing is written when a check fails.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
-from vit.checkpoint import Classifier, save_atomic
+from vit.checkpoint import Classifier
 from vit.errors import MissingPackageError, UserValueError
+from vit.files import save_atomic
 from vit.nn.vision import MODEL_CONFIGS, VisionTransformer
 
 OPSET = 18  # SDPA decomposes to MatMul/Softmax, which onnxruntime fuses; opset 23's Attention op ran slower on CPU

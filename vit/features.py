@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +20,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from vit.checkpoint import save_checkpoint
 from vit.data.fingerprint import digest
+from vit.files import save_atomic
 from vit.progress import progress
 
 log = logging.getLogger(__name__)
-
-
-def default_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/vit/features, else ~/.cache/vit/features."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vit" / "features"
 
 
 def weights_key(model: nn.Module, config: dict[str, Any]) -> str:
@@ -90,7 +84,7 @@ def cached_features(
         return features, labels, "extracted" + (" (not cached: the dataset has no fingerprint())"
                                                 if cache_dir is not None else "")
     try:
-        save_checkpoint({"features": features, "labels": labels}, path)  # atomic, and honours the umask
+        save_atomic(lambda f: torch.save({"features": features, "labels": labels}, f), path)  # honours the umask
     except OSError as e:  # a read-only or full disk costs the next run time, not this run's figures
         return features, labels, f"extracted, not cached ({type(e).__name__}: {e})"
     return features, labels, f"extracted, cached in {path}"

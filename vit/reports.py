@@ -1,7 +1,7 @@
 """Figures a person would rather look at than read: PNG charts for runs and audits (one plotting home).
 
 Built on matplotlib's object API (``Figure``, not pyplot): no window, no global state, any backend.
-Files are written atomically and honour the umask (`vit.checkpoint.save_atomic`).
+Files are written atomically and honour the umask (`vit.files.save_atomic`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from vit.checkpoint import save_atomic
+from vit.files import save_atomic
 
 
 def png_bytes(fig: Figure, dpi: int = 100) -> bytes:

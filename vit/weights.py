@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from vit.errors import UserPathError, UserValueError, WeightsUnavailableError
+from vit.network import unreachable
 from vit.nn.vision import VisionTransformer, resample_pos_embed
 
 log = logging.getLogger(__name__)
@@ -319,27 +320,12 @@ def _from_timm_hub(name: str) -> dict[str, Tensor]:
 
 
 def _unreachable(endpoint: str, timeout: float = HUB_PROBE_SECONDS) -> str | None:
-    """Why the hub at ``endpoint`` cannot be reached (name lookup or TCP connect), or None; at most ``timeout``
-    seconds, name lookup included (run in a thread, since getaddrinfo has no timeout of its own)."""
-    import socket
-    import threading
+    """Why the hub at ``endpoint`` cannot be reached within ``timeout`` seconds, or None."""
     from urllib.parse import urlparse
 
     url = urlparse(endpoint)
-    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
-    outcome: list[str | None] = []
-
-    def connect() -> None:
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            outcome.append(None)
-        except OSError as e:
-            outcome.append(f"the hub at {endpoint} is unreachable ({type(e).__name__}: {e})")
-
-    thread = threading.Thread(target=connect, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return outcome[0] if outcome else f"the hub at {endpoint} did not answer within {timeout:g} s"
+    why = unreachable(url.hostname or "", url.port or (443 if url.scheme == "https" else 80), timeout)
+    return why and f"the hub at {endpoint} is unreachable: {why}"
 
 
 def _from_timm_create_model(name: str) -> dict[str, Tensor]:

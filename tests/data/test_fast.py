@@ -17,6 +17,7 @@ from timm.data import auto_augment as aa
 from timm.data import create_transform
 
 from vit.data import fast
+from vit.data.stream import seed_all
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augmentation, guard_posterize, train_transform
 
 POLICY = "rand-m9-mstd0.5-inc1"
@@ -39,12 +40,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 # ---- exact ops ------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import torch.distributed as dist
 from PIL import Image
 
 from tests import CONFIGS
-from tests.conftest import subprocess_env
+from tests.conftest import free_port, subprocess_env
 from tests.formats import write_class_folders
 from vit.commands.shard import main as shard
 from vit.data.folder import ImageFolder
@@ -251,12 +250,6 @@ def test_an_unreachable_object_store_fails_fast_with_a_clear_message(monkeypatch
     assert time.perf_counter() - start < 10
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ddp_rank(rank: int, port: int, out: str, result: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -275,7 +268,7 @@ def test_ddp_ranks_see_every_sample_once_per_epoch_in_equal_batch_counts(tmp_pat
     for split, n in (("train", 35), ("val", 1)):
         write_class_folders(folder / split, [f"c{i:02d}" for i in range(n)], per_class=1, size=16)
     write_shards(folder, tmp_path / "out", num_workers=1)
-    torch.multiprocessing.spawn(_ddp_rank, args=(_free_port(), str(tmp_path / "out"), str(tmp_path)), nprocs=2)
+    torch.multiprocessing.spawn(_ddp_rank, args=(free_port(), str(tmp_path / "out"), str(tmp_path)), nprocs=2)
     ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
     orders = []
     for epoch in range(2):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -316,3 +317,20 @@ def test_left_and_right_padded_batches_give_the_same_outputs():
     src, tgt = pad(sources, True), pad(targets, True)
     unmasked = model(src, tgt, src.eq(PAD_ID))[2, -1:]
     assert not torch.allclose(unmasked, outputs[False][2], atol=1e-3)
+
+
+def test_the_padding_id_is_the_one_given_not_a_data_layer_constant():
+    """The model takes its padding id as an argument (nn/ imports nothing from vit.data): with pad_id=5, id 5
+    has a zero embedding, is masked as a key (padding changes no real position's memory), and pads decoding."""
+    model = tiny_model(pad_id=5)
+    assert model.src_embed.token.weight[5].abs().sum() == 0 and model.src_embed.token.weight[0].abs().sum() > 0
+    src = torch.randint(6, 23, (1, 4), generator=torch.Generator().manual_seed(2))
+    padded = torch.cat([src, torch.full((1, 3), 5)], dim=1)
+    with torch.no_grad():
+        alone = model.encode(src)
+        with_pad = model.encode(padded, padded.eq(5))
+        assert torch.allclose(model.start_decoding(padded).memory[:, :4], alone, atol=1e-5)
+    assert torch.allclose(with_pad[:, :4], alone, atol=1e-5)
+    import vit.nn.text
+
+    assert "vit.data" not in Path(vit.nn.text.__file__).read_text()

@@ -19,7 +19,7 @@ from typing import Any
 
 from PIL import Image
 
-from vit.checkpoint import save_atomic
+from vit.files import save_atomic
 
 DUPLICATE_COLUMNS = ("path_a", "split_a", "path_b", "split_b", "kind", "distance")
 LABEL_COLUMNS = ("path", "split", "given", "suggested", "score")

@@ -38,8 +38,8 @@ from vit.audit.report import (
     write_json,
 )
 from vit.audit.scan import ImageRecord, scan_split
-from vit.checkpoint import save_atomic
-from vit.features import cached_features, default_cache_dir
+from vit.features import cached_features
+from vit.files import cache_dir, save_atomic
 
 FAIL_ON = ("leakage", "bad_files", "duplicates", "label_conflicts", "label_issues", "small_classes")
 
@@ -70,7 +70,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="label issues: inverse L2 strength of the logistic regression (default: %(default)s)")
     parser.add_argument("--no_labels", action="store_true", help="skip the label check (no features extracted)")
     parser.add_argument("--shown", type=int, default=60, help="pairs and label issues drawn in report.html")
-    parser.add_argument("--cache_dir", type=Path, default=default_cache_dir(),
+    parser.add_argument("--cache_dir", type=Path, default=cache_dir("features"),
                         help="where features are cached, keyed by weights and data (default: %(default)s)")
     parser.add_argument("--no_cache", action="store_true", help="extract features again and cache nothing")
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda:1, ...")

@@ -31,7 +31,8 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from vit.checkpoint import classifier_checkpoint, save_checkpoint
-from vit.features import cached_features, default_cache_dir, weights_key
+from vit.features import cached_features, weights_key
+from vit.files import cache_dir
 
 C_GRID = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
 K_GRID = (1, 3, 5, 10, 20, 50)
@@ -62,7 +63,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--k", type=int, nargs="+", default=list(K_GRID),
                         help="neighbour counts to try; the best on val is kept, one value fixes it "
                         "(default: %(default)s)")
-    parser.add_argument("--cache_dir", type=Path, default=default_cache_dir(),
+    parser.add_argument("--cache_dir", type=Path, default=cache_dir("features"),
                         help="where features are cached, keyed by weights and data (default: %(default)s)")
     parser.add_argument("--no_cache", action="store_true", help="extract features again and cache nothing")
     parser.add_argument("--device", default="auto",

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import tarfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -36,6 +35,8 @@ from PIL import Image
 
 from vit.data.io import describe_bad_files, to_rgb
 from vit.errors import UserPathError, UserValueError
+from vit.files import cache_dir
+from vit.network import unreachable
 from vit.progress import progress, progress_while
 
 log = logging.getLogger(__name__)
@@ -257,13 +258,10 @@ def check_reachable(url: str, timeout: float = 3.0) -> None:
     if scheme == "s3" and endpoint:
         parsed = urlparse(endpoint)
         host, port = parsed.hostname or host, parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-    except OSError as e:
-        raise UserPathError(
-            f"cannot reach {url}: {host}:{port} does not answer ({type(e).__name__}: {e}). Check the network and "
-            "credentials, or copy the shards to a local folder and give its path"
-        ) from e
+    why = unreachable(host, port, timeout)
+    if why:
+        raise UserPathError(f"cannot reach {url}: {why}. Check the network and credentials, or copy the shards to "
+                            "a local folder and give its path")
 
 
 def read_info(root: str, cache_dir: str | os.PathLike | None = None) -> dict[str, Any]:
@@ -272,7 +270,7 @@ def read_info(root: str, cache_dir: str | os.PathLike | None = None) -> dict[str
         from litdata.streaming.downloader import get_downloader
 
         check_reachable(root)
-        local = Path(cache_dir or default_cache_dir(root)) / INFO
+        local = Path(cache_dir or url_cache_dir(root)) / INFO
         local.parent.mkdir(parents=True, exist_ok=True)
         try:
             get_downloader(root, str(local.parent), []).download_file(f"{root.rstrip('/')}/{INFO}", str(local))
@@ -291,10 +289,10 @@ def read_info(root: str, cache_dir: str | os.PathLike | None = None) -> dict[str
     return info
 
 
-def default_cache_dir(url: str) -> Path:
-    """Where chunks of ``url`` are cached when no cache folder is given: ~/.cache/vit/shards/<bucket>/<path>."""
+def url_cache_dir(url: str) -> Path:
+    """Where chunks of ``url`` are cached when no cache folder is given: <vit's cache>/shards/<bucket>/<path>."""
     parsed = urlparse(url)
-    return Path.home() / ".cache" / "vit" / "shards" / parsed.netloc / parsed.path.strip("/")
+    return cache_dir("shards", parsed.netloc, *Path(parsed.path.strip("/")).parts)
 
 
 def split_dir(root: str, split: str, cache_dir: str | os.PathLike | None) -> Any:
@@ -303,7 +301,7 @@ def split_dir(root: str, split: str, cache_dir: str | os.PathLike | None) -> Any
         return str(Path(root) / split)
     from litdata.streaming.resolver import Dir
 
-    return Dir(path=str(Path(cache_dir or default_cache_dir(root)) / split), url=f"{root.rstrip('/')}/{split}")
+    return Dir(path=str(Path(cache_dir or url_cache_dir(root)) / split), url=f"{root.rstrip('/')}/{split}")
 
 
 def decode(data: Sequence[int] | bytes | memoryview, sample_id: str) -> Image.Image:

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from vit.data.tokenizers import PAD_ID
 from vit.nn.attention import KVCache
 from vit.nn.blocks import DecoderBlock, EncoderBlock, PostNormDecoderBlock, PostNormEncoderBlock
 
@@ -48,15 +47,16 @@ class TokenEmbedding(nn.Module):
         max_positions: int = 512,
         learned_positions: bool = False,
         drop_rate: float = 0.0,
+        pad_id: int = 0,
     ) -> None:
         super().__init__()
         self.embed_dim = embed_dim
         self.max_positions = max_positions
-        self.token = nn.Embedding(vocab_size, embed_dim, padding_idx=PAD_ID)
+        self.token = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_id)
         # Unit-variance after the √dim scale; the tied output layer then gives logits of moderate size.
         nn.init.normal_(self.token.weight, std=embed_dim**-0.5)
         with torch.no_grad():
-            self.token.weight[PAD_ID].zero_()
+            self.token.weight[pad_id].zero_()
         if learned_positions:
             self.pos = nn.Parameter(torch.zeros(max_positions, embed_dim))
             nn.init.trunc_normal_(self.pos, std=0.02)
@@ -125,6 +125,8 @@ class Seq2SeqTransformer(nn.Module):
         learned_positions: learned position embeddings instead of sinusoidal ones.
         max_positions: longest sequence the positions cover.
         share_embeddings: one token table for source and target (needs one vocabulary).
+        pad_id: the padding token's id (the tokenizer's): its embedding is zero, it is masked as a key, and
+            decoding pads finished rows with it.
     """
 
     def __init__(
@@ -145,11 +147,14 @@ class Seq2SeqTransformer(nn.Module):
         learned_positions: bool = False,
         max_positions: int = 512,
         share_embeddings: bool = False,
+        pad_id: int = 0,
     ) -> None:
         super().__init__()
         self.embed_dim = embed_dim
+        self.pad_id = pad_id
         self.norm_first = norm_first
-        embed = dict(max_positions=max_positions, learned_positions=learned_positions, drop_rate=drop_rate)
+        embed = dict(max_positions=max_positions, learned_positions=learned_positions, drop_rate=drop_rate,
+                     pad_id=pad_id)
         self.src_embed = TokenEmbedding(src_vocab_size, embed_dim, **embed)
         self.tgt_embed = TokenEmbedding(tgt_vocab_size, embed_dim, **embed)
         if share_embeddings:
@@ -231,7 +236,7 @@ class Seq2SeqTransformer(nn.Module):
     ) -> Tensor:
         """Teacher-forced logits (B, T, vocab) for target inputs ``tgt`` (B, T) given ``src`` (B, S)."""
         if src_padding_mask is None:
-            src_padding_mask = src.eq(PAD_ID)
+            src_padding_mask = src.eq(self.pad_id)
         memory = self.encode(src, src_padding_mask)
         return self.decode(tgt, memory, src_padding_mask, tgt_padding_mask)
 
@@ -239,7 +244,7 @@ class Seq2SeqTransformer(nn.Module):
     def start_decoding(self, src: Tensor, src_padding_mask: Tensor | None = None) -> DecoderState:
         """Encode the source once and set up empty caches for incremental decoding."""
         if src_padding_mask is None:
-            src_padding_mask = src.eq(PAD_ID)
+            src_padding_mask = src.eq(self.pad_id)
         memory = self.encode(src, src_padding_mask)
         n = len(self.decoder)
         return DecoderState(
@@ -270,7 +275,7 @@ class Seq2SeqTransformer(nn.Module):
     ) -> Tensor:
         """Pick the most likely token at each step. Returns (B, L) ids without BOS.
 
-        A finished row ends with EOS and is padded with PAD_ID; decoding stops when every row
+        A finished row ends with EOS and is padded with ``pad_id``; decoding stops when every row
         has produced EOS or after ``max_len`` tokens (default: 2 × source length + 10).
         """
         state = self.start_decoding(src)
@@ -279,7 +284,7 @@ class Seq2SeqTransformer(nn.Module):
         finished = torch.zeros(B, dtype=torch.bool, device=src.device)
         for _ in range(self._max_steps(src, max_len)):
             logits = self._next_logits(tokens, state, use_cache)
-            next_token = logits.argmax(dim=-1).masked_fill(finished, PAD_ID)
+            next_token = logits.argmax(dim=-1).masked_fill(finished, self.pad_id)
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)
             finished |= next_token.eq(eos_id)
             if finished.all():
@@ -320,7 +325,7 @@ class Seq2SeqTransformer(nn.Module):
             V = logp.shape[-1]
             # A finished beam has one continuation, PAD, at no cost: its score stays frozen.
             frozen = torch.full_like(logp, float("-inf"))
-            frozen[:, PAD_ID] = 0.0
+            frozen[:, self.pad_id] = 0.0
             logp = torch.where(finished[:, None], frozen, logp)
             candidates = scores[:, :, None] + logp.view(B, K, V)  # (B, K, V)
             scores, flat = candidates.view(B, K * V).topk(K, dim=-1)  # (B, K)

@@ -96,7 +96,7 @@ class Translator(LightningModule):
         # Built here, from **model_kwargs, so `vit fit --help` lists the model's own arguments.
         self.model = Seq2SeqTransformer(
             src_vocab_size=self.source_tokenizer.vocab_size, tgt_vocab_size=self.target_tokenizer.vocab_size,
-            **model_kwargs,
+            pad_id=PAD_ID, **model_kwargs,
         )
         self.configure_metrics()
 
