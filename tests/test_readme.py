@@ -1,11 +1,15 @@
-"""The README's commands run as written: every `vit ...` line in its bash blocks parses, and the digits
-commands run end to end (a 1-epoch fit, then `vit test --ckpt_path best`)."""
+"""The README's and docs/' commands run as written: its opening block is what CI runs, every `vit ...` line of
+their bash blocks parses, every `python scripts/...` command parses with its script's own parser, and the
+digits commands run end to end (a short fit, then `vit test --ckpt_path best`)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import re
+import runpy
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,25 +18,91 @@ from vit.commands import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 LIGHTNING = {"fit", "pretrain", "validate", "test", "predict"}
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def readme_commands() -> list[list[str]]:
-    """The `vit` command lines of the README's bash blocks, as argv lists (comments and continuations undone)."""
-    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
-    return [shlex.split(line, comments=True) for line in lines if line.startswith("vit ")]
+def bash_lines(page: Path) -> list[str]:
+    """The lines of a page's bash blocks, continuations undone."""
+    blocks = re.findall(r"```bash\n(.*?)```", page.read_text(), re.S)
+    return [line.strip() for block in blocks for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def as_vit_argv(line: str) -> list[str] | None:
+    """``vit ...`` (also after ``srun`` or ``torchrun ... -m``) as argv from "vit", else None."""
+    argv = shlex.split(line, comments=True)
+    if argv[:1] == ["srun"]:
+        argv = argv[1:]
+    if argv[:1] == ["torchrun"] and "-m" in argv:
+        argv = argv[argv.index("-m") + 1:]
+    return argv if argv[:1] == ["vit"] else None
+
+
+def readme_commands(pages: list[Path] = PAGES) -> list[list[str]]:
+    """The `vit` command lines of the pages' bash blocks, as argv lists."""
+    return [argv for page in pages for line in bash_lines(page) if (argv := as_vit_argv(line))]
+
+
+def script_commands() -> list[list[str]]:
+    """``python scripts/NAME.py ...`` commands, in bash blocks and in inline code, as argv from the script path."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        spans = bash_lines(page) + re.findall(r"`([^`\n]*python scripts/[^`\n]*)`", text)
+        for span in spans:
+            argv = shlex.split(span[span.index("python scripts/"):], comments=True) if "python scripts/" in span else []
+            if argv and "[" not in span and "<" not in span and "..." not in span:
+                found.append(argv[1:])
+    return found
+
+
+def test_the_opening_block_is_the_two_commands_ci_runs():
+    """The README opens with the main job and the tests, and .ci/run runs that test command word for word."""
+    opening = [line for line in bash_lines(ROOT / "README.md")[:4] if not line.startswith("#")]
+    assert opening == ["pip install -e . && vit fit --config configs/digits.yaml",
+                       'pip install -q -e ".[dev]" && python -m pytest -q']
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f"README_TESTS='{opening[1]}'" in ci and '\neval "$README_TESTS"\n' in ci
+    assert "python3 -m venv" in ci and "--system-site-packages" not in ci and "deptry ." in ci
+
+
+def test_the_readme_is_short_and_its_links_exist():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    for target in re.findall(r"\]\(((?:docs|notebooks)/[^)#]+)", readme):
+        assert (ROOT / target).is_file(), target
+
+
+def test_the_readme_names_commands_that_exist():
+    commands = readme_commands()
+    assert len(commands) >= 40  # the extraction found the blocks of the README and docs/
+    unknown = [c for c in commands if c[1] not in COMMANDS]
+    assert not unknown
+
+
+class Parsed(Exception):
+    """Raised in place of running a script once its arguments parsed."""
+
+
+@pytest.mark.parametrize("argv", script_commands(), ids=lambda argv: " ".join(argv)[:70])
+def test_every_script_command_parses(argv, monkeypatch):
+    """Each script runs up to its argument parsing with the documented arguments, and stops there."""
+    assert (ROOT / argv[0]).is_file(), argv[0]
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        original(self, args, namespace)
+        raise Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    monkeypatch.setattr(sys, "argv", [str(ROOT / argv[0]), *argv[1:]])
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    with pytest.raises(Parsed):
+        runpy.run_path(str(ROOT / argv[0]), run_name="__main__")
 
 
 def lightning_cli(argv: list[str]) -> bool:
     """Whether `vit` hands ``argv`` to LightningCLI (as `vit.commands.run` decides)."""
     return argv[0] in LIGHTNING and not (argv[0] == "predict" and any(a.startswith("--ckpt") for a in argv))
-
-
-def test_the_readme_names_commands_that_exist():
-    commands = readme_commands()
-    assert len(commands) >= 20  # the extraction found the blocks
-    unknown = [c for c in commands if c[1] not in COMMANDS]
-    assert not unknown
 
 
 # `vit translate --ckpt <best.ckpt> ...` names the reader's own file: not runnable as written, by design.
@@ -45,6 +115,7 @@ def test_every_readme_command_parses(argv, tmp_path, monkeypatch, capsys):
     parse their options. Checkpoints chosen by name (best/last) need a run: the slow test below."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "configs").symlink_to(ROOT / "configs")
+    (tmp_path / "lines.txt").write_text("4 1 7\n")  # `vit translate --file lines.txt` reads the reader's own file
     if lightning_cli(argv):
         if "--ckpt_path" in argv:
             at = argv.index("--ckpt_path")
