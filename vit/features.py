@@ -20,8 +20,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from vit.data.fingerprint import digest
 from vit.files import save_atomic
+from vit.hashing import digest
 from vit.progress import progress
 
 log = logging.getLogger(__name__)

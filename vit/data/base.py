@@ -34,8 +34,8 @@ class ImageDataModule(LightningDataModule):
     colour jitter, random erasing); evaluation is resize + centre crop (``crop_pct``) + normalise.
     One name each: ``augmentation`` holds the settings, ``train_transform()`` is the worker-side
     transform (file -> uint8 image) and ``batch_transform`` the device-side batch step (normalise,
-    erase), run by ``on_after_batch_transfer`` (`vit.data.fast`): a loader core then serves ~1.5x
-    the images it serves with timm's own transform (scripts/benchmark_data.py).
+    erase), run by ``on_after_batch_transfer`` (`vit.data.fast`), so loader workers do the least work and pass
+    uint8 (docs/speed.md has the figures).
 
     Args:
         batch_size: images per batch (per device).

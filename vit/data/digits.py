@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 
 import torch
@@ -16,8 +15,6 @@ from vit.data.base import ImageDataModule
 from vit.data.fingerprint import fingerprint
 from vit.data.io import stratified_split
 from vit.errors import UserValueError
-
-log = logging.getLogger(__name__)
 
 # Mean and std of the digits' pixels scaled to 0..1 (all 1,797 images).
 DIGITS_MEAN = (0.3053,)
@@ -75,8 +72,6 @@ class Digits(ImageDataModule):
         max_shift: largest shift in whole pixels at ``img_size``.
         max_rotation: largest rotation in degrees.
         zoom: range of the zoom factor.
-        augment: the old nested spelling of the three above (``{max_shift, max_rotation, scale}``, or null for
-            none); still read, with a warning. Write the three keys directly under ``init_args`` instead.
     """
 
     in_chans = 1
@@ -92,7 +87,6 @@ class Digits(ImageDataModule):
         max_shift: float = 1.0,
         max_rotation: float = 10.0,
         zoom: tuple[float, float] = (0.9, 1.1),
-        augment: dict | bool | None = True,
         seed: int = 0,
     ) -> None:
         super().__init__(
@@ -100,18 +94,6 @@ class Digits(ImageDataModule):
             std=DIGITS_STD, crop_pct=1.0, interpolation="bilinear", seed=seed,
             auto_augment=None, re_prob=0.0, hflip=0.0, color_jitter=0.0, scale=(1.0, 1.0),
         )
-        if augment is not True:  # the spelling before the flat keys: null = off, a dict = the old dataclass
-            old = {"max_shift": 0.0, "max_rotation": 0.0, "scale": (1.0, 1.0)}
-            if augment is not None and augment is not False:
-                old = {"max_shift": 1.0, "max_rotation": 10.0, "scale": (0.9, 1.1)}
-                unknown = set(augment) - set(old) if isinstance(augment, dict) else {augment}
-                if unknown:
-                    raise UserValueError(f"data.init_args.augment: unknown {sorted(map(str, unknown))}; write "
-                                         "max_shift, max_rotation and zoom directly under data.init_args")
-                old.update(augment)
-            max_shift, max_rotation, zoom = old["max_shift"], old["max_rotation"], tuple(old["scale"])
-            log.warning("data.init_args.augment is the old spelling: write max_shift: %s, max_rotation: %s and "
-                        "zoom: %s directly under data.init_args", max_shift, max_rotation, list(zoom))
         if img_size < 8:
             raise UserValueError(f"Digits img_size must be at least the native 8, got {img_size}")
         if not 0 < val_fraction < 1 or not 0 < test_fraction < 1 or val_fraction + test_fraction >= 1:

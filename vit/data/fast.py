@@ -22,10 +22,9 @@ augmentation ops as under timm's transform (tests/data/test_fast.py). Where the 
 * nothing else: the numpy shear/translate ops reproduce PIL's bicubic affine bit for bit
   (the same double arithmetic in the same order).
 
-Why these two: per 224 image on one core, PIL's crop + bicubic resize took ~1.5 ms (torch, with
-the conversions: ~0.7 ms), and PIL's bicubic shear/translate 2.5-4 ms each (numpy: ~1.7 ms), one
-of which RandAugment applies to ~27% of images (2 layers x p 0.5 x 4 of 15 ops). Rotate (both
-coordinates move) stays PIL's: an exact numpy version would not be faster.
+Why these two: they were the loader's largest costs that a faster exact (or near-exact) kernel could
+cut (docs/speed.md has the figures). Rotate (both coordinates move) stays PIL's: an exact numpy version
+would not be faster.
 """
 
 from __future__ import annotations

@@ -3,33 +3,18 @@
 Every dataset class in `vit.data` has a ``fingerprint()`` built from these helpers: file datasets hash
 their paths, sizes and modification times (not the contents: a folder of a million files is keyed in a
 second); in-memory datasets hash their arrays. The transform is part of it, through its ``repr``.
+Values are fed to the hash by `vit.hashing.digest`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-from torch import Tensor
-
-
-def digest(h: Any, value: Any) -> None:
-    """Feed ``value`` (a tensor, an array, or anything JSON can write) into the hash ``h``, with its type and
-    shape, so that equal bytes of another shape hash differently."""
-    if isinstance(value, Tensor):
-        h.update(f"{value.dtype}{tuple(value.shape)}".encode())
-        h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    elif isinstance(value, np.ndarray):
-        h.update(f"{value.dtype}{value.shape}".encode())
-        h.update(np.ascontiguousarray(value).tobytes())
-    else:
-        h.update(json.dumps(value, sort_keys=True, default=str).encode())
+from vit.hashing import digest
 
 
 def fingerprint(*values: Any) -> str:
