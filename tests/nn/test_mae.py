@@ -203,8 +203,17 @@ def test_the_encoder_weights_load_into_a_classifier_with_every_key_checked(tmp_p
     assert result.head_reset  # the encoder has no head: the classifier keeps its new one
     for name, value in task.model.state_dict().items():
         assert torch.equal(classifier.state_dict()[name], value), name
+    # Average pooling normalises after pooling: MAE's fine-tuning rule drops the encoder's final norm and starts
+    # fc_norm fresh; said in the result's notes (and the log), every other key still checked.
     avg = create_model("vit_digits_patch4_16", num_classes=10, global_pool="avg", **TINY)
-    with pytest.raises(UserValueError, match="fc_norm"):  # another pooling names other weights: said, not skipped
+    result = load_pretrained(avg, path)
+    assert any("norm.* is dropped and fc_norm starts fresh" in note for note in result.notes)
+    assert torch.equal(avg.fc_norm.weight, torch.ones(avg.embed_dim)) and torch.equal(avg.fc_norm.bias,
+                                                                                      torch.zeros(avg.embed_dim))
+    assert torch.equal(avg.blocks[0].attn.qkv.weight, task.model.blocks[0].attn.qkv.weight)
+    task.model.pos_embed.data = task.model.pos_embed.data[:, :-1]  # any other mismatch is still an error
+    torch.save({"state_dict": task.state_dict(), "vit": task.checkpoint_meta()}, path)
+    with pytest.raises(UserValueError, match="pos_embed"):
         load_pretrained(avg, path)
 
 
