@@ -157,26 +157,12 @@ def test_model_mode_is_restored_and_dropout_is_off_while_explaining():
 # --- per-layer maps and prefix tokens ----------------------------------------------------------------
 
 
-class RegisterViT(VisionTransformer):
-    """A ViT with two register tokens after the cls token (Darcet et al., 2024)."""
-
-    num_prefix_tokens = 3
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.registers = nn.Parameter(torch.randn(1, 2, self.embed_dim))
-
-    def embed(self, x: Tensor) -> Tensor:
-        tokens = super().embed(x)  # (B, 1 + h*w, D)
-        registers = self.registers.expand(x.shape[0], -1, -1)
-        return torch.cat([tokens[:, :1], registers, tokens[:, 1:]], dim=1)
-
-
 def test_register_tokens_are_left_out_of_the_maps():
     torch.manual_seed(0)
-    model = RegisterViT(
-        img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=32, depth=2, num_heads=4
+    model = VisionTransformer(  # two register tokens after the cls token (Darcet et al., 2024)
+        img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=32, depth=2, num_heads=4, reg_tokens=2
     ).eval()
+    assert model.num_prefix_tokens == 3
     maps = collect_attention(model, torch.randn(2, 1, 8, 8))
     assert maps.weights.shape[-1] == 3 + 16
     cls_maps = maps.cls_maps()
