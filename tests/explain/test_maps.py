@@ -331,3 +331,27 @@ def test_mean_attention_distance_of_local_and_global_heads():
 # --- `vit attention` ----------------------------------------------------------------------------------
 
 
+
+
+def test_siglip_map_comes_from_the_attention_pool():
+    """No cls token: the map is the attention pool's latent query over the last block's patches."""
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=32, depth=2,
+                              num_heads=4, class_token=False, global_pool="map").eval()
+    images = torch.randn(2, 1, 8, 8)
+    maps = collect_attention(model, images)
+    assert maps.num_prefix_tokens == 0 and maps.weights.shape[-1] == 16
+    pool = maps.pool_map()
+    assert pool.shape == (2, 4, 4, 4)
+    torch.testing.assert_close(pool.sum(dim=(-2, -1)), torch.ones(2, 4))
+    # the same weights by hand: the latent's query against the keys of the final tokens
+    tokens = model.forward_features(images)
+    ap = model.attn_pool
+    q = ap.q(ap.latent).reshape(1, 1, 4, 8).transpose(1, 2)  # (1, H, 1, d)
+    k = ap.kv(tokens)[..., :32].reshape(2, 16, 4, 8).transpose(1, 2)  # (B, H, N, d)
+    by_hand = ((q @ k.transpose(-2, -1)) * 8**-0.5).softmax(dim=-1)[:, :, 0]
+    torch.testing.assert_close(pool.flatten(-2), by_hand)
+    torch.testing.assert_close(maps.logits, model(images))
+    with pytest.raises(ValueError, match="cls_maps"):
+        collect_attention(VisionTransformer(img_size=8, patch_size=2, in_chans=1, embed_dim=32, depth=1,
+                                            num_heads=4), images).pool_map()
