@@ -107,8 +107,7 @@ class VisionTransformer(nn.Module):
 
     def __init__(self, config: ViTConfig | None = None, **options: Any) -> None:
         super().__init__()
-        config = (config or ViTConfig()).replace(**options) if options else (config or ViTConfig())
-        c = self.config = config
+        c = self.config = (config or ViTConfig()).replace(**options)
         self.num_classes, self.global_pool = c.num_classes, c.global_pool
         self.embed_dim = self.num_features = c.embed_dim
         self.dynamic_img_size, self.no_embed_class = c.dynamic_img_size, c.no_embed_class
@@ -199,6 +198,7 @@ class VisionTransformer(nn.Module):
         if global_pool is not None and global_pool != self.global_pool:
             raise ValueError("changing global_pool would change the norm layers; build a new model")
         self.num_classes = num_classes
+        self.config = self.config.replace(num_classes=num_classes)  # the description stays the model's
         self.head = self._new_head(num_classes)
 
     def patch_grid(self, height: int, width: int) -> tuple[int, int]:
@@ -379,6 +379,7 @@ class VisionTransformer(nn.Module):
         """
         take = self.layer_indices(indices)
         self.blocks = self.blocks[:take[-1] + 1]
+        self.config = self.config.replace(depth=len(self.blocks))
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:
