@@ -171,3 +171,29 @@ def test_to_timm_names_keeps_timm_state_dicts_unchanged():
     """A timm VisionTransformer's own names pass through untouched (no converter claims them)."""
     sd = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, depth=1, img_size=56).state_dict()
     assert list(to_timm_names(sd)) == list(sd)
+
+
+def test_the_config_is_the_one_description_and_rebuilds_the_model():
+    """What a checkpoint stores (``config.to_dict()``) rebuilds the same class with the same state-dict layout."""
+    from vit.nn.configs import ViTConfig
+    from vit.nn.vision import DistilledVisionTransformer, build_model
+
+    for name in ("deit_small_distilled_patch16_224", "vit_small_patch16_dinov3", "vit_base_patch16_siglip_224"):
+        model = vit.create_model(name, **small(name))
+        again = build_model(model.config.to_dict())
+        assert type(again) is type(model) and again.config == model.config
+        shapes = {k: v.shape for k, v in model.state_dict().items()}
+        assert {k: v.shape for k, v in again.state_dict().items()} == shapes
+    assert isinstance(build_model(ViTConfig(distilled=True, depth=1, embed_dim=32, num_heads=4)),
+                      DistilledVisionTransformer)
+    old = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 4}  # a pre-ViTConfig checkpoint
+    assert build_model(old).config == ViTConfig(**old)
+    with pytest.raises(ValueError, match=r"unknown model option.*registers.*accepted"):
+        ViTConfig.from_dict({**old, "registers": 4})
+    with pytest.raises(ValueError, match="class_token=True or pool 'avg'"):
+        ViTConfig(class_token=False)
+    with pytest.raises(ValueError, match="act_layer must be one of"):
+        ViTConfig(act_layer="relu")
+    model = vit.create_model("vit_small_patch14_reg4_dinov2", **small("vit_small_patch14_reg4_dinov2"))
+    model.reset_classifier(3)
+    assert model.config.num_classes == 3 and model.num_prefix_tokens == 5
