@@ -2,7 +2,7 @@
 
     vit fit --config configs/digits.yaml                 train (then test the best checkpoint)
     vit fit --config configs/digits.yaml --ckpt_path last   resume an interrupted run
-    vit test --config configs/digits.yaml --ckpt_path best.ckpt
+    vit test --config configs/digits.yaml --ckpt_path best   the newest best-*.ckpt of the config's folder
     vit fit --config configs/digits.yaml --config configs/loggers/wandb.yaml
     vit fit --config configs/digits.yaml --print_config
     vit pretrain --config configs/pretrain/mae_digits.yaml   MAE pre-training (a `fit` of vit.tasks.MaskedAutoencoder)
@@ -40,6 +40,7 @@ from vit.checkpoint import (
     checkpoint_progress,
     damaged_message,
     is_intact,
+    missing_message,
     read_checkpoint,
     task_of,
 )
@@ -239,6 +240,7 @@ class VitCLI(LightningCLI):
                 config["checkpoint.monitor"], config["checkpoint.mode"] = "val_loss", "min"
             if subcommand not in ("fit", "pretrain") and config.get("ckpt_path") in ("best", "last"):
                 config["ckpt_path"] = checkpoint_by_name(config, config["ckpt_path"])
+            check_checkpoint_exists(config)
             check_checkpoint_task(config)
 
     def before_fit(self) -> None:
@@ -309,6 +311,18 @@ class VitCLI(LightningCLI):
         """Print once, not once per DDP process."""
         if self.trainer.is_global_zero:
             print(message)
+
+
+def check_checkpoint_exists(config: Any) -> None:
+    """A short error listing the checkpoints that exist when ``--ckpt_path`` names a file that does not (Lightning's
+    own is a traceback from deep in its loading)."""
+    ckpt_path = config.get("ckpt_path")
+    if not ckpt_path or ckpt_path in ("best", "last", "hpc", "registry") or "://" in str(ckpt_path):
+        return  # Lightning's names (`fit --ckpt_path last` is resolved in before_fit), and remote paths
+    if not Path(ckpt_path).exists():
+        dirpath = (config.get("checkpoint") or {}).get("dirpath")
+        folder = Path(dirpath) if dirpath else experiment_folder(config.get("trainer") or {}) / "checkpoints"
+        raise UserPathError(missing_message(ckpt_path, [folder]))
 
 
 def check_checkpoint_task(config: Any) -> None:

@@ -63,8 +63,24 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise
         command = f"vit {args[0]}" if args and args[0] in COMMANDS else "vit"
         # The message alone, ending with its own advice (`vit --help` names --traceback, for bug reports).
-        print(f"{command}: error: {user_error}", file=sys.stderr)
+        print(f"{command}: error: {user_message(user_error)}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def user_message(error: BaseException) -> str:
+    """A user error's message, without the worker's traceback that a DataLoader worker's error carries.
+
+    torch re-raises a worker's exception in the main process as ``type(e)("Caught ... Original Traceback
+    ...")``: the traceback text becomes the message, and ends with ``module.Type: <the message>``."""
+    text = str(error)
+    if "\nOriginal Traceback (most recent call last):" not in text:
+        return text
+    kind = type(error)
+    for name in (f"{kind.__module__}.{kind.__qualname__}: ", f"{kind.__qualname__}: "):
+        at = text.rfind("\n" + name)
+        if at >= 0:
+            return text[at + 1 + len(name):].strip()
+    return text.strip().splitlines()[-1]
 
 
 def run(argv: Sequence[str] | None = None) -> object:
