@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import itertools
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
@@ -67,6 +68,12 @@ class VitArgumentParser(LightningArgumentParser):
     """LightningCLI's parser, whose errors are a few lines naming the key and the fix, not the usage and a dump
     of jsonargparse's Union validation."""
 
+    args: ClassVar[list[str]] = []  # the command line last parsed, for naming the config file a bad key came from
+
+    def parse_args(self, args: Any = None, *more: Any, **kwargs: Any) -> Any:
+        VitArgumentParser.args = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, *more, **kwargs)
+
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # a parser used internally, whose caller handles the error
             super().error(message, ex)
@@ -77,8 +84,38 @@ class VitArgumentParser(LightningArgumentParser):
         if unknown:
             options = [o for action in self._actions for o in action.option_strings]
             text += did_you_mean(unknown.group(1), options)
+        # A key in a config file the subcommand lacks: jsonargparse's root parser says so under its own name
+        # ("vit"), without a suggestion or the file.
+        misplaced = re.match(r"Subcommand '([^']+)' does not accept option '([^']+)'", message)
+        subparser = getattr(ex, "subcommand_parser", None)
+        if misplaced and subparser is not None:
+            command, key = f"vit {misplaced.group(1)}", misplaced.group(2)
+            keys = [a.dest for a in subparser._actions if a.dest and a.dest != "help"]
+            files = [f for f in config_files(VitArgumentParser.args) if has_key(f, key)]
+            text = f"{', '.join(files) + ': ' if files else ''}no option {key!r}{did_you_mean(key, keys)}"
         sys.stderr.write(f"{command}: error: {text}\n(`{command} --help` lists the options)\n")
         raise SystemExit(2)
+
+
+def config_files(args: list[str]) -> list[str]:
+    """The files given to ``--config``/``-c`` in ``args``."""
+    found = [b for a, b in itertools.pairwise(args) if a in ("--config", "-c")]
+    return found + [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+
+
+def has_key(path: str, dotted: str) -> bool:
+    """Whether the YAML file ``path`` sets the nested key ``dotted`` (``trainer.max_epochs``)."""
+    import yaml
+
+    try:
+        node: Any = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def short_parse_error(message: str) -> str:
@@ -145,6 +182,9 @@ class VitCLI(LightningCLI):
         from jsonargparse import ActionConfigFile
 
         kwargs.setdefault("dump_header", [f"lightning.pytorch=={lightning.__version__}"])
+        # No prefix matching: argparse would take --trainer.max_epoch for --trainer.max_epochs, silently. Set on
+        # the main and each subcommand parser (LightningCLI builds both here); jsonargparse 4.32+ accepts it.
+        kwargs.setdefault("allow_abbrev", False)
         parser = VitArgumentParser(**kwargs)
         parser.add_argument("-c", "--config", action=ActionConfigFile,
                             help="Path to a configuration file in json or yaml format.")
