@@ -97,8 +97,15 @@ def histogram(values: Sequence[float], *, title: str, xlabel: str, bins: int = 3
 
 
 def class_accuracy_figure(accuracy: Sequence[float], class_names: Sequence[str]) -> Figure:
-    """Per-class accuracy (recall) as bars, sorted as the classes are."""
-    return bar_chart(accuracy, class_names, title="test accuracy per class", ylabel="accuracy")
+    """Per-class accuracy (recall) as bars, sorted as the classes are; NaN, a class without test images, is
+    written as "no test images" where its bar would be (not drawn as an accuracy of 0)."""
+    fig = bar_chart(accuracy, class_names, title="test accuracy per class", ylabel="accuracy")
+    ax = fig.axes[0]
+    for x, acc in enumerate(accuracy):
+        if acc != acc:
+            ax.text(x, 0.02, "no test images", rotation=90, ha="center", va="bottom", fontsize=8, color="tab:gray")
+    ax.set_ylim(0, 1.05)
+    return fig
 
 
 def error_grid_figure(images: Sequence[np.ndarray], overlays: Sequence[np.ndarray],
