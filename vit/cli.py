@@ -25,11 +25,12 @@ from typing import Any
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ModelSummary
 from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.utilities import rank_zero_warn
 
 from vit.checkpoint import (
     DamagedCheckpointError,
@@ -125,6 +126,11 @@ class VitCLI(LightningCLI):
         init_args = config.get("model", {}).get("init_args") or {}
         if config.get("ckpt_path") and init_args.get("pretrained"):
             init_args["pretrained"] = None  # the checkpoint holds the weights; the original file may be gone
+        elif self.subcommand == "fit" and "pretrained" in init_args and not init_args.get("pretrained") and (
+                init_args.get("layer_decay") or init_args.get("finetune", "full") != "full"):
+            rank_zero_warn("model.init_args.pretrained is null, but this is a fine-tuning recipe (layer_decay, a "
+                           "fine-tuning lr): random weights learn little from it. Without pretrained weights, train "
+                           "with configs/scratch_small.yaml, made for that.")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer_config = self._subcommand_config(self.config_init).get("trainer") or {}
@@ -141,7 +147,7 @@ class VitCLI(LightningCLI):
         show_summary = trainer_config.get("enable_model_summary") is not False
         if show_summary and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks.append(ModelReport())
-        callbacks += [TrainingReport(), RandomState()]
+        callbacks += [TrainingReport(), RandomState(), TrainingCurves()]
         plugins = trainer_config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
@@ -244,6 +250,39 @@ class VitCLI(LightningCLI):
         """Print once, not once per DDP process."""
         if self.trainer.is_global_zero:
             print(message)
+
+
+class TrainingCurves(Callback):
+    """``curves.png`` in the run's folder (beside the confusion matrix) when `vit fit` ends: training loss, val
+    loss and accuracy, and the lr, against the step, from what the task logged (a resumed run: from the resume on)."""
+
+    def __init__(self) -> None:
+        self.train_loss: list[tuple[int, float]] = []
+        self.lr: list[tuple[int, float]] = []
+        self.val: dict[str, list[tuple[int, float]]] = {}
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        loss = trainer.callback_metrics.get("train_loss")
+        if loss is not None:
+            self.train_loss.append((trainer.global_step, float(loss)))
+        if trainer.optimizers:
+            self.lr.append((trainer.global_step, float(trainer.optimizers[0].param_groups[-1]["lr"])))
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        for name, value in trainer.callback_metrics.items():
+            if name.startswith("val_") and value.numel() == 1:
+                self.val.setdefault(name, []).append((trainer.global_step, float(value)))
+
+    def on_fit_end(self, trainer: Trainer, pl_module: Any) -> None:
+        if not trainer.is_global_zero or trainer.log_dir is None or not (self.train_loss or self.val):
+            return
+        from vit.reports import save_figure, training_curves_figure
+
+        figure = training_curves_figure(self.train_loss, self.val, self.lr)
+        path = save_figure(figure, Path(trainer.log_dir) / "curves.png")
+        print(f"training curves (loss, val accuracy, lr) saved to {path}")
 
 
 def check_checkpoint_exists(config: Any) -> None:

@@ -30,10 +30,27 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def version() -> str:
+    """`vit --version`: this package's version, and torch's and Lightning's (what a bug report needs)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    import vit
+
+    def of(name: str) -> str:
+        try:
+            return installed(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"vit {vit.__version__} (torch {of('torch')}, lightning {of('lightning')}, timm {of('timm')})"
+
+
 def usage() -> str:
     """`vit --help`: every command with a line each."""
     width = max(map(len, COMMANDS))
-    lines = ["usage: vit COMMAND [options]   (vit COMMAND --help for a command's options)", "", "commands:"]
+    lines = ["usage: vit COMMAND [options]   (vit COMMAND --help for a command's options; vit --version)", "",
+             "commands:"]
     lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
     lines += ["", "vit predict --config CFG (no --ckpt) runs LightningCLI's predict over the recipe's data.",
               "--traceback (or VIT_TRACEBACK=1) after any command shows the full traceback of an error."]
@@ -90,6 +107,9 @@ def run(argv: Sequence[str] | None = None) -> object:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help"):
         print(usage())
+        return None
+    if args[0] in ("-V", "--version"):
+        print(version())
         return None
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
