@@ -261,12 +261,14 @@ class TrainingCurves(Callback):
         self.lr: list[tuple[int, float]] = []
         self.val: dict[str, list[tuple[int, float]]] = {}
 
+    def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.optimizers:  # the lr this step uses, at the step count it ends with (as the loss below)
+            self.lr.append((trainer.global_step + 1, float(trainer.optimizers[0].param_groups[-1]["lr"])))
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         loss = trainer.callback_metrics.get("train_loss")
         if loss is not None:
             self.train_loss.append((trainer.global_step, float(loss)))
-        if trainer.optimizers:
-            self.lr.append((trainer.global_step, float(trainer.optimizers[0].param_groups[-1]["lr"])))
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: Any) -> None:
         if trainer.sanity_checking:
