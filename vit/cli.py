@@ -284,7 +284,7 @@ class TrainingCurves(Callback):
 
         figure = training_curves_figure(self.train_loss, self.val, self.lr)
         path = save_figure(figure, Path(trainer.log_dir) / "curves.png")
-        print(f"training curves (loss, val accuracy, lr) saved to {path}")
+        print(f"training curves saved to {path} (loss, validation accuracy, learning rate)")
 
 
 def check_checkpoint_exists(config: Any) -> None:
