@@ -305,3 +305,47 @@ def test_vit_fit_prints_what_a_user_needs_and_no_dependency_noise(tmp_path):
     state = torch.load(next((tmp_path / "ckpt").glob("best-*.ckpt")), weights_only=False)["state_dict"]
     own = sum(v.numel() for k, v in state.items() if k.startswith("model."))
     assert any(k.startswith("model_ema.") for k in state) and counted == own  # the EMA copy is not counted
+
+
+def test_fit_leaves_training_curves_beside_the_confusion_matrix(fitted):
+    run = fitted / "logs" / "digits" / "version_0"
+    curves = run / "curves.png"
+    assert (run / "confusion_matrix.png").is_file() and curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    with Image.open(curves) as image:
+        assert image.width > 2 * image.height  # three panels side by side: loss, val accuracy, lr
+
+
+def test_the_curves_plot_what_was_logged(tmp_path):
+    from vit.cli import TrainingCurves
+
+    class Step:  # what the callback reads of a Trainer
+        sanity_checking, is_global_zero, log_dir = False, True, str(tmp_path)
+
+        def __init__(self, step, metrics):
+            self.global_step, self.callback_metrics = step, {k: torch.tensor(v) for k, v in metrics.items()}
+            self.optimizers = [torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1 * step + 0.01)]
+
+    curves = TrainingCurves()
+    for step in range(1, 5):
+        curves.on_train_batch_start(Step(step - 1, {}), None, None, 0)
+        curves.on_train_batch_end(Step(step, {"train_loss": 2.0 / step}), None, None, None, 0)
+    curves.on_validation_epoch_end(Step(4, {"val_loss": 0.6, "val_acc": 0.8, "val_acc_balanced": 0.7}), None)
+    assert curves.train_loss == [(s, pytest.approx(2.0 / s)) for s in range(1, 5)]
+    assert curves.lr == [(s, pytest.approx(0.1 * (s - 1) + 0.01)) for s in range(1, 5)]
+    assert curves.val == {"val_loss": [(4, pytest.approx(0.6))], "val_acc": [(4, pytest.approx(0.8))],
+                          "val_acc_balanced": [(4, pytest.approx(0.7))]}
+    curves.on_fit_end(Step(4, {}), None)
+    assert (tmp_path / "curves.png").is_file()
+
+
+def test_vit_version(capsys):
+    import lightning
+
+    import vit
+
+    main(["--version"])
+    out = capsys.readouterr().out
+    assert out.startswith(f"vit {vit.__version__} ") and lightning.__version__ in out
+    assert f"torch {torch.__version__.split('+')[0]}" in out  # the wheel's local tag (+cpu, +cu124) aside

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import lightning.pytorch  # noqa: F401  (before capsys: Lightning's log handler keeps the stderr it first sees)
 import pytest
+from PIL import Image
 
-from tests.conftest import free_port
+from tests.conftest import DIGITS, free_port
 from vit.commands import main
+from vit.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER_CPU = str(ROOT / "configs" / "finetune" / "folder_cpu.yaml")
@@ -76,6 +78,7 @@ def test_pretrained_weights_with_the_hub_unreachable_fail_fast(photos, tmp_path,
     assert time.perf_counter() - start < 15
     assert "vit_tiny_patch16_224.augreg_in21k_ft_in1k" in err and "unreachable" in err
     assert "HF_HUB_OFFLINE=1" in err and "path/to/model.safetensors" in err and "pretrained null" in err
+    assert "vit fit --config configs/scratch_small.yaml" in err  # the recipe that learns without weights
 
 
 def test_trainer_settings_this_machine_cannot_run_are_named(photos, capsys):
@@ -107,3 +110,111 @@ def test_traceback_flag_shows_the_traceback_and_bugs_keep_theirs(photos, monkeyp
     monkeypatch.setattr(vit.commands.export, "main", broken)
     with pytest.raises(KeyError, match="a bug"):
         main(["export", "--ckpt", "x.ckpt"])
+
+
+# ---- a user's own folder (issue 24, §5) ------------------------------------------------------------------------
+SCRATCH = str(ROOT / "configs" / "scratch_small.yaml")
+
+
+def test_a_one_class_folder_says_a_classifier_needs_two(tmp_path, monkeypatch, capsys):
+    from tests.formats import write_class_folders
+
+    monkeypatch.chdir(tmp_path)
+    write_class_folders(tmp_path / "cats", ["tabby"], per_class=6)
+    for command in ("fit", "probe", "audit"):  # one message from where the folder is read, for all three
+        err = user_error([command, "--config", SCRATCH, "--data.init_args.root", "cats"], capsys)
+        assert "a classifier needs at least two classes; cats has one: tabby" in err, command
+        assert "num_classes" not in err  # not torchmetrics' word for it
+
+
+def truncated_jpeg(path: Path) -> Path:
+    """A JPEG with a whole header whose pixel data stops half way: only decoding finds it."""
+    from tests.formats import random_rgb
+
+    random_rgb(size=64, seed=9).save(path, quality=95)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return path
+
+
+@pytest.mark.parametrize("workers", [0, 2])  # a worker's error arrives wrapped in its traceback's text
+def test_a_jpeg_that_fails_only_when_decoded_names_the_options_and_vit_audit(photos, workers, capsys):
+    truncated_jpeg(photos / "a" / "0.jpg")
+    argv = ["fit", "--config", SCRATCH, "--data.init_args.root", str(photos), "--data.init_args.val_fraction", "0.2",
+            "--data.init_args.test_fraction", "0", "--data.init_args.num_workers", str(workers),
+            "--model.init_args.model_kwargs", "{depth: 1, embed_dim: 32, num_heads: 2}", "--trainer.max_epochs", "1",
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    err = user_error(argv, capsys)
+    assert "0.jpg" in err and "image file is truncated" in err and "data.skip_bad_images: true" in err
+    assert "max_bad_fraction" in err and "vit audit" in err
+    assert "Original Traceback" not in err and 'File "' not in err
+
+
+def test_on_a_small_folder_one_undecodable_file_is_tolerated_and_two_are_named(tmp_path):
+    from vit.data.folder import ImageFiles
+
+    good = [(str(tmp_path / f"{i}.png"), 0) for i in range(18)]
+    for path, _ in good:
+        Image.new("RGB", (8, 8)).save(path)
+    bad = [(str(truncated_jpeg(tmp_path / f"bad{i}.jpg")), 0) for i in range(2)]
+    samples = [bad[0], *good[:9], bad[1], *good[9:]]  # each bad file followed by a good one of its class
+    dataset = ImageFiles(samples, replace_bad=True, max_bad_fraction=0.01)  # 1% of 20 files is 0.2 files
+    assert dataset.tolerated() == 1
+    dataset[0]  # one bad file of 20: replaced, training goes on
+    assert dataset.replacements() == (1, [bad[0][0]])
+    with pytest.raises(UserError) as raised:
+        dataset[10]
+    message = str(raised.value)
+    assert "2 of 20 images could not be decoded" in message and "tolerates here (1 of 20)" in message
+    assert "data.max_bad_fraction" in message and "vit audit" in message
+
+
+def test_a_missing_checkpoint_lists_the_checkpoints_that_exist(fitted, capsys):
+    ckpts = fitted / "ckpt"
+    written = sorted(p.name for p in ckpts.glob("*.ckpt"))
+    assert "last.ckpt" in written and any(n.startswith("best-epoch=") for n in written)
+    missing = str(ckpts / "best.ckpt")  # the name the README's examples once used; never written
+    for argv in (["test", "--config", DIGITS, f"--checkpoint.dirpath={ckpts}", "--ckpt_path", missing],
+                 ["predict", "--ckpt", missing, str(fitted)], ["attention", "--ckpt", missing, str(fitted)],
+                 ["export", "--ckpt", missing, "--format", "ckpt", "--out", str(fitted / "x")]):
+        err = user_error(argv, capsys)
+        assert f"checkpoint not found: {missing}" in err, argv
+        assert all(name in err for name in written), err
+
+
+def test_a_misspelt_yaml_key_names_the_file_the_subcommand_and_the_nearest_key(photos, tmp_path, capsys):
+    recipe = Path(SCRATCH).read_text()
+    for wrong, right in (("max_epochs:", "trainer.max_epochs"), ("seed_everything:", "seed_everything")):
+        config = tmp_path / "mine.yaml"
+        config.write_text(recipe.replace(wrong, wrong[:-2] + ":", 1))  # max_epoch:, seed_everythin:
+        err = user_error(["fit", "--config", str(config), "--data.init_args.root", str(photos)], capsys)
+        assert err.startswith(f"vit fit: error: {config}: no option '{right[:-1]}'"), err
+        assert f"did you mean '{right}'?" in err and "`vit fit --help`" in err
+
+
+def test_an_option_that_is_a_prefix_of_another_is_not_taken_for_it(photos, capsys):
+    """argparse would silently read --trainer.max_epoch as --trainer.max_epochs (allow_abbrev)."""
+    err = user_error(["fit", "--config", SCRATCH, "--data.init_args.root", str(photos), "--trainer.max_epoch", "3"],
+                     capsys)
+    assert "--trainer.max_epoch" in err and "did you mean '--trainer.max_epochs'?" in err
+    for command in ("probe", "audit"):  # the same parser
+        err = user_error([command, "--config", SCRATCH, "--data.init_args.root", str(photos),
+                          "--data.init_args.img_siz", "16"], capsys)
+        assert "did you mean 'img_size'?" in err
+
+
+def test_an_image_passed_as_the_checkpoint_is_called_an_image(photos, capsys):
+    image = str(photos / "a" / "photo.jpg")
+    Image.new("RGB", (40, 30), "tan").save(image)
+    for argv in (["predict", "--ckpt", image, str(photos)], ["attention", "--ckpt", image, str(photos)],
+                 ["export", "--ckpt", image, "--format", "ckpt", "--out", "x"],
+                 ["test", "--config", SCRATCH, "--data.init_args.root", str(photos), "--ckpt_path", image]):
+        err = user_error(argv, capsys)
+        assert "this is an image, not a checkpoint" in err and "JPEG" in err and "damaged" not in err, argv
+
+
+def test_pretrained_null_on_a_fine_tuning_recipe_points_to_the_scratch_recipe(photos, capsys):
+    with pytest.warns(UserWarning, match=r"fine-tuning recipe.*configs/scratch_small\.yaml"):
+        main(["fit", "--config", FOLDER_CPU, "--data.init_args.root", str(photos), "--model.init_args.pretrained",
+              "null", "--model.init_args.model_kwargs", "{depth: 1}", "--data.init_args.img_size", "32",
+              "--trainer.max_steps", "1", "--trainer.limit_val_batches", "1", "--test_after_fit", "false",
+              "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])

@@ -56,3 +56,28 @@ def test_attention_notebook_executes_and_draws_its_figures(tmp_path, monkeypatch
     assert re.search(r"test accuracy on \d+ held-out digits: [\d.]+%", printed)
     assert "china.jpg: P(china)" in printed and "flower.jpg: P(china)" in printed
     assert not list(work.iterdir()), "the notebook should not write files"
+
+
+@pytest.mark.slow
+def test_attention_notebook_explains_a_digits_checkpoint_given_from_the_repository_root(fitted, tmp_path, monkeypatch,
+                                                                                        python3_kernel):
+    """VIT_ATTENTION_CKPT with the README's digits recipe (16x16 inputs, not the notebook's own 8x8 model), as a
+    path typed from the repository root while Jupyter runs the notebook in notebooks/."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    (repo / "logs" / "digits").mkdir(parents=True)
+    shutil.copy(fitted / "ckpt" / "last.ckpt", repo / "logs" / "digits" / "last.ckpt")  # a tiny digits run's
+    monkeypatch.setenv("VIT_NOTEBOOK_FAST", "1")
+    monkeypatch.setenv("VIT_ATTENTION_CKPT", "logs/digits/last.ckpt")
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(notebook, kernel_name=python3_kernel, timeout=300,
+                            resources={"metadata": {"path": str(repo / "notebooks")}})
+    client.execute()
+
+    outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
+    printed = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
+    assert "test accuracy on 359 held-out digits" in printed  # vit.data.Digits' test split, at 16x16
+    assert "attention weights: (1, 8, 2, 17, 17)" in printed  # the checkpoint's model: 1 layer, 2 heads, 4x4 grid
+

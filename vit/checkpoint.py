@@ -107,6 +107,48 @@ def damaged_message(path: str | os.PathLike, reason: str) -> str:
     )
 
 
+def existing_checkpoints(path: str | os.PathLike, folders: Sequence[str | os.PathLike] = ()) -> list[Path]:
+    """The checkpoints a user may have meant instead of ``path``, newest first: those beside it and in
+    ``folders``; when there are none, those `vit fit` writes under the working directory."""
+    def found(folder_globs: list[tuple[Path, str]]) -> list[Path]:
+        paths = {p.resolve(): p for folder, pattern in folder_globs if folder.is_dir()
+                 for p in folder.glob(pattern) if p.suffix == ".ckpt"}
+        return sorted(paths.values(), key=lambda p: p.stat().st_mtime, reverse=True)
+
+    near = found([(Path(path).parent, "*.ckpt"), *((Path(f), "*.ckpt") for f in folders)])
+    # recipes' checkpoint.dirpath (logs/<name>/checkpoints), Lightning's default, and the folder itself
+    return near or found([(Path("."), "*.ckpt"), (Path("."), "logs/*/checkpoints/*.ckpt"),
+                          (Path("."), "lightning_logs/version_*/checkpoints/*.ckpt")])
+
+
+def missing_message(path: str | os.PathLike, folders: Sequence[str | os.PathLike] = (), shown: int = 5) -> str:
+    """What to say about a checkpoint path that does not exist: the checkpoints that do."""
+    others = existing_checkpoints(path, folders)
+    lines = [f"checkpoint not found: {path}"]
+    if others:
+        lines.append("Checkpoints that exist (newest first):")
+        lines += [f"  {p}" for p in others[:shown]]
+        lines += [f"  ... and {len(others) - shown} more"] if len(others) > shown else []
+    else:
+        lines.append(f"No *.ckpt beside it, nor under {Path.cwd()}/logs/*/checkpoints.")
+    lines.append("`vit fit` writes best-epoch=E-step=S.ckpt and last.ckpt into its checkpoint.dirpath "
+                 "(logs/<recipe>/checkpoints for the recipes in configs/).")
+    return "\n".join(lines)
+
+
+def not_a_checkpoint(path: str | os.PathLike) -> str | None:
+    """What a file that is no torch zip file is instead, when that is plain from its first bytes (an image)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            kind = f"a {img.format} image ({img.width}x{img.height})"
+    except (UnidentifiedImageError, OSError, ValueError):
+        return None
+    return (f"this is an image, not a checkpoint: {path} is {kind}. Give a .ckpt file that `vit fit` wrote "
+            "(`vit predict --ckpt CKPT IMAGES...`: the checkpoint first, then the images)")
+
+
 def read_checkpoint(
     path: str | os.PathLike, map_location: str | torch.device = "cpu", *, mmap: bool = False
 ) -> dict[str, Any]:
@@ -121,8 +163,10 @@ def read_checkpoint(
         raise UserPathError(f"{path} is a folder, not a checkpoint (a sharded checkpoint folder holds "
                             f"{SHARDED_META} and .metadata)")
     if not path.is_file():
-        raise UserPathError(f"checkpoint not found: {path}")
+        raise UserPathError(missing_message(path))
     if not is_intact(path):
+        if (other := not_a_checkpoint(path)) is not None:
+            raise UserValueError(other)
         raise DamagedCheckpointError(damaged_message(path, "not a complete torch zip file"))
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)

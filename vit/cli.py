@@ -2,7 +2,7 @@
 
     vit fit --config configs/digits.yaml                 train (then test the best checkpoint)
     vit fit --config configs/digits.yaml --ckpt_path last   resume an interrupted run
-    vit test --config configs/digits.yaml --ckpt_path best.ckpt
+    vit test --config configs/digits.yaml --ckpt_path best   the newest best-*.ckpt of the config's folder
     vit fit --config configs/digits.yaml --config configs/loggers/wandb.yaml
     vit fit --config configs/digits.yaml --print_config
     vit pretrain --config configs/pretrain/mae_digits.yaml   MAE pre-training (a `fit` of vit.tasks.MaskedAutoencoder)
@@ -19,33 +19,32 @@ back to the newest intact checkpoint); ``--test_after_fit`` and ``--num_threads`
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import os
-import re
-import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ModelSummary
 from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.utilities import rank_zero_warn
 
 from vit.checkpoint import (
     DamagedCheckpointError,
     checkpoint_progress,
     damaged_message,
     is_intact,
+    missing_message,
     read_checkpoint,
     task_of,
 )
+from vit.cli_parser import VitArgumentParser
 from vit.console import ModelReport, ProgressBar, quiet_dependencies
 from vit.data.base import no_test_reason
-from vit.errors import UserPathError, UserValueError, did_you_mean, find_user_error
+from vit.errors import UserPathError, UserValueError
 from vit.training import AtomicCheckpointIO, LastCheckpoint, RandomState, TrainingReport, VitTrainer
 
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
@@ -60,73 +59,6 @@ DESCRIPTION = (
     "recipes (see configs/). `vit --help` lists the other commands (predict --ckpt, export, probe, audit, attention, "
     "translate)."
 )
-
-
-class VitArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser, whose errors are a few lines naming the key and the fix, not the usage and a dump
-    of jsonargparse's Union validation."""
-
-    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        if not self.exit_on_error:  # a parser used internally, whose caller handles the error
-            super().error(message, ex)
-        user_error = find_user_error(ex) if ex is not None else None
-        command = "vit " + self.prog.split()[-1] if self.prog.split()[-1] != "vit" else "vit"
-        text = str(user_error) if user_error is not None else short_parse_error(message)
-        unknown = re.match(r"unrecognized arguments: (--[^\s=]+)", message)
-        if unknown:
-            options = [o for action in self._actions for o in action.option_strings]
-            text += did_you_mean(unknown.group(1), options)
-        sys.stderr.write(f"{command}: error: {text}\n(`{command} --help` lists the options)\n")
-        raise SystemExit(2)
-
-
-def short_parse_error(message: str) -> str:
-    """The cause in a jsonargparse error: the key, the bad value or option, and the nearest valid name."""
-    key = re.match(r'Parser key "([^"]+)":\s*(.*)', message, re.S)
-    if key is None:
-        return message.strip().splitlines()[0]
-    name, rest = key.group(1), key.group(2).strip()
-    problem = re.search(r"Problem with given class_path '([^']+)':\s*\n\s*(.+)", rest)
-    if problem:
-        class_path, reason = problem.group(1), problem.group(2).strip()
-        option = re.match(r"Option '([^']+)' is not accepted", reason) or re.match(
-            r'Key "([^"]+)" is not expected', reason)
-        if option:
-            hint = did_you_mean(option.group(1), accepted_arguments(class_path))
-            return f"{name}: {class_path} has no option {option.group(1)!r}{hint}"
-        missing = re.match(r"module '([^']+)' has no attribute '([^']+)'", reason)
-        if missing:
-            module = importlib.import_module(missing.group(1))
-            hint = did_you_mean(missing.group(2), [n for n in dir(module) if n[:1].isupper()])
-            return f"{name}: no class {missing.group(2)!r} in {missing.group(1)}{hint}"
-        return f"{name}: {class_path}: {reason}"
-    if "Union subtypes" not in rest:
-        return f"{name}: {rest}"
-    errors = [line.strip()[2:] for line in rest.splitlines()
-              if line.strip().startswith("- ") and "<class 'NoneType'>" not in line]
-    given = re.search(r"Given value: (.*)", rest)
-    value = f" {given.group(1)[:80]!r}" if given else ""
-    return f"{name}: invalid value{value}: " + "; ".join(e.replace("Expected a <class '", "expected ")
-                                                          .replace("'>", "") for e in errors)
-
-
-def accepted_arguments(class_path: str) -> list[str]:
-    """The init arguments of a class, following ``**kwargs`` into its bases as jsonargparse does."""
-    module, _, name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        return []
-    names: list[str] = []
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        params = list(inspect.signature(init).parameters.values())[1:]
-        names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            break
-    return names
 
 
 class VitCLI(LightningCLI):
@@ -144,6 +76,9 @@ class VitCLI(LightningCLI):
         from jsonargparse import ActionConfigFile
 
         kwargs.setdefault("dump_header", [f"lightning.pytorch=={lightning.__version__}"])
+        # No prefix matching: argparse would take --trainer.max_epoch for --trainer.max_epochs, silently. Set on
+        # the main and each subcommand parser (LightningCLI builds both here); jsonargparse 4.32+ accepts it.
+        kwargs.setdefault("allow_abbrev", False)
         parser = VitArgumentParser(**kwargs)
         parser.add_argument("-c", "--config", action=ActionConfigFile,
                             help="Path to a configuration file in json or yaml format.")
@@ -191,6 +126,11 @@ class VitCLI(LightningCLI):
         init_args = config.get("model", {}).get("init_args") or {}
         if config.get("ckpt_path") and init_args.get("pretrained"):
             init_args["pretrained"] = None  # the checkpoint holds the weights; the original file may be gone
+        elif self.subcommand == "fit" and "pretrained" in init_args and not init_args.get("pretrained") and (
+                init_args.get("layer_decay") or init_args.get("finetune", "full") != "full"):
+            rank_zero_warn("model.init_args.pretrained is null, but this is a fine-tuning recipe (layer_decay, a "
+                           "fine-tuning lr): random weights learn little from it. Without pretrained weights, train "
+                           "with configs/scratch_small.yaml, made for that.")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer_config = self._subcommand_config(self.config_init).get("trainer") or {}
@@ -207,7 +147,7 @@ class VitCLI(LightningCLI):
         show_summary = trainer_config.get("enable_model_summary") is not False
         if show_summary and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks.append(ModelReport())
-        callbacks += [TrainingReport(), RandomState()]
+        callbacks += [TrainingReport(), RandomState(), TrainingCurves()]
         plugins = trainer_config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
@@ -239,6 +179,7 @@ class VitCLI(LightningCLI):
                 config["checkpoint.monitor"], config["checkpoint.mode"] = "val_loss", "min"
             if subcommand not in ("fit", "pretrain") and config.get("ckpt_path") in ("best", "last"):
                 config["ckpt_path"] = checkpoint_by_name(config, config["ckpt_path"])
+            check_checkpoint_exists(config)
             check_checkpoint_task(config)
 
     def before_fit(self) -> None:
@@ -309,6 +250,53 @@ class VitCLI(LightningCLI):
         """Print once, not once per DDP process."""
         if self.trainer.is_global_zero:
             print(message)
+
+
+class TrainingCurves(Callback):
+    """``curves.png`` in the run's folder (beside the confusion matrix) when `vit fit` ends: training loss, val
+    loss and accuracy, and the lr, against the step, from what the task logged (a resumed run: from the resume on)."""
+
+    def __init__(self) -> None:
+        self.train_loss: list[tuple[int, float]] = []
+        self.lr: list[tuple[int, float]] = []
+        self.val: dict[str, list[tuple[int, float]]] = {}
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.optimizers:  # the lr this step uses, at the step count it ends with (as the loss below)
+            self.lr.append((trainer.global_step + 1, float(trainer.optimizers[0].param_groups[-1]["lr"])))
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        loss = trainer.callback_metrics.get("train_loss")
+        if loss is not None:
+            self.train_loss.append((trainer.global_step, float(loss)))
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        for name, value in trainer.callback_metrics.items():
+            if name.startswith("val_") and value.numel() == 1:
+                self.val.setdefault(name, []).append((trainer.global_step, float(value)))
+
+    def on_fit_end(self, trainer: Trainer, pl_module: Any) -> None:
+        if not trainer.is_global_zero or trainer.log_dir is None or not (self.train_loss or self.val):
+            return
+        from vit.reports import save_figure, training_curves_figure
+
+        figure = training_curves_figure(self.train_loss, self.val, self.lr)
+        path = save_figure(figure, Path(trainer.log_dir) / "curves.png")
+        print(f"training curves saved to {path} (loss, validation accuracy, learning rate)")
+
+
+def check_checkpoint_exists(config: Any) -> None:
+    """A short error listing the checkpoints that exist when ``--ckpt_path`` names a file that does not (Lightning's
+    own is a traceback from deep in its loading)."""
+    ckpt_path = config.get("ckpt_path")
+    if not ckpt_path or ckpt_path in ("best", "last", "hpc", "registry") or "://" in str(ckpt_path):
+        return  # Lightning's names (`fit --ckpt_path last` is resolved in before_fit), and remote paths
+    if not Path(ckpt_path).exists():
+        dirpath = (config.get("checkpoint") or {}).get("dirpath")
+        folder = Path(dirpath) if dirpath else experiment_folder(config.get("trainer") or {}) / "checkpoints"
+        raise UserPathError(missing_message(ckpt_path, [folder]))
 
 
 def check_checkpoint_task(config: Any) -> None:

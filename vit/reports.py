@@ -97,8 +97,15 @@ def histogram(values: Sequence[float], *, title: str, xlabel: str, bins: int = 3
 
 
 def class_accuracy_figure(accuracy: Sequence[float], class_names: Sequence[str]) -> Figure:
-    """Per-class accuracy (recall) as bars, sorted as the classes are."""
-    return bar_chart(accuracy, class_names, title="test accuracy per class", ylabel="accuracy")
+    """Per-class accuracy (recall) as bars, sorted as the classes are; NaN, a class without test images, is
+    written as "no test images" where its bar would be (not drawn as an accuracy of 0)."""
+    fig = bar_chart(accuracy, class_names, title="test accuracy per class", ylabel="accuracy")
+    ax = fig.axes[0]
+    for x, acc in enumerate(accuracy):
+        if acc != acc:
+            ax.text(x, 0.02, "no test images", rotation=90, ha="center", va="bottom", fontsize=8, color="tab:gray")
+    ax.set_ylim(0, 1.05)
+    return fig
 
 
 def error_grid_figure(images: Sequence[np.ndarray], overlays: Sequence[np.ndarray],
@@ -145,5 +152,36 @@ def reconstruction_figure(images: Tensor, reconstructions: Tensor, mask: Tensor,
     for row, name in enumerate(("original", "masked", "reconstruction")):
         axes[row, 0].set_ylabel(name, fontsize=9)
     fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def training_curves_figure(train_loss: Sequence[tuple[int, float]], val: dict[str, Sequence[tuple[int, float]]],
+                           lr: Sequence[tuple[int, float]]) -> Figure:
+    """A run's curves against the optimiser step: training loss (and val loss), val accuracy, learning rate.
+    Each series is (step, value) pairs; ``val`` maps a metric name (val_loss, val_acc, ...) to its series."""
+    fig = Figure(figsize=(13.0, 3.6))
+    ax_loss, ax_acc, ax_lr = fig.subplots(1, 3)
+    if train_loss:
+        ax_loss.plot(*zip(*train_loss), lw=0.8, alpha=0.7, label="train_loss")
+    if val.get("val_loss"):
+        ax_loss.plot(*zip(*val["val_loss"]), "o-", ms=3, label="val_loss")
+    ax_loss.set_title("loss")
+    ax_loss.legend()
+    accuracies = {name: points for name, points in val.items() if "acc" in name and points}
+    for name, points in accuracies.items():
+        ax_acc.plot(*zip(*points), "o-", ms=3, label=name)
+    if accuracies:
+        ax_acc.legend()
+    else:
+        ax_acc.text(0.5, 0.5, "no val accuracy logged", ha="center", va="center", transform=ax_acc.transAxes)
+    ax_acc.set_title("validation accuracy")
+    if lr:
+        ax_lr.plot(*zip(*lr), lw=1.0)
+    ax_lr.set_title("learning rate (head group)")
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    for ax in (ax_loss, ax_acc, ax_lr):
+        ax.set_xlabel("optimiser step")
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig

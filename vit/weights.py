@@ -269,8 +269,10 @@ def _from_timm_create_model(name: str) -> dict[str, Tensor]:
         raise WeightsUnavailableError(
             f"could not fetch timm pretrained weights {name!r} ({type(e).__name__}: {e}).\n"
             "Without network access, download the checkpoint on a connected machine and pass the local file "
-            "instead (--model.init_args.pretrained path/to/model.safetensors), or set "
-            "--model.init_args.pretrained null to train from scratch."
+            "instead (--model.init_args.pretrained path/to/model.safetensors), or "
+            "train from scratch with the recipe made for it: vit fit --config configs/scratch_small.yaml "
+            "(--model.init_args.pretrained null keeps this recipe's fine-tuning lr, which random weights learn "
+            "little from)."
         ) from e
 
 
@@ -285,7 +287,8 @@ def _hub_advice(name: str, repo_id: str, reason: str) -> str:
         f"{folder.name} here and set HF_HUB_OFFLINE=1;\n"
         f"  2. pass a local file: --model.init_args.pretrained path/to/model.safetensors (or .pth, .npz; "
         f"from https://huggingface.co/{repo_id});\n"
-        "  3. train from scratch: --model.init_args.pretrained null."
+        "  3. train from scratch: vit fit --config configs/scratch_small.yaml --data.init_args.root YOUR_FOLDER\n"
+        "     (not --model.init_args.pretrained null here: random weights at a fine-tuning lr learn little)."
     )
 
 

@@ -47,3 +47,19 @@ def test_to_rgb_palette_with_transparency():
     img.putpalette([255, 0, 0] * 256)
     img.info["transparency"] = 0
     assert to_rgb(img).getpixel((0, 0)) == (255, 0, 0)
+
+
+@pytest.mark.parametrize("side", [9000, 10000, 13000])  # 0.9x, 1.1x and 1.9x PIL's default limit (89,478,485)
+def test_the_header_check_refuses_images_over_the_pixel_limit_that_pil_only_warns_about(side, tmp_path):
+    """Over 2x the limit PIL refuses the file itself; between 1x and 2x it only warns, so our limit must act."""
+    from tests.data.test_folder import png_header
+    from vit.data.io import check_image_file
+
+    assert Image.MAX_IMAGE_PIXELS == 89_478_485
+    path = tmp_path / "big.png"
+    path.write_bytes(png_header(side, side))  # 57 bytes: a header claiming side x side pixels
+    problem = check_image_file(str(path))
+    if side * side <= Image.MAX_IMAGE_PIXELS:
+        assert problem is None
+    else:
+        assert problem == f"{side}x{side} pixels, over PIL's limit of {Image.MAX_IMAGE_PIXELS}"

@@ -259,3 +259,28 @@ def test_uint8_training_images_without_the_datamodule_hook_are_a_clear_error(tmp
     images = torch.randint(0, 256, (8, 1, 8, 8), dtype=torch.uint8)  # what an image DataModule's workers hand over
     with pytest.raises(TypeError, match=r"arrived as uint8.*on_after_batch_transfer"):
         trainer(tmp_path, max_steps=1).fit(tiny(), DataLoader(TensorDataset(images, torch.zeros(8).long()), 8))
+
+
+def test_a_class_without_test_images_is_said_and_not_scored_zero(tmp_path, caplog, monkeypatch):
+    import logging
+
+    import vit.tasks.mistakes
+
+    drawn = {}
+    real_figure = vit.tasks.mistakes.class_accuracy_figure
+    monkeypatch.setattr(vit.tasks.mistakes, "class_accuracy_figure",
+                        lambda acc, names: drawn.setdefault("acc", acc) and real_figure(acc, names))
+    model = tiny(num_classes=3)
+    t = trainer(tmp_path, max_steps=1)
+    t.fit(model, loader(n=12, classes=3))
+    x = torch.randn(8, 1, 8, 8)
+    y = torch.tensor([0, 1] * 4)  # no image of class 2
+    with caplog.at_level(logging.INFO):
+        result = t.test(model, DataLoader(TensorDataset(x, y), batch_size=4), verbose=False)[0]
+    with torch.no_grad():
+        pred = model(x).argmax(-1)
+    for c in (0, 1):
+        assert result[f"test_acc_class/{c}"] == pytest.approx(((pred == c) & (y == c)).sum().item() / 4)
+    assert "test_acc_class/2" not in result  # torchmetrics would say 0.0
+    assert "no test images of '2'" in caplog.text
+    assert math.isnan(drawn["acc"][2]) and not any(math.isnan(a) for a in drawn["acc"][:2])

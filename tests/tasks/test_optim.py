@@ -55,3 +55,27 @@ def test_adamw_is_fused_on_a_cpu_and_updates_as_the_per_tensor_loop():
             a, b = a[torch.arange(len(a)) // 32 != 1], b[torch.arange(len(b)) // 32 != 1]
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
     assert (model.blocks[0].attn.qkv.weight - start).abs().max() > 1e-3  # they did move
+
+
+@pytest.mark.parametrize("schedule", ["onecycle", "cosine"])
+def test_the_parameter_table_shows_the_peak_lr_of_either_schedule(schedule):
+    """OneCycleLR starts at max_lr / 25: the table must show the peak the schedule reaches, not its start."""
+    from vit.tasks.optim import describe_param_groups, one_cycle
+
+    model = vit.create_model("vit_digits_patch2_8", depth=2, embed_dim=32, num_heads=2)
+    groups = param_groups(model, lr=1e-3, weight_decay=0.05, layer_decay=0.5)
+    optimizer = adamw(groups, lr=1e-3, betas=(0.9, 0.999))
+    if schedule == "onecycle":
+        scheduler = one_cycle(optimizer, 10, 100)
+    else:
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, 10, 100, 0.0))
+    seen = []
+    for _ in range(100):
+        seen.append([g["lr"] for g in optimizer.param_groups])
+        optimizer.step()
+        scheduler.step()
+    reached = torch.tensor(seen).max(0).values.tolist()  # each group's highest lr over the run
+    assert reached[-1] == pytest.approx(1e-3, rel=0.02)  # the head's: the lr asked for
+    rows = describe_param_groups(optimizer).splitlines()[1:]
+    shown = [float(row.split()[2]) for row in rows]
+    assert shown == pytest.approx(reached, rel=0.02)

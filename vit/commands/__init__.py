@@ -30,10 +30,27 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def version() -> str:
+    """`vit --version`: this package's version, and torch's and Lightning's (what a bug report needs)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    import vit
+
+    def of(name: str) -> str:
+        try:
+            return installed(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"vit {vit.__version__} (torch {of('torch')}, lightning {of('lightning')}, timm {of('timm')})"
+
+
 def usage() -> str:
     """`vit --help`: every command with a line each."""
     width = max(map(len, COMMANDS))
-    lines = ["usage: vit COMMAND [options]   (vit COMMAND --help for a command's options)", "", "commands:"]
+    lines = ["usage: vit COMMAND [options]   (vit COMMAND --help for a command's options; vit --version)", "",
+             "commands:"]
     lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
     lines += ["", "vit predict --config CFG (no --ckpt) runs LightningCLI's predict over the recipe's data.",
               "--traceback (or VIT_TRACEBACK=1) after any command shows the full traceback of an error."]
@@ -63,8 +80,24 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise
         command = f"vit {args[0]}" if args and args[0] in COMMANDS else "vit"
         # The message alone, ending with its own advice (`vit --help` names --traceback, for bug reports).
-        print(f"{command}: error: {user_error}", file=sys.stderr)
+        print(f"{command}: error: {user_message(user_error)}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def user_message(error: BaseException) -> str:
+    """A user error's message, without the worker's traceback that a DataLoader worker's error carries.
+
+    torch re-raises a worker's exception in the main process as ``type(e)("Caught ... Original Traceback
+    ...")``: the traceback text becomes the message, and ends with ``module.Type: <the message>``."""
+    text = str(error)
+    if "\nOriginal Traceback (most recent call last):" not in text:
+        return text
+    kind = type(error)
+    for name in (f"{kind.__module__}.{kind.__qualname__}: ", f"{kind.__qualname__}: "):
+        at = text.rfind("\n" + name)
+        if at >= 0:
+            return text[at + 1 + len(name):].strip()
+    return text.strip().splitlines()[-1]
 
 
 def run(argv: Sequence[str] | None = None) -> object:
@@ -74,6 +107,9 @@ def run(argv: Sequence[str] | None = None) -> object:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help"):
         print(usage())
+        return None
+    if args[0] in ("-V", "--version"):
+        print(version())
         return None
     name, rest = args[0], args[1:]
     if name not in COMMANDS:

@@ -1,4 +1,4 @@
-"""`vit export --ckpt best.ckpt --format onnx|safetensors --out DIR [--quantize int8]`.
+"""`vit export --ckpt logs/digits/checkpoints/last.ckpt --format onnx|safetensors --out DIR [--quantize int8]`.
 
 Writes the checkpoint's evaluated weights (the EMA copy when training kept one) for use outside `vit`:
 

@@ -21,6 +21,19 @@ DIGITS_MEAN = (0.3053,)
 DIGITS_STD = (0.3760,)
 
 
+def digit_images(img_size: int = 8) -> tuple[Tensor, Tensor]:
+    """All 1,797 digits as (N, 1, S, S) pixels scaled to 0..1 (S = ``img_size``, upsampled bilinearly from 8),
+    and their labels (N,): what `Digits` trains on, before normalising, for using a digits checkpoint outside it."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8)
+    if img_size != 8:
+        # Upsampled once (bilinear): each patch of a larger grid then sees its neighbours' pixels.
+        images = F.interpolate(images, size=(img_size, img_size), mode="bilinear", align_corners=False)
+    return images, torch.tensor(digits.target, dtype=torch.int64)
+
+
 class DigitsSet(Dataset):
     """Digits as normalised (1, S, S) tensors (S = img_size), with an optional training transform
     (on the 0..1 image, before normalising).
@@ -122,17 +135,9 @@ class Digits(ImageDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        from sklearn.datasets import load_digits
-
-        digits = load_digits()
-        images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8)
-        if self.img_size != 8:
-            # Upsampled once (bilinear): each patch of a larger grid then sees its neighbours' pixels.
-            images = F.interpolate(images, size=(self.img_size, self.img_size), mode="bilinear",
-                                   align_corners=False)  # (N, 1, S, S)
-        labels = torch.tensor(digits.target, dtype=torch.int64)
+        images, labels = digit_images(self.img_size)
         train_idx, val_idx, test_idx = stratified_split(
-            digits.target, [self.val_fraction, self.test_fraction], self.seed
+            labels.numpy(), [self.val_fraction, self.test_fraction], self.seed
         )
         make = lambda idx, tf: DigitsSet(images[idx], labels[idx], self.mean, self.std, tf, idx.tolist())
         self.train_set = make(train_idx, self.train_transform())

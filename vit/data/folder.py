@@ -28,12 +28,17 @@ from vit.data.io import (
     class_folders,
     describe_bad_files,
     load_image,
+    require_two_classes,
     scan_class_folders,
     stratified_split,
 )
-from vit.errors import UserPathError, UserValueError
+from vit.errors import UserError, UserPathError, UserValueError
 
 log = logging.getLogger(__name__)
+
+
+class UndecodableImageError(UserError, OSError):
+    """An image whose header is fine but whose pixel data cannot be decoded (found while loading)."""
 
 
 class ImageFiles(Dataset):
@@ -61,6 +66,11 @@ class ImageFiles(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
+    def tolerated(self) -> int:
+        """How many undecodable files ``replace_bad`` replaces before it stops: ``max_bad_fraction`` of them,
+        and at least one (on a small folder, one bad file is already over 1%)."""
+        return max(1, int(self.max_bad_fraction * len(self.samples)))
+
     @property
     def labels(self) -> list[int]:
         """The label of every sample, without decoding any image."""
@@ -72,8 +82,12 @@ class ImageFiles(Dataset):
             img = load_image(path)
         except OSError as e:
             if not self.replace_bad:
-                raise OSError(f"{e}; set data.skip_bad_images: true to train on with another image of its class "
-                              "in its place") from e
+                raise UndecodableImageError(
+                    f"{e}; set data.skip_bad_images: true to train on with another image of its class in its place "
+                    f"(up to {self.tolerated()} of these {len(self)} files, data.max_bad_fraction="
+                    f"{self.max_bad_fraction:g}).\nIts header is fine: only decoding finds this. `vit audit` with "
+                    "the same --config and --data.init_args.root lists every such file."
+                ) from e
             img = self._replacement(index)
         return (self.transform(img) if self.transform else img), label
 
@@ -81,11 +95,13 @@ class ImageFiles(Dataset):
         """The next decodable image of ``index``'s class; counts every file that failed."""
         self.failures[index] += 1
         bad_files = int((self.failures > 0).sum())
-        if bad_files > self.max_bad_fraction * len(self.samples):
+        if bad_files > self.tolerated():
             files = [self.samples[i][0] for i in self.failures.nonzero().flatten().tolist()]
-            raise RuntimeError(
+            raise UndecodableImageError(
                 f"{bad_files} of {len(self.samples)} images could not be decoded, more than "
-                f"max_bad_fraction={self.max_bad_fraction:g}; the data looks damaged (first: {', '.join(files[:5])})"
+                f"max_bad_fraction={self.max_bad_fraction:g} tolerates here ({self.tolerated()} of {len(self)}); "
+                f"first: {', '.join(files[:5])}\n`vit audit` with the same --config and --data.init_args.root "
+                "lists every file that fails to decode: remove or fix them, or raise data.max_bad_fraction."
             )
         group = self.same_class[self.samples[index][1]]
         start = group.index(index)
@@ -95,7 +111,8 @@ class ImageFiles(Dataset):
                     return load_image(self.samples[other][0])
                 except OSError:
                     self.failures[other] += 1
-        raise RuntimeError(f"no image of the class of {self.samples[index][0]} can be decoded")
+        raise UndecodableImageError(f"no image of the class of {self.samples[index][0]} can be decoded; `vit audit` "
+                                    "with the same --config and --data.init_args.root lists the files that fail")
 
     def fingerprint(self) -> str:
         """A hash of the files (paths, labels, sizes, modification times) and the transform."""
@@ -135,7 +152,7 @@ class ImageFolder(ImageDataModule):
         skip_bad_images: leave out files whose header is bad, and replace images that fail to decode
             during training by another of their class (counted and reported every epoch).
         max_bad_fraction: with skip_bad_images, stop when more than this share of a split fails to
-            decode in one epoch.
+            decode (at least one file is tolerated, however small the split).
         check_images: check every file's header at setup (cheap: no decoding); off trusts the files.
         balanced_sampling: draw training images with weights 1 / (images of their class), so every class
             comes up about equally often (works under DDP: Lightning shards the draws across ranks).
@@ -193,8 +210,11 @@ class ImageFolder(ImageDataModule):
             raise UserPathError(f"image folder not found: {self.root}")
         self._split_folders = (self.root / "train").is_dir()
         if not self._split_folders:
-            return class_folders(self.root)
+            class_names = class_folders(self.root)
+            require_two_classes(self.root, class_names)
+            return class_names
         class_names = class_folders(self.root / "train")
+        require_two_classes(self.root / "train", class_names)
         if not (self.root / "val").is_dir():
             raise UserPathError(f"{self.root} has train/ but no val/ folder; expected {self.root}/val/<class>/<images>")
         for split in ("val", "test"):

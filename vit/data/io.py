@@ -85,6 +85,16 @@ def class_folders(root: str | os.PathLike) -> list[str]:
     return classes
 
 
+def require_two_classes(root: str | os.PathLike, classes: Sequence[str]) -> None:
+    """A clear error for a folder a classifier cannot learn from: fewer than two classes."""
+    if len(classes) < 2:
+        # Caught here, where the folder is read: deeper down torchmetrics only says num_classes must be > 1.
+        raise UserValueError(
+            f"a classifier needs at least two classes; {root} has one: {classes[0]}\n"
+            f"Add a folder per class ({root}/<class name>/<image files>), two at least."
+        )
+
+
 def scan_class_folders(root: str | os.PathLike, classes: Sequence[str]) -> list[tuple[str, int]]:
     """(path, label) of the images under ``root/<class>/``, recursively, sorted within each class.
 

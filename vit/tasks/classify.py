@@ -140,15 +140,16 @@ class ImageClassifier(LightningModule):
             raise UserValueError("schedule: onecycle has one warm-up; finetune: staged needs a second one when the "
                                  "backbone starts training: use schedule: cosine")
         self.save_hyperparameters()
-        self.configure_models()
+        self.build_models()
         check_strategy(finetune, freeze_blocks, head_epochs, len(self.model.blocks))
         self.configure_preprocessing(class_names, mean, std, crop_pct, interpolation)
         self.configure_losses()
         self.configure_metrics()
 
     # --- set-up ----------------------------------------------------------------------------
-    def configure_models(self) -> None:
-        """The ViT (with pretrained weights, if any) and its EMA copy."""
+    def build_models(self) -> None:
+        """The ViT and its EMA copy, randomly initialised (Lightning's ``configure_model`` hook, below, loads
+        the pretrained weights)."""
         hp = self.hparams
         overrides = dict(hp.model_kwargs or {}, num_classes=hp.num_classes)
         if hp.img_size is not None:
@@ -341,11 +342,14 @@ class ImageClassifier(LightningModule):
         self.test_mistakes.update(batch[0], logits, batch[1])
 
     def on_test_epoch_end(self) -> None:
-        per_class = self.test_class_acc.compute()  # already global: torchmetrics syncs ranks on compute
+        confusion = self.test_confusion.compute().cpu()  # already global: torchmetrics syncs ranks on compute
+        # A class without test images has no accuracy (torchmetrics says 0.0): NaN, left out and said.
+        per_class = self.test_class_acc.compute().cpu().masked_fill(confusion.sum(1) == 0, float("nan"))
         for name, acc in zip(self.class_names, per_class.tolist()):
-            # averaging equal values across ranks changes nothing, and tells Lightning it is synced
-            self.log(f"test_acc_class/{name}", acc, sync_dist=True)
-        confusion = self.test_confusion.compute().cpu()
+            if acc == acc:  # averaging equal values across ranks changes nothing, and tells Lightning it is synced
+                self.log(f"test_acc_class/{name}", acc, sync_dist=True)
+        if absent := [name for name, acc in zip(self.class_names, per_class.tolist()) if acc != acc]:
+            rank_zero_info(f"no test images of {', '.join(map(repr, absent))}: no test accuracy for them")
         self.test_class_acc.reset()
         self.test_confusion.reset()
         self.last_confusion_matrix = confusion

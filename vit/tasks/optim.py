@@ -116,6 +116,8 @@ def describe_param_groups(optimizer: torch.optim.Optimizer, frozen: Iterable[tor
     for group in optimizer.param_groups:
         n = sum(p.numel() for p in group["params"])
         trains = "no" if all(id(p) in frozen_ids for p in group["params"]) else "yes"
-        peak = group.get("initial_lr", group["lr"])
+        # OneCycleLR starts at max_lr / 25 ("initial_lr" is that start) and keeps the peak as "max_lr";
+        # the other schedules here start from the peak, which LRScheduler saves as "initial_lr".
+        peak = group.get("max_lr", group.get("initial_lr", group["lr"]))
         lines.append(f"{group.get('name', '?'):<20} {n:>11,} {peak:>10.3g} {group['weight_decay']:>13g}  {trains}")
     return "\n".join(lines)
