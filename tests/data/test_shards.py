@@ -4,6 +4,7 @@ DDP sees every sample once with equal batch counts; a run killed mid-epoch resum
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import socket
@@ -126,6 +127,48 @@ def test_a_samples_draws_depend_on_seed_epoch_and_index_alone(sharded):
     one, two = epoch_of(0), epoch_of(2)  # 2 workers split the samples otherwise, in other processes
     assert len(one) == info["splits"]["train"] // 2 * 2 and one == two
     assert sorted(x.numpy().tobytes() for x in forward.values()) == sorted(x for x, _ in one)  # epoch 1 as above
+
+
+def _next_epoch(loader, batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A new pass over ``loader``, fetched as Lightning (2.6) fetches it: ``batches`` batches, without ever asking
+    the iterator for its end (its fetcher stops at the loader's length)."""
+    return list(itertools.islice(iter(loader), batches))
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_a_saved_position_resumes_at_the_next_batch_and_the_epochs_after_it_are_whole(sharded, num_workers):
+    """What a checkpoint holds of ImageShards (state_dict mid-epoch, or after an epoch's last batch), loaded into a
+    new DataModule: it goes on with the batch the uninterrupted one drew next, then draws the same whole epochs."""
+    _, out, info = sharded
+    batch = 5
+    assert info["splits"]["train"] % batch  # a remainder sits each epoch out: the last batch is not the split's end
+
+    def datamodule() -> ImageShards:
+        dm = ImageShards(str(out), num_workers=num_workers, batch_size=batch, **OPTS)
+        dm.setup("fit")
+        return dm
+
+    straight = datamodule()
+    loader = straight.train_dataloader()
+    n = len(loader)
+    epochs, saved = [], {}
+    for epoch in range(3):
+        epochs.append([])
+        for x, y in itertools.islice(iter(loader), n):
+            straight.batches_seen += 1  # what on_after_batch_transfer counts in training
+            epochs[-1].append((x, y))
+            if epoch == 0 and len(epochs[-1]) in (2, n):
+                saved[len(epochs[-1])] = straight.state_dict()
+    for at, state in saved.items():
+        resumed = datamodule()
+        resumed.load_state_dict(state)
+        loader = resumed.train_dataloader()
+        assert resumed.batches_seen == at
+        rest = _next_epoch(loader, n - at) if at < n else []  # after the last batch, Lightning starts the next epoch
+        drawn = [rest, _next_epoch(loader, n), _next_epoch(loader, n)]
+        for got, want in zip(drawn, [epochs[0][at:], epochs[1], epochs[2]], strict=True):
+            assert len(got) == len(want), f"saved after batch {at} of {n}: {[len(e) for e in drawn]} batches"
+            assert all(torch.equal(x, wx) and torch.equal(y, wy) for (x, y), (wx, wy) in zip(got, want))
 
 
 def test_a_training_split_too_small_for_one_whole_batch_is_an_error_not_an_empty_epoch(sharded):

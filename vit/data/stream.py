@@ -112,9 +112,10 @@ class ResumableLoader(StreamingDataLoader):
     LitData (0.2.76) replays a loaded position while ``restore`` is set, and clears it only when an
     iteration runs to its end (StopIteration). Lightning (2.6) never asks for that end: its fetcher
     stops once it has fetched ``len(loader)`` batches. So after a mid-epoch resume the flag survived
-    the resumed epoch, the next epoch replayed the spent position and yielded nothing, and every
-    epoch after it was one LitData epoch (shuffle and augmentation seeds) behind: a run resumed
-    before its last epoch lost an epoch without a word. Here the next ``iter()`` clears the flag.
+    the resumed epoch, the next epoch replayed the saved position again (in `vit fit`, an empty
+    epoch), and every epoch after it was one LitData epoch (shuffle and augmentation seeds) behind:
+    a run resumed before its last epoch lost an epoch without a word. Here the next ``iter()`` clears
+    the flag.
     """
 
     _replay = False  # the next iteration replays the position load_state_dict restored
@@ -127,12 +128,7 @@ class ResumableLoader(StreamingDataLoader):
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
         super().load_state_dict(obj)
-        # A position after the epoch's last batch (a checkpoint at the last step of an epoch with a
-        # remainder; LitData replays it unless it is len(dataset) exactly) has nothing left to replay:
-        # Lightning starts the next epoch, and so does the loader.
-        if self.restore and obj["num_samples_yielded"] >= len(self) * self.batch_size:
-            self.restore = False
-        self._replay = self.restore
+        self._replay = self.restore  # False for a position after the epoch's last batch: a new epoch follows
 
 
 class ImageShards(ImageDataModule):
