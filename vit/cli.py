@@ -10,7 +10,8 @@
 Model and data are chosen in subclass mode (``model.class_path``, ``data.class_path``), usually by
 a config from configs/. The datamodule's attributes named in ``LINKED_FROM_DATA`` are passed to the
 model argument of the same name, when both exist. What this adds to LightningCLI: a best checkpoint
-(``checkpoint.*``) and a ``last.ckpt`` rewritten every epoch, both written atomically; a CSV logger by
+(``checkpoint.*``, saved after validation) and a ``last.ckpt`` rewritten every epoch (and every
+``checkpoint.every_n_train_steps``) and at the end, both written atomically; a CSV logger by
 default, an LR monitor, a progress bar, a report of skipped steps and replaced images, and the random
 generators saved in checkpoints (an exact resume);
 ``--ckpt_path last`` that says when last.ckpt is damaged (or, with ``--resume_from_readable``, falls

@@ -57,7 +57,7 @@ class BestCheckpoint(ModelCheckpoint):
             resume); the best checkpoint still follows validation (by default at the end of every epoch).
     """
 
-    def __init__(self, every_n_train_steps: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, every_n_train_steps: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.last_every_n_train_steps = every_n_train_steps
 
