@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -82,6 +83,32 @@ def test_save_checkpoint_replaces_atomically_and_leaves_no_temp_file(tmp_path):
     save_checkpoint({"epoch": 2, "w": torch.zeros(3)}, path)
     assert read_checkpoint(path)["epoch"] == 2
     assert [p.name for p in path.parent.iterdir()] == ["model.ckpt"]
+
+
+def test_save_atomic_fsyncs_the_temp_file_before_the_rename_and_the_folder_after_it(tmp_path, monkeypatch):
+    """The rename alone survives a SIGKILL; the fsyncs make the file and the rename survive a power cut:
+    the data must reach the disk before the rename publishes it, and the rename before the call returns."""
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        calls.append(("fsync", "folder" if stat.S_ISDIR(st.st_mode) else "file", st.st_ino, st.st_size))
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:
+        calls.append(("replace", Path(src).parent == Path(dst).parent, os.stat(src).st_ino, os.stat(src).st_size))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    path = tmp_path / "ckpt" / "last.ckpt"
+    save_checkpoint({"epoch": 1, "w": torch.ones(1000)}, path)
+    written = path.stat()
+    assert [c[:2] for c in calls] == [("fsync", "file"), ("replace", True), ("fsync", "folder")]
+    (_, _, synced, synced_size), (_, _, renamed, renamed_size), (_, _, folder, _) = calls
+    assert synced == renamed == written.st_ino and synced_size == renamed_size == written.st_size  # the whole temp file
+    assert folder == path.parent.stat().st_ino  # the checkpoint's own folder, where the rename happened
 
 
 @pytest.mark.parametrize("mask", [0o022, 0o027])

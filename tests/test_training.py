@@ -69,28 +69,62 @@ def test_resume_at_an_epoch_boundary_gives_the_uninterrupted_weights_bitwise(tmp
     assert max((straight[k] - control[k]).abs().max().item() for k in straight) > 1e-4
 
 
+def validations(run_dir: Path) -> list[tuple[int, int]]:
+    """(epoch, step) of every validation logged under ``run_dir``, over all its runs' metrics.csv, in order."""
+    files = sorted(run_dir.rglob("metrics.csv"), key=lambda f: int(f.parent.name.split("_")[-1]))
+    return [(int(r["epoch"]), int(r["step"])) for f in files for r in csv.DictReader(f.open()) if r.get("val_loss")]
+
+
 @pytest.mark.slow
-def test_mid_epoch_resume_continues_the_global_step_and_the_lr_schedule(tmp_path):
-    """last.ckpt every 2 steps; a crash at step 7 of 8 (mid epoch 2) resumes from step 6 on the same schedule."""
+def test_a_run_killed_mid_epoch_trains_every_epoch_on_the_same_lr_schedule(tmp_path):
+    """A folder DataModule (the digits), 3 epochs, last.ckpt every 5 steps: a crash at step 7, in the first
+    epoch of the two left, resumes from step 5, trains all 3 epochs on the straight run's lr schedule,
+    validates each epoch once, and ends with last.ckpt at the final step (12, no multiple of 5)."""
     lrs = {}
     for name, extra in (("straight", []), ("resumed", crash_at(7))):
-        args = [*epochs_run(tmp_path / name, "--checkpoint.every_n_train_steps=2", epochs=2), *extra]
+        args = [*epochs_run(tmp_path / name, "--checkpoint.every_n_train_steps=5", epochs=3), *extra]
         if extra:
             with pytest.raises(RuntimeError, match="simulated crash at step 7"):
                 main(["fit", *args])
             saved = torch.load(tmp_path / name / "ckpt" / "last.ckpt", weights_only=True)
-            assert saved["global_step"] == 6 and saved["epoch"] == 1  # saved mid epoch 2 (index 1)
-            run = cli(["fit", *epochs_run(tmp_path / name, "--checkpoint.every_n_train_steps=2", epochs=2),
+            assert saved["global_step"] == 5 and saved["epoch"] == 1  # saved mid epoch 2 (index 1)
+            run = cli(["fit", *epochs_run(tmp_path / name, "--checkpoint.every_n_train_steps=5", epochs=3),
                        "--ckpt_path", "last"])
         else:
             run = cli(["fit", *args])
-        assert run.trainer.global_step == 2 * STEPS
+        assert run.trainer.global_step == 3 * STEPS and run.trainer.current_epoch == 3
+        assert torch.load(tmp_path / name / "ckpt" / "last.ckpt", weights_only=True)["global_step"] == 3 * STEPS
+        assert [epoch for epoch, _ in validations(tmp_path / name)] == [0, 1, 2]
         rows = csv.DictReader((Path(run.trainer.logger.log_dir) / "metrics.csv").open())
         lrs[name] = {int(r["step"]): float(r["lr-AdamW/decay"]) for r in rows if r.get("lr-AdamW/decay")}
     resumed_steps = sorted(lrs["resumed"])
-    assert resumed_steps[0] == 6  # the resumed run starts at the saved step, not at 0 or at the epoch start
+    assert resumed_steps[0] == 5  # the resumed run starts at the saved step, not at 0 or at the epoch start
+    assert resumed_steps[-1] == 3 * STEPS - 1
     for step in resumed_steps:
         assert lrs["resumed"][step] == pytest.approx(lrs["straight"][step], rel=1e-12)
+
+
+def test_the_best_checkpoint_holds_the_weights_validation_scored_and_last_ckpt_the_final_step(tmp_path, caplog):
+    """last.ckpt every 3 of 8 steps. best-*.ckpt is written after a validation, with the weights it scored:
+    `vit validate` on it gives its recorded val_loss. (Saved on the step schedule, as Lightning would, it
+    held step 6's weights with step 4's score.) last.ckpt holds step 8, and resuming it has nothing to do."""
+    args = epochs_run(tmp_path, "--checkpoint.every_n_train_steps=3", "--checkpoint.monitor=val_loss",
+                      "--checkpoint.mode=min", epochs=2)
+    cli(["fit", *args])
+    (best,) = (tmp_path / "ckpt").glob("best-*.ckpt")
+    checkpoint = torch.load(best, weights_only=True)
+    assert checkpoint["global_step"] in (STEPS, 2 * STEPS)  # an epoch's end, where validation runs
+    (state,) = [v for k, v in checkpoint["callbacks"].items() if k.startswith("BestCheckpoint")]
+    recorded = state["best_model_score"].item()
+    validated = cli(["validate", *args, "--ckpt_path", str(best)]).trainer.callback_metrics["val_loss"].item()
+    assert validated == pytest.approx(recorded, rel=1e-6, abs=0)
+    last = tmp_path / "ckpt" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 2 * STEPS  # not 6, the schedule's last
+    written = last.stat().st_mtime_ns
+    with caplog.at_level(logging.INFO):
+        run = cli(["fit", *args, "--ckpt_path", "last"])
+    assert run.trainer.global_step == 2 * STEPS and last.stat().st_mtime_ns == written
+    assert f"nothing left to train: {last} is the end of this run (epoch 2, step {2 * STEPS})" in caplog.text
 
 
 @pytest.mark.slow
@@ -130,7 +164,7 @@ def test_vit_fit_writes_every_checkpoint_through_the_atomic_checkpoint_io(tmp_pa
     run = cli(["fit", *epochs_run(tmp_path, epochs=1)])
     assert isinstance(run.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     on_disk = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
-    assert on_disk == ["best-epoch=0-step=4.ckpt", "last.ckpt"] and sorted(saved) == on_disk
+    assert on_disk == ["best-epoch=0-step=4.ckpt", "last.ckpt"] and sorted(set(saved)) == on_disk
 
 
 def damaged_last(tmp_path: Path) -> Path:

@@ -10,7 +10,8 @@
 Model and data are chosen in subclass mode (``model.class_path``, ``data.class_path``), usually by
 a config from configs/. The datamodule's attributes named in ``LINKED_FROM_DATA`` are passed to the
 model argument of the same name, when both exist. What this adds to LightningCLI: a best checkpoint
-(``checkpoint.*``) and a ``last.ckpt`` rewritten every epoch, both written atomically; a CSV logger by
+(``checkpoint.*``, saved after validation) and a ``last.ckpt`` rewritten every epoch (and every
+``checkpoint.every_n_train_steps``) and at the end, both written atomically; a CSV logger by
 default, an LR monitor, a progress bar, a report of skipped steps and replaced images, and the random
 generators saved in checkpoints (an exact resume);
 ``--ckpt_path last`` that says when last.ckpt is damaged (or, with ``--resume_from_readable``, falls
@@ -45,7 +46,7 @@ from vit.cli_parser import VitArgumentParser
 from vit.console import ModelReport, ProgressBar, quiet_dependencies
 from vit.data.base import no_test_reason
 from vit.errors import UserPathError, UserValueError
-from vit.training import AtomicCheckpointIO, LastCheckpoint, RandomState, TrainingReport, VitTrainer
+from vit.training import AtomicCheckpointIO, BestCheckpoint, LastCheckpoint, RandomState, TrainingReport, VitTrainer
 
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
 # skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.
@@ -87,13 +88,14 @@ class VitCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for name in LINKED_FROM_DATA:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
-        # The best checkpoint, configurable as `checkpoint.*` (another monitor, a fixed folder, ...).
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        # The best checkpoint, configurable as `checkpoint.*` (another monitor, a fixed folder, ...),
+        # saved after validation; its every_n_train_steps is last.ckpt's interval (see BestCheckpoint).
+        parser.add_lightning_class_args(BestCheckpoint, "checkpoint")
         parser.set_defaults({
             "checkpoint.monitor": "val_acc", "checkpoint.mode": "max", "checkpoint.filename": "best-{epoch}-{step}",
         })
         # last.ckpt, rewritten whatever the metric says (Lightning 2.6's save_last only follows top-k
-        # saves), in the same folder and at the same interval as the best checkpoint.
+        # saves), in the same folder, every epoch or every checkpoint.every_n_train_steps, and at the end.
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         parser.link_arguments("checkpoint.dirpath", "last_checkpoint.dirpath")
         parser.link_arguments("checkpoint.every_n_train_steps", "last_checkpoint.every_n_train_steps")

@@ -2,7 +2,9 @@
 
 * `AtomicCheckpointIO`: every checkpoint is written to a temporary file beside its destination,
   fsynced and renamed into place, so a kill at any moment leaves the old file or the new one.
-* `LastCheckpoint`: ``last.ckpt`` after every epoch (or every ``every_n_train_steps``).
+* `BestCheckpoint`: ``best-*.ckpt``, saved when validation produces the monitored value (the weights
+  validated); its ``every_n_train_steps`` is the interval of ``last.ckpt``.
+* `LastCheckpoint`: ``last.ckpt`` after every epoch, every ``every_n_train_steps`` and when fit ends.
 * `RandomState`: keeps the random generators in the checkpoint and puts them back on resume, so a
   run resumed at an epoch boundary continues exactly as the uninterrupted run would have.
 * `TrainingReport`: counts and reports what a run worked around: optimiser steps the fp16
@@ -42,16 +44,41 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         save_checkpoint(checkpoint, path)
 
 
-class LastCheckpoint(ModelCheckpoint):
-    """Rewrites ``last.ckpt`` after every epoch (or every ``every_n_train_steps``), whatever the metrics say.
+class BestCheckpoint(ModelCheckpoint):
+    """The best checkpoint, best-*.ckpt: saved when validation gives the monitored value, with the weights it scored.
 
-    This is what ``--ckpt_path last`` resumes from. Lightning's own ``save_last`` (2.6) only saves
-    when a top-k checkpoint is saved at the same step, so an epoch without a better metric would
-    leave nothing to resume from.
+    `vit fit`'s ``checkpoint.*`` (Lightning's ModelCheckpoint). On a step schedule Lightning (2.6)
+    saves the weights of that step with the monitor's last logged value, from an earlier validation:
+    a "best" checkpoint whose weights were never validated. So ``every_n_train_steps`` is taken here
+    and only handed on (`vit fit` links it to `LastCheckpoint`).
+
+    Args:
+        every_n_train_steps: rewrite ``last.ckpt`` every this many optimiser steps too (for a mid-epoch
+            resume); the best checkpoint still follows validation (by default at the end of every epoch).
+    """
+
+    def __init__(self, *, every_n_train_steps: int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.last_every_n_train_steps = every_n_train_steps
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """last.ckpt: rewritten after every epoch, every checkpoint.every_n_train_steps steps, and when fit ends.
+
+    Whatever the metrics say: this is what ``--ckpt_path last`` resumes from, and a finished run's final
+    weights. Lightning's own ``save_last`` (2.6) only saves when a top-k checkpoint is saved at the same
+    step, so an epoch without a better metric would leave nothing to resume from; and a step interval
+    that does not divide the run (or ``max_steps`` inside an epoch) would leave its last steps in no file.
+
+    A step that ends an epoch is saved at the epoch's end, after validation, not after the batch:
+    Lightning (2.6) resumes a checkpoint of an epoch's last batch without starting the next epoch
+    (no ``on_train_epoch_start``, no count), so that epoch's own mid-epoch checkpoints resumed as
+    finished, and skipped its validation.
 
     Args:
         dirpath: the checkpoint folder (None: the logger's run folder, as for ModelCheckpoint).
-        every_n_train_steps: also rewrite it every this many optimiser steps (mid-epoch resume).
+        every_n_train_steps: also rewrite it every this many optimiser steps within an epoch (for a
+            mid-epoch resume).
     """
 
     def __init__(self, dirpath: str | None = None, every_n_train_steps: int | None = None) -> None:
@@ -59,6 +86,37 @@ class LastCheckpoint(ModelCheckpoint):
             dirpath=dirpath, filename=self.CHECKPOINT_NAME_LAST, monitor=None, save_top_k=1,
             enable_version_counter=False, every_n_train_steps=every_n_train_steps or None,
         )
+        self.every_n_train_steps = every_n_train_steps or None
+        self.trained = False  # whether this fit trained at all (a resumed, finished run has nothing to do)
+
+    def _save(self, trainer: Trainer) -> None:
+        if not trainer.fast_dev_run and trainer.global_step > 0:
+            trainer.save_checkpoint(self.format_checkpoint_name({}))
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if batch_idx + 1 < trainer.num_training_batches:  # the last batch's step is saved at the epoch's end
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)  # without a step interval: ModelCheckpoint's epoch save
+        if self.every_n_train_steps:
+            self._save(trainer)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self.trained = True
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Write the final step. (Often the schedule has just written it: one save more, once, keeps this simple.)"""
+        super().on_train_end(trainer, pl_module)
+        self._save(trainer)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self.trained and trainer.ckpt_path:
+            rank_zero_info(f"nothing left to train: {trainer.ckpt_path} is the end of this run (epoch "
+                           f"{trainer.current_epoch}, step {trainer.global_step}); raise trainer.max_epochs "
+                           "(or max_steps) to train on")
 
 
 # ---- random generators -------------------------------------------------------------------------
@@ -177,5 +235,5 @@ class VitTrainer(Trainer):
         self.fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
 
 
-__all__ = ["AtomicCheckpointIO", "LastCheckpoint", "RandomState", "TrainingReport", "VitTrainer"]
+__all__ = ["AtomicCheckpointIO", "BestCheckpoint", "LastCheckpoint", "RandomState", "TrainingReport", "VitTrainer"]
 

@@ -60,3 +60,26 @@ def test_training_loader_drops_only_a_last_batch_under_half_a_batch(images, batc
     assert len(dm.train_set) == images
     sizes = [len(y) for _, y in dm.train_dataloader()]
     assert len(sizes) == batches and sum(sizes) == {100: 100, 70: 64, 128: 128, 40: 40}[images]
+
+
+def test_the_drop_last_rule_counts_each_ranks_share_of_the_images(tmp_path):
+    """Under DDP each rank trains on its share of the images, and the rule looks at that share's last batch:
+    100 images at batch 32 over 2 ranks are 50 a rank, a last batch of 18 (>= 16) that trains; one process
+    would see a last batch of 4 (< 16) and drop it."""
+    from types import SimpleNamespace
+
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    write_class_folders(tmp_path / "train", ["a", "b"], per_class=50, size=8)
+    write_class_folders(tmp_path / "val", ["a", "b"], per_class=1, size=8)
+    dm = ImageFolder(str(tmp_path), img_size=8, batch_size=32, num_workers=0)
+    dm.setup("fit")
+    dm.trainer = SimpleNamespace(world_size=2, training=False)  # a trainer stand-in: two ranks
+    loader = dm.train_dataloader()
+    assert loader.drop_last is False
+    for rank in (0, 1):  # what Lightning makes of it under DDP: the same loader with a DistributedSampler
+        sampler = DistributedSampler(dm.train_set, num_replicas=2, rank=rank, shuffle=False)
+        ranked = DataLoader(dm.train_set, batch_size=32, sampler=sampler, drop_last=loader.drop_last)
+        assert [len(y) for _, y in ranked] == [32, 18]
+    dm.trainer = SimpleNamespace(world_size=1, training=False)
+    assert dm.train_dataloader().drop_last is True  # the control: one process drops its last 4

@@ -3,7 +3,9 @@ DDP sees every sample once with equal batch counts; a run killed mid-epoch resum
 
 from __future__ import annotations
 
+import csv
 import io
+import itertools
 import json
 import os
 import subprocess
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from lightning.pytorch import Callback
 from PIL import Image
 
 from tests import CONFIGS
@@ -125,6 +128,48 @@ def test_a_samples_draws_depend_on_seed_epoch_and_index_alone(sharded):
     one, two = epoch_of(0), epoch_of(2)  # 2 workers split the samples otherwise, in other processes
     assert len(one) == info["splits"]["train"] // 2 * 2 and one == two
     assert sorted(x.numpy().tobytes() for x in forward.values()) == sorted(x for x, _ in one)  # epoch 1 as above
+
+
+def _next_epoch(loader, batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A new pass over ``loader``, fetched as Lightning (2.6) fetches it: ``batches`` batches, without ever asking
+    the iterator for its end (its fetcher stops at the loader's length)."""
+    return list(itertools.islice(iter(loader), batches))
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_a_saved_position_resumes_at_the_next_batch_and_the_epochs_after_it_are_whole(sharded, num_workers):
+    """What a checkpoint holds of ImageShards (state_dict mid-epoch, or after an epoch's last batch), loaded into a
+    new DataModule: it goes on with the batch the uninterrupted one drew next, then draws the same whole epochs."""
+    _, out, info = sharded
+    batch = 5
+    assert info["splits"]["train"] % batch  # a remainder sits each epoch out: the last batch is not the split's end
+
+    def datamodule() -> ImageShards:
+        dm = ImageShards(str(out), num_workers=num_workers, batch_size=batch, **OPTS)
+        dm.setup("fit")
+        return dm
+
+    straight = datamodule()
+    loader = straight.train_dataloader()
+    n = len(loader)
+    epochs, saved = [], {}
+    for epoch in range(3):
+        epochs.append([])
+        for x, y in itertools.islice(iter(loader), n):
+            straight.batches_seen += 1  # what on_after_batch_transfer counts in training
+            epochs[-1].append((x, y))
+            if epoch == 0 and len(epochs[-1]) in (2, n):
+                saved[len(epochs[-1])] = straight.state_dict()
+    for at, state in saved.items():
+        resumed = datamodule()
+        resumed.load_state_dict(state)
+        loader = resumed.train_dataloader()
+        assert resumed.batches_seen == at
+        rest = _next_epoch(loader, n - at) if at < n else []  # after the last batch, Lightning starts the next epoch
+        drawn = [rest, _next_epoch(loader, n), _next_epoch(loader, n)]
+        for got, want in zip(drawn, [epochs[0][at:], epochs[1], epochs[2]], strict=True):
+            assert len(got) == len(want), f"saved after batch {at} of {n}: {[len(e) for e in drawn]} batches"
+            assert all(torch.equal(x, wx) and torch.equal(y, wy) for (x, y), (wx, wy) in zip(got, want))
 
 
 def test_a_training_split_too_small_for_one_whole_batch_is_an_error_not_an_empty_epoch(sharded):
@@ -280,45 +325,106 @@ def test_ddp_ranks_see_every_sample_once_per_epoch_in_equal_batch_counts(tmp_pat
     assert orders[0] != orders[1]  # a new order each epoch, from the seed and the epoch
 
 
+def _shards_fit(tmp_path: Path, run: str, *extra: str, workers: int = 2, epochs: int = 3) -> list[str]:
+    """`vit fit` of configs/shards_cpu.yaml at reduced size (a 1-block model, batch 8, one thread, last.ckpt
+    every 3 steps) on the shards in tmp_path, writing under tmp_path/run."""
+    return ["fit", "--config", str(CONFIGS / "shards_cpu.yaml"), f"--data.init_args.root={tmp_path / 'shards'}",
+            "--data.init_args.batch_size=8", f"--data.init_args.num_workers={workers}",
+            f"--trainer.max_epochs={epochs}",
+            "--checkpoint.every_n_train_steps=3", "--test_after_fit=false", "--num_threads=1",
+            "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2, drop_path_rate: 0.1}",
+            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+            f"--trainer.default_root_dir={tmp_path / run}", f"--trainer.logger.init_args.save_dir={tmp_path / run}",
+            f"--checkpoint.dirpath={tmp_path / run}/ckpt", *extra]
+
+
+def _validations(run: Path) -> list[tuple[str, str, str]]:
+    """(epoch, step, val_loss) of every validation logged under ``run``, over all its runs, in order."""
+    files = sorted(run.rglob("metrics.csv"), key=lambda f: int(f.parent.name.split("_")[-1]))
+    rows = [row for f in files for row in csv.DictReader(f.open())]
+    return [(r["epoch"], r["step"], r["val_loss"]) for r in rows if r.get("val_loss")]
+
+
+def _assert_same_end(a: dict, b: dict) -> None:
+    """Two checkpoints at the same step with the same weights (EMA included) and optimiser state, bit for bit."""
+    assert a["global_step"] == b["global_step"] and a["state_dict"].keys() == b["state_dict"].keys()
+    diff = max((a["state_dict"][k].double() - b["state_dict"][k].double()).abs().max().item() for k in a["state_dict"])
+    print(f"largest weight difference after the resumes: {diff}")
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    for x, y in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
+        assert all(torch.equal(x[k], y[k]) for k in x)
+
+
+class CrashInValidation(Callback):
+    """Raise at the end of the validation that follows the given optimiser step (a kill during validation)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.global_step == self.step and not trainer.sanity_checking:
+            raise RuntimeError(f"simulated crash in validation at step {self.step}")
+
+
 @pytest.mark.slow
-def test_a_run_killed_mid_epoch_resumes_to_the_same_weights_bit_for_bit(tmp_path):
-    """configs/shards_cpu.yaml at reduced size: an uninterrupted run, and one SIGKILLed in its second epoch
-    and resumed from last.ckpt; both end with equal weights, EMA, optimizer state and loader position."""
-    folder = tmp_path / "photos"
-    write_class_folders(folder, ["a", "b"], per_class=60, size=24)
-    write_shards(folder, tmp_path / "shards", num_workers=1)  # 96 train: 12 batches of 8 an epoch
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_a_run_crashed_in_each_epoch_resumes_to_the_same_weights_and_validations(tmp_path, workers):
+    """3 epochs of 6 steps (54 images: a remainder of 6 sits each epoch out), last.ckpt every 3 steps. One run
+    crashes five times and is resumed each time: at step 4 (epoch 0, from step 3), in epoch 0's validation (from
+    3: step 6 is saved after it), at 7 (just after epoch 0, from 6), 11 (epoch 1, from 9) and 16 (epoch 2, from
+    15). It ends with the uninterrupted run's weights bit for bit, at the same step, having validated every epoch
+    once (and redone the validation the crash cut short), with the same scores at the same steps."""
+    from vit.cli import cli
+    from vit.commands import main
+
+    write_class_folders(tmp_path / "photos", ["a", "b"], per_class=33, size=20)
+    write_shards(tmp_path / "photos", tmp_path / "shards", num_workers=1)  # 54 train
+    cli(_shards_fit(tmp_path, "straight", workers=workers))
+    in_training, in_validation = "tests.dummies.CrashAtStep", f"{__name__}.CrashInValidation"
+    crashes = ((in_training, 4, 3), (in_validation, 6, 3), (in_training, 7, 6), (in_training, 11, 9),
+               (in_training, 16, 15))
+    for i, (callback, step, saved) in enumerate(crashes):
+        crash = [f"--trainer.callbacks+={callback}", f"--trainer.callbacks.init_args.step={step}"]
+        with pytest.raises(RuntimeError, match=f"simulated crash (in validation )?at step {step}"):
+            main(_shards_fit(tmp_path, "crashed", *crash, *(["--ckpt_path=last"] if i else []), workers=workers))
+        assert torch.load(tmp_path / "crashed/ckpt/last.ckpt", weights_only=False)["global_step"] == saved
+    run = cli(_shards_fit(tmp_path, "crashed", "--ckpt_path=last", workers=workers))
+    assert run.trainer.global_step == 18 and run.trainer.current_epoch == 3
+    straight = torch.load(tmp_path / "straight/ckpt/last.ckpt", weights_only=False)
+    _assert_same_end(straight, torch.load(tmp_path / "crashed/ckpt/last.ckpt", weights_only=False))
+    validated = _validations(tmp_path / "straight")
+    assert [epoch for epoch, _, _ in validated] == ["0", "1", "2"]
+    # Epoch 0's validation is logged twice: the one the crash cut short (its end was never checkpointed) is redone.
+    assert _validations(tmp_path / "crashed") == [validated[0], *validated]
+
+
+@pytest.mark.slow
+def test_a_run_sigkilled_in_its_first_epoch_resumes_to_the_same_weights_bit_for_bit(tmp_path):
+    """A real `vit fit` process (2 loader workers, as the recipe) SIGKILLed at step 4 of 18, in the first of 3
+    epochs, and resumed from last.ckpt (step 3): equal weights, EMA and optimiser state to an uninterrupted run."""
+    write_class_folders(tmp_path / "photos", ["a", "b"], per_class=30, size=20)
+    write_shards(tmp_path / "photos", tmp_path / "shards", num_workers=1)  # 48 train: 6 batches of 8 an epoch
     (tmp_path / "killer.py").write_text(
         "import os, signal\nfrom lightning.pytorch import Callback\n\n\nclass KillAt(Callback):\n"
         "    def __init__(self, step: int) -> None:\n        self.step = step\n\n"
         "    def on_train_batch_start(self, trainer, *args) -> None:\n"
         "        if trainer.global_step == self.step:\n            os.kill(os.getpid(), signal.SIGKILL)\n")
-    (tmp_path / "kill.yaml").write_text(
-        "trainer:\n  callbacks:\n    - class_path: killer.KillAt\n      init_args:\n        step: 17\n")
     env = subprocess_env(PYTHONPATH=os.pathsep.join([str(CONFIGS.parent), str(tmp_path)]))
 
     def fit(run: str, *extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([
-            sys.executable, "-m", "vit", "fit", "--config", str(CONFIGS / "shards_cpu.yaml"),
-            f"--data.init_args.root={tmp_path / 'shards'}", "--data.init_args.batch_size=8",
-            "--trainer.max_epochs=2", "--checkpoint.every_n_train_steps=3", "--test_after_fit=false",
-            "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2, drop_path_rate: 0.1}",
-            "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path / run}",
-            f"--trainer.logger.init_args.save_dir={tmp_path / run}", f"--checkpoint.dirpath={tmp_path / run}/ckpt",
-            *extra], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        return subprocess.run([sys.executable, "-m", "vit", *_shards_fit(tmp_path, run, *extra)], env=env,
+                              capture_output=True, text=True, timeout=600, cwd=tmp_path)
 
     whole = fit("whole")
     assert whole.returncode == 0, whole.stderr[-2000:]
-    killed = fit("killed", "--config", str(tmp_path / "kill.yaml"))
-    assert killed.returncode == -9  # SIGKILL at step 17, in epoch 2; last.ckpt is step 15's
-    assert torch.load(tmp_path / "killed/ckpt/last.ckpt", weights_only=False)["global_step"] == 15
+    killed = fit("killed", "--trainer.callbacks+=killer.KillAt", "--trainer.callbacks.init_args.step=4")
+    assert killed.returncode == -9  # SIGKILL at step 4, in epoch 0; last.ckpt is step 3's
+    assert torch.load(tmp_path / "killed/ckpt/last.ckpt", weights_only=False)["global_step"] == 3
     resumed = fit("killed", "--ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    a = torch.load(tmp_path / "whole/ckpt/last.ckpt", weights_only=False)
-    b = torch.load(tmp_path / "killed/ckpt/last.ckpt", weights_only=False)
-    assert a["global_step"] == b["global_step"] == 24
-    diff = max((a["state_dict"][k].double() - b["state_dict"][k].double()).abs().max().item() for k in a["state_dict"])
-    print(f"largest weight difference after the killed run's resume: {diff}")
-    assert diff == 0 and all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    whole_end = torch.load(tmp_path / "whole/ckpt/last.ckpt", weights_only=False)
+    assert whole_end["global_step"] == 18
+    _assert_same_end(whole_end, torch.load(tmp_path / "killed/ckpt/last.ckpt", weights_only=False))
     from vit.checkpoint import load_classifier
 
     classifier = load_classifier(tmp_path / "killed/ckpt/last.ckpt")  # what predict/export/attention read

@@ -106,6 +106,31 @@ class ShardSet(StreamingDataset):
         return str(super().__getitem__(index)["id"])
 
 
+class ResumableLoader(StreamingDataLoader):
+    """LitData's StreamingDataLoader, replaying a loaded position for one iteration only.
+
+    LitData (0.2.76) replays a loaded position while ``restore`` is set, and clears it only when an
+    iteration runs to its end (StopIteration). Lightning (2.6) never asks for that end: its fetcher
+    stops once it has fetched ``len(loader)`` batches. So after a mid-epoch resume the flag survived
+    the resumed epoch, the next epoch replayed the saved position again (in `vit fit`, an empty
+    epoch), and every epoch after it was one LitData epoch (shuffle and augmentation seeds) behind:
+    a run resumed before its last epoch lost an epoch without a word. Here the next ``iter()`` clears
+    the flag.
+    """
+
+    _replay = False  # the next iteration replays the position load_state_dict restored
+
+    def __iter__(self) -> Any:
+        if not self._replay:
+            self.restore = False  # a resumed iteration is over, run to its end or not: start a new epoch
+        self._replay = False
+        return super().__iter__()
+
+    def load_state_dict(self, obj: dict[str, Any]) -> None:
+        super().load_state_dict(obj)
+        self._replay = self.restore  # False for a position after the epoch's last batch: a new epoch follows
+
+
 class ImageShards(ImageDataModule):
     """Images from `vit shard`'s shards, streamed: ``root`` is the shard folder or its s3:// or gs:// URL.
 
@@ -184,7 +209,7 @@ class ImageShards(ImageDataModule):
     def _loader(self, dataset: Any, name: str, train: bool = False) -> StreamingDataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__} has no {name} split; was setup() called?")
-        return StreamingDataLoader(dataset, batch_size=self.batch_size, num_workers=self.num_workers,
+        return ResumableLoader(dataset, batch_size=self.batch_size, num_workers=self.num_workers,
                                    collate_fn=collate, pin_memory=torch.cuda.is_available())
 
     def train_dataloader(self) -> StreamingDataLoader:
