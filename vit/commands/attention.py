@@ -213,6 +213,10 @@ def _output_names(images: Sequence[Path]) -> list[str]:
 
 def main(argv: Sequence[str]) -> list[dict]:
     """Run `vit attention` with the given arguments (without the command name); returns the records."""
+    if any(arg == "--text" or arg.startswith("--text=") for arg in argv):  # a translation checkpoint
+        from vit.commands.text_attention import main as text_main
+
+        return text_main(argv)
     args = parse_args(argv)
     found = find_images(args.images)  # fails on a missing file before any work
     files = found.files

@@ -42,6 +42,7 @@ class SentenceAttention:
     decoder: Tensor  # (L_dec, H, T, T)
     cross: Tensor  # (L_dec, H, T, S)
     mode: str = "teacher forcing"  # or "greedy", "beam 4"
+    translation: str = ""  # the target as text
 
     def weights(self, kind: str) -> Tensor:
         """All layers and heads of one kind, (L, H, rows, columns)."""
@@ -72,8 +73,8 @@ class SentenceAttention:
 
     def to_dict(self) -> dict[str, Any]:
         """Labels and weights as nested lists, for JSON."""
-        out: dict[str, Any] = {"mode": self.mode, "source": self.source, "target": self.target,
-                               "target_inputs": self.target_inputs}
+        out: dict[str, Any] = {"mode": self.mode, "translation": self.translation, "source": self.source,
+                               "target": self.target, "target_inputs": self.target_inputs}
         for kind in KINDS:
             out[kind] = self.weights(kind).float().tolist()  # [layer][head][row][column]
         return out
@@ -133,7 +134,7 @@ def translation_attention(
         source=src_tok.pieces(src_ids), target=tgt_tok.pieces(out_ids),
         target_inputs=tgt_tok.pieces([bos_id, *out_ids[:-1]]),
         encoder=att.encoder[:, 0].cpu(), decoder=att.decoder[:, 0, :, :T, :T].cpu(),
-        cross=att.cross[:, 0, :, :T].cpu(), mode=mode,
+        cross=att.cross[:, 0, :, :T].cpu(), mode=mode, translation=tgt_tok.decode(out_ids),
     )
 
 
@@ -150,6 +151,46 @@ def alignment_accuracy(cross: Tensor, expected: Tensor, valid: Tensor | None = N
     per_head = hits.sum(dim=(1, 3)).float() / n
     mean_hits = cross.mean(dim=2).argmax(dim=-1).eq(expected[None]) & valid[None]  # (L, B, T)
     return per_head, mean_hits.sum(dim=(1, 2)).float() / n
+
+
+@torch.no_grad()
+def mirrored_alignment_accuracy(
+    translator: Any, sources: list[str], *, decode: bool = False, bos_id: int = 2, eos_id: int = 3
+) -> tuple[Tensor, Tensor]:
+    """The reversal task's known answer: how often output token t attends most to source token S-1-t.
+
+    Teacher forcing on the reversed source, or with ``decode=True`` each greedy step's weights.
+    Rows past the source length (EOS, padding) are not scored. Returns ``alignment_accuracy``'s
+    per-head (L, H) and head-mean (L,) accuracies over all ``sources``.
+    """
+    model, tok = translator.model, translator.source_tokenizer
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    ids = [_as_ids(tok, s) for s in sources]
+    B, S = len(ids), max(map(len, ids))
+    src = torch.full((B, S), model.pad_id, dtype=torch.long)
+    for i, row in enumerate(ids):
+        src[i, : len(row)] = torch.tensor(row)
+    lengths = torch.tensor([len(row) for row in ids])
+    try:
+        if decode:
+            _, att = model.greedy_decode(src.to(device), bos_id=bos_id, eos_id=eos_id, max_len=S + 1,
+                                         return_attention=True)
+        else:
+            # The target is the source's words reversed, in the target vocabulary's ids.
+            tgt_in = torch.full((B, S), model.pad_id, dtype=torch.long)
+            for i, text in enumerate(sources):
+                target = _as_ids(translator.target_tokenizer, " ".join(text.split()[::-1]))
+                tgt_in[i, : len(target)] = torch.tensor([bos_id, *target[:-1]])
+            _, att = model.forward_attention(src.to(device), tgt_in.to(device))
+    finally:
+        model.train(was_training)
+    T = min(att.cross.shape[3], S)
+    t = torch.arange(T)[None, :]
+    expected = (lengths[:, None] - 1 - t).clamp(min=0)  # (B, T) mirrored source index
+    valid = t < lengths[:, None]
+    return alignment_accuracy(att.cross[:, :, :, :T].cpu(), expected, valid)
 
 
 def alignment_text(att: SentenceAttention, layer: int = -1, head: Head = "mean", k: int = 1) -> str:
@@ -182,12 +223,13 @@ def _head_name(head: Head) -> str:
 def plot_alignment(att: SentenceAttention, layer: int = -1, head: Head = "mean") -> Figure:
     """Source × target heatmap of one layer's cross-attention (a head or the heads' mean)."""
     rows, columns = att.labels("cross")
-    fig = Figure(figsize=(1.2 + 0.35 * len(columns), 1.2 + 0.35 * len(rows)), layout="constrained")
+    fig = Figure(figsize=(max(4.5, 2.0 + 0.35 * len(columns)), max(3.5, 1.6 + 0.35 * len(rows))),
+                 layout="constrained")
     ax = fig.add_subplot()
     image = _heatmap(ax, att.select("cross", layer, head), rows, columns)
     ax.set_xlabel("source")
     ax.set_ylabel("target (output)")
-    ax.set_title(f"cross-attention, layer {layer}, {_head_name(head)} ({att.mode})", fontsize=9)
+    ax.set_title(f"cross-attention, layer {layer % len(att.cross)}\n{_head_name(head)}, {att.mode}", fontsize=9)
     fig.colorbar(image, ax=ax, shrink=0.8)
     return fig
 
@@ -236,8 +278,8 @@ def plot_top_sources(att: SentenceAttention, layer: int = -1, head: Head = "mean
                     color="white" if w > 0.6 else "black",
                     bbox=dict(boxstyle="round,pad=0.25", facecolor=shade(0.15 + 0.85 * w), edgecolor="none"))
     ax.text(0, -0.9, "target", ha="center", fontsize=8, style="italic")
-    ax.text((k + 1) / 2, -0.9, f"top {k} source tokens (layer {layer}, {_head_name(head)})", ha="center",
-            fontsize=8, style="italic")
+    heading = f"top {k} source tokens (layer {layer % len(att.cross)}, {_head_name(head)})"
+    ax.text((k + 1) / 2, -0.9, heading, ha="center", fontsize=8, style="italic")
     return fig
 
 
@@ -256,6 +298,7 @@ __all__ = [
     "alignment_accuracy",
     "alignment_text",
     "figure_to_array",
+    "mirrored_alignment_accuracy",
     "plot_alignment",
     "plot_heads",
     "plot_top_sources",
