@@ -217,6 +217,10 @@ def main(argv: Sequence[str]) -> list[dict]:
         from vit.commands.text_attention import main as text_main
 
         return text_main(argv)
+    if "--faithfulness" in argv:  # deletion/insertion AUCs and the randomisation check
+        from vit.commands.faithfulness import main as faithfulness_main
+
+        return faithfulness_main(argv)
     args = parse_args(argv)
     found = find_images(args.images)  # fails on a missing file before any work
     files = found.files
