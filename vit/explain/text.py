@@ -205,8 +205,9 @@ def alignment_text(att: SentenceAttention, layer: int = -1, head: Head = "mean",
 
 
 # ---- figures: plain matplotlib Figures (Agg), as vit.explain.plot draws them -------------------------
-def _heatmap(ax: Any, weights: Tensor, rows: list[str], columns: list[str], *, ticks: bool = True) -> Any:
-    image = ax.imshow(weights.float().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+def _heatmap(ax: Any, weights: Tensor, rows: list[str], columns: list[str], *, ticks: bool = True,
+             vmax: float = 1.0) -> Any:
+    image = ax.imshow(weights.float().numpy(), cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto")
     if ticks:
         ax.set_xticks(range(len(columns)), columns, rotation=90, fontsize=8)
         ax.set_yticks(range(len(rows)), rows, fontsize=8)
@@ -235,8 +236,12 @@ def plot_alignment(att: SentenceAttention, layer: int = -1, head: Head = "mean")
 
 
 def plot_heads(att: SentenceAttention, kind: str = "cross", *, mean: bool = True) -> Figure:
-    """Layers × heads grid of one kind's maps, with the heads' mean as a last column."""
+    """Layers × heads grid of one kind's maps, with the heads' mean as a last column.
+
+    One colour scale for the grid, from 0 to the largest weight in it, so diffuse heads stay visible.
+    """
     weights = att.weights(kind)  # (L, H, rows, columns)
+    vmax = max(float(weights.max()), 1e-6)
     L, H = weights.shape[:2]
     rows, columns = att.labels(kind)
     ncols = H + int(mean)
@@ -247,7 +252,7 @@ def plot_heads(att: SentenceAttention, kind: str = "cross", *, mean: bool = True
             ax = axes[layer, col]
             head: Head = "mean" if col == H else col
             # Token labels on the left column and bottom row only, where they can be read.
-            _heatmap(ax, att.select(kind, layer, head), rows, columns, ticks=False)
+            _heatmap(ax, att.select(kind, layer, head), rows, columns, ticks=False, vmax=vmax)
             if layer == L - 1:
                 ax.set_xticks(range(len(columns)), columns, rotation=90, fontsize=6)
             if col == 0:
@@ -255,7 +260,7 @@ def plot_heads(att: SentenceAttention, kind: str = "cross", *, mean: bool = True
                 ax.set_ylabel(f"layer {layer}", fontsize=9)
             if layer == 0:
                 ax.set_title(_head_name(head), fontsize=9)
-    fig.suptitle(f"{kind} attention ({att.mode})", fontsize=10)
+    fig.suptitle(f"{kind} attention ({att.mode}); colour scale 0 to {vmax:.2f}", fontsize=10)
     return fig
 
 
