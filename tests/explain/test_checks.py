@@ -41,6 +41,8 @@ def test_deletion_and_insertion_curves_follow_the_one_patch_that_matters():
     torch.testing.assert_close(curves["MoRF deletion"], torch.stack([lit, gone, gone, gone, gone]))
     torch.testing.assert_close(curves["LeRF deletion"], torch.stack([lit, lit, lit, lit, gone]))
     torch.testing.assert_close(curves["insertion"], torch.stack([gone, lit, lit, lit, lit]))
+    # With one fill for both, deleting the k least relevant leaves what inserting the n-k most relevant adds.
+    assert torch.equal(curves["LeRF deletion"], curves["insertion"].flip(0))
     assert len(curves["random deletion"]) == 5
     assert area_under(curves["MoRF deletion"]) < area_under(curves["random deletion"]) < area_under(
         curves["LeRF deletion"])
