@@ -10,6 +10,7 @@ the matrix-multiply peak measured in the same run (a large square matmul in the 
     python scripts/benchmark.py --model vit_base_patch16_224 --batch_size 16 --runs 9
     python scripts/benchmark.py --precision bf16 --mode train --json bench.json
     python scripts/benchmark.py --device cuda --model vit_base_patch16_224 --batch_size 256 --compile
+    python scripts/benchmark.py --families --img_size 224 --batch_size 8 --precision fp32   # one model a family
 """
 
 from __future__ import annotations
@@ -30,20 +31,32 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import vit
+from vit.convert import to_timm_names
 from vit.nn.vision import MODEL_CONFIGS
+
+# One model of each family (`--families`): the classic ViT, DINOv2, DINOv2 + registers, DINOv3 (rotary),
+# CLIP, SigLIP (attention pool), DeiT III, DeiT distilled.
+FAMILY_MODELS = ["vit_small_patch16_224", "vit_small_patch14_dinov2", "vit_small_patch14_reg4_dinov2",
+                 "vit_small_patch16_dinov3", "vit_base_patch16_clip_224", "vit_base_patch16_siglip_224",
+                 "deit3_small_patch16_224", "deit_small_distilled_patch16_224"]
 
 
 def build_pair(
-    name: str, batch_size: int, device: str = "cpu"
+    name: str, batch_size: int, device: str = "cpu", img_size: int | None = None
 ) -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor]:
-    """Our model and timm's from the same config dict, with identical weights."""
-    config = MODEL_CONFIGS[name]
+    """Our model and timm's (``timm.create_model`` of the same name), with identical weights.
+
+    Our configs that timm has no name for (digits, CIFAR) are built on timm's VisionTransformer from the same
+    fields. 10 classes, so that a training step has labels for every family (some default to no head)."""
+    options = {"num_classes": 10, **({"img_size": img_size} if img_size else {})}
     torch.manual_seed(0)
-    theirs = timm.models.vision_transformer.VisionTransformer(**config)
-    ours = vit.create_model(name)
-    ours.load_state_dict(theirs.state_dict(), strict=True)
-    img = ours.img_size
-    images = torch.randn(batch_size, config.get("in_chans", 3), *img, device=device)
+    if timm.is_model(name):
+        theirs = timm.create_model(name, pretrained=False, **options)
+    else:
+        theirs = timm.models.vision_transformer.VisionTransformer(**{**MODEL_CONFIGS[name], **options})
+    ours = vit.create_model(name, **options)
+    ours.load_state_dict(to_timm_names(theirs.state_dict()), strict=True)
+    images = torch.randn(batch_size, ours.in_chans, *ours.img_size, device=device)
     return ours.to(device), theirs.to(device), images
 
 
@@ -122,8 +135,9 @@ def matmul_peak(precision: str, device: str = "cpu", size: int | None = None, re
 
 
 def benchmark_row(name: str, batch_size: int, mode: str, precision: str, runs: int, iters: int,
-                  warmup: int, device: str = "cpu", compile: bool = False, peak_gflop_s: float | None = None) -> dict:
-    ours, theirs, images = build_pair(name, batch_size, device)
+                  warmup: int, device: str = "cpu", compile: bool = False, peak_gflop_s: float | None = None,
+                  img_size: int | None = None) -> dict:
+    ours, theirs, images = build_pair(name, batch_size, device, img_size)
     # With --compile both models are compiled alike; the warm-up pays the compile time.
     wrap = torch.compile if compile else (lambda m: m)
     steps = {
@@ -149,6 +163,7 @@ def benchmark_row(name: str, batch_size: int, mode: str, precision: str, runs: i
     peak = peak_gflop_s or matmul_peak(precision, device)
     return {
         "model": name,
+        "img_size": list(ours.img_size),
         "batch_size": batch_size,
         "mode": mode,
         "precision": precision,
@@ -172,13 +187,13 @@ def benchmark_row(name: str, batch_size: int, mode: str, precision: str, runs: i
 
 
 def print_table(rows: list[dict]) -> None:
-    header = (f"{'mode':6s} {'precision':9s} {'ours img/s':>11s} {'timm img/s':>11s} {'ours/timm':>10s} "
+    header = (f"{'model':33s} {'mode':6s} {'precision':9s} {'ours img/s':>11s} {'timm img/s':>11s} {'ours/timm':>10s} "
               f"{'(min–max)':>13s} {'ours GFLOP/s':>13s} {'timm GFLOP/s':>13s} {'ours MFU':>9s} {'timm MFU':>9s}")
     print(header)
     print("-" * len(header))
     for r in rows:
         spread = f"{r['ratio_min']:.3f}–{r['ratio_max']:.3f}"
-        print(f"{r['mode']:6s} {r['precision']:9s} {r['ours_img_s']:11.1f} {r['timm_img_s']:11.1f} "
+        print(f"{r['model']:33s} {r['mode']:6s} {r['precision']:9s} {r['ours_img_s']:11.1f} {r['timm_img_s']:11.1f} "
               f"{r['ratio_median']:10.3f} {spread:>13s} {r['ours_gflop_s']:13.1f} {r['timm_gflop_s']:13.1f} "
               f"{r['ours_mfu']:9.1%} {r['timm_mfu']:9.1%}")
 
@@ -187,7 +202,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="vit_small_patch16_224", choices=vit.list_models())
+    parser.add_argument("--model", nargs="+", default=["vit_small_patch16_224"], choices=vit.list_models())
+    parser.add_argument("--families", action="store_true", help=f"one model a family: {', '.join(FAMILY_MODELS)}")
+    parser.add_argument("--img_size", type=int, default=None, help="input size (default: each model's own)")
     parser.add_argument("--batch_size", "--batch-size", type=int, default=32)
     parser.add_argument("--mode", nargs="+", default=["infer", "train"], choices=["infer", "train"])
     parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
@@ -200,15 +217,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--peak_size", type=int, default=None,
                         help="side of the square matmul that measures the peak (default: 1024 CPU, 8192 GPU)")
     args = parser.parse_args(argv)
+    models = FAMILY_MODELS if args.families else args.model
 
-    print(f"{args.model}, batch {args.batch_size}, {args.device}, torch {torch.__version__}, "
+    print(f"{', '.join(models)}, batch {args.batch_size}, {args.device}, torch {torch.__version__}, "
           f"timm {timm.__version__}, {torch.get_num_threads()} threads, "
           f"{platform.processor() or platform.machine()}", flush=True)
     peaks = {precision: matmul_peak(precision, args.device, args.peak_size) for precision in args.precision}
     print("matmul peak: " + ", ".join(f"{p} {g:.1f} GFLOP/s" for p, g in peaks.items()), flush=True)
     rows = [
-        benchmark_row(args.model, args.batch_size, mode, precision, args.runs, args.iters,
-                      max(args.warmup, 1 if args.compile else 0), args.device, args.compile, peaks[precision])
+        benchmark_row(model, args.batch_size, mode, precision, args.runs, args.iters,
+                      max(args.warmup, 1 if args.compile else 0), args.device, args.compile, peaks[precision],
+                      args.img_size)
+        for model in models
         for precision in args.precision
         for mode in args.mode
     ]

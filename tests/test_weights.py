@@ -301,3 +301,105 @@ def test_timm_name_resolves_through_hf_home_in_a_fresh_process(tmp_path):
                           "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "same weights" in done.stdout
+
+
+# ---- raw upstream layouts, each written from a timm state dict by the inverse of its mapping ----------------
+SMALL = dict(depth=2, img_size=56, num_classes=0)  # a 4x4 grid at patch 14
+
+
+def load_and_compare(theirs: torch.nn.Module, name: str, raw: dict, path: Path, **options) -> vit.weights.LoadResult:
+    """Write ``raw`` to ``path``, load it into our ``name`` and check every tensor against timm's model."""
+    torch.save(raw, path)
+    ours = vit.create_model(name, **options).eval()
+    result = vit.load_pretrained(ours, path)
+    x = torch.randn(1, 3, *ours.img_size)
+    with torch.no_grad():
+        assert (ours.forward_features(x) - theirs.forward_features(x)).abs().max() <= 1e-5
+        if theirs.num_classes:
+            assert (ours(x) - theirs(x)).abs().max() <= 1e-5
+    return result
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch14_dinov2", "vit_small_patch14_reg4_dinov2"])
+def test_dinov2_pth_loads(name, tmp_path):
+    """facebookresearch/dinov2's layout: mask_token, register_tokens, the cls row inside pos_embed."""
+    theirs = perturbed_timm(name, **SMALL)
+    sd = dict(theirs.state_dict())
+    raw = {"mask_token": torch.zeros(1, sd["cls_token"].shape[-1])}
+    if "reg_token" in sd:  # timm folded the cls row of pos_embed into cls_token: unfold it again
+        row = torch.randn(1, 1, sd["cls_token"].shape[-1])
+        raw |= {"register_tokens": sd.pop("reg_token"), "cls_token": sd.pop("cls_token") - row,
+                "pos_embed": torch.cat([row, sd.pop("pos_embed")], dim=1)}
+    load_and_compare(theirs, name, {**sd, **raw}, tmp_path / "dinov2.pth", **SMALL)
+
+
+OPENAI = [("patch_embed.proj", "conv1"), ("norm_pre", "ln_pre"), ("blocks.", "transformer.resblocks."),
+          ("norm1", "ln_1"), ("norm2", "ln_2"), ("attn.qkv.", "attn.in_proj_"), ("attn.proj", "attn.out_proj"),
+          ("mlp.fc1", "mlp.c_fc"), ("mlp.fc2", "mlp.c_proj")]
+
+
+def test_openai_clip_loads_and_warns_without_quick_gelu(tmp_path, caplog):
+    """OpenAI CLIP's state dict (visual.* beside the text tower): conv1, ln_pre, in_proj_, proj (no bias)."""
+    options = dict(depth=2, img_size=64, embed_dim=64, num_heads=4, num_classes=32)
+    theirs = perturbed_timm("vit_base_patch16_clip_quickgelu_224", **options)
+    with torch.no_grad():
+        theirs.head.bias.zero_()  # OpenAI's projection has none
+    raw = {"token_embedding.weight": torch.randn(10, 8), "transformer.resblocks.0.ln_1.weight": torch.ones(8)}
+    for key, value in theirs.state_dict().items():
+        if key == "head.weight":
+            raw["visual.proj"] = value.T
+        elif key == "cls_token":
+            raw["visual.class_embedding"] = value.flatten()
+        elif key == "pos_embed":
+            raw["visual.positional_embedding"] = value[0]
+        elif key == "norm.weight" or key == "norm.bias":
+            raw[f"visual.ln_post.{key.split('.')[1]}"] = value
+        elif key != "head.bias":
+            for ours, openai in OPENAI:
+                key = key.replace(ours, openai)
+            raw[f"visual.{key}"] = value
+    with caplog.at_level(logging.WARNING):
+        load_and_compare(theirs, "vit_base_patch16_clip_quickgelu_224", raw, tmp_path / "ViT-B-16.pt", **options)
+    assert "QuickGELU" not in caplog.text
+    gelu = vit.create_model("vit_base_patch16_clip_224", **options)
+    with caplog.at_level(logging.WARNING):
+        vit.load_pretrained(gelu, tmp_path / "ViT-B-16.pt")
+    assert "trained with QuickGELU" in caplog.text and "quickgelu" in caplog.text
+
+
+def test_open_clip_trunk_loads(tmp_path):
+    """OpenCLIP's timm tower: visual.trunk.* and its projection visual.head.proj.weight."""
+    options = dict(depth=2, img_size=64, embed_dim=64, num_heads=4, num_classes=0)
+    theirs = perturbed_timm("vit_base_patch16_siglip_224", **options)
+    raw = {f"visual.trunk.{k}": v for k, v in theirs.state_dict().items()}
+    raw |= {"visual.head.proj.weight": torch.randn(16, 64), "text.token_embedding.weight": torch.randn(10, 8)}
+    torch.save(raw, tmp_path / "open_clip.bin")
+    ours = vit.create_model("vit_base_patch16_siglip_224", **{**options, "num_classes": 16}).eval()
+    vit.load_pretrained(ours, tmp_path / "open_clip.bin")
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert (ours(x) - theirs(x) @ raw["visual.head.proj.weight"].T).abs().max() <= 1e-5
+
+
+def test_deit3_gamma_names_load(tmp_path):
+    """DeiT III's own checkpoints name LayerScale blocks.i.gamma_1 / gamma_2."""
+    options = dict(depth=2, img_size=64, num_classes=5)
+    theirs = perturbed_timm("deit3_small_patch16_224", **options)
+    raw = {k.replace("ls1.gamma", "gamma_1").replace("ls2.gamma", "gamma_2"): v for k, v in theirs.state_dict().items()}
+    assert "blocks.0.gamma_1" in raw
+    load_and_compare(theirs, "deit3_small_patch16_224", {"model": raw}, tmp_path / "deit3.pth", **options)
+
+
+def test_dinov2_tag_resolves_from_a_hand_made_cache(offline_hub):
+    """By tag, offline, the cache in huggingface_hub's real layout (refs, blobs, snapshots)."""
+    tag = "vit_small_patch14_dinov2.lvd142m"
+    theirs = perturbed_timm("vit_small_patch14_dinov2", **SMALL)
+    write_hf_cache(offline_hub, timm.models.get_pretrained_cfg(tag).hf_hub_id, "model.safetensors",
+                   theirs.state_dict())
+    ours = vit.create_model("vit_small_patch14_dinov2", **SMALL).eval()
+    vit.load_pretrained(ours, tag)
+    x = torch.randn(1, 3, 56, 56)
+    with torch.no_grad():
+        assert (ours.forward_features(x) - theirs.forward_features(x)).abs().max() <= 1e-5
+    with pytest.raises(WeightsUnavailableError, match="pass a local file"):  # another tag: not in the cache
+        vit.load_pretrained(ours, "vit_small_patch14_reg4_dinov2.lvd142m")

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from vit.errors import UserPathError, UserValueError
 from vit.files import save_atomic
-from vit.nn.vision import VisionTransformer
+from vit.nn.vision import VisionTransformer, build_model
 
 META_KEY = "vit"  # checkpoint["vit"]: what the task wrote for loading without the training config
 # FSDP with state_dict_type "sharded" saves a checkpoint as a folder: torch.distributed.checkpoint files
@@ -211,7 +211,7 @@ class Classifier(nn.Module):
     @property
     def device(self) -> torch.device:
         """Where the weights are."""
-        return self.model.cls_token.device
+        return self.model.patch_embed.proj.weight.device
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits (B, num_classes)."""
@@ -235,7 +235,7 @@ def load_classifier(path: str | os.PathLike, map_location: str | torch.device = 
     """Rebuild a trained classifier from a `vit fit` checkpoint alone, in eval mode."""
     checkpoint = read_checkpoint(path)
     meta = expect_task(checkpoint, "classify", path)
-    model = VisionTransformer(**meta["model_config"])
+    model = build_model(meta["model_config"])
     model.load_state_dict(evaluated_weights(checkpoint["state_dict"], meta["ema"]))
     classifier = Classifier(
         model, model_name=meta["model_name"], class_names=meta["class_names"], mean=meta["mean"],

@@ -17,7 +17,6 @@ Every file is written atomically (`vit.files.save_atomic`); nothing is written w
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
@@ -31,16 +30,19 @@ import torch
 from vit.checkpoint import Classifier
 from vit.errors import MissingPackageError, UserValueError
 from vit.files import save_atomic
-from vit.nn.vision import MODEL_CONFIGS, VisionTransformer
+from vit.nn.configs import MODEL_CONFIGS, ViTConfig, named_config
+from vit.nn.vision import VisionTransformer
 
 OPSET = 18  # SDPA decomposes to MatMul/Softmax, which onnxruntime fuses; opset 23's Attention op ran slower on CPU
 INPUT_NAME, OUTPUT_NAME = "images", "logits"
 ONNX_TOLERANCE = 1e-4  # max |logit difference| allowed between onnxruntime and PyTorch in fp32
 # What `vit predict model.onnx` reads back from the metadata (JSON strings).
 METADATA_KEYS = ("model_name", "class_names", "img_size", "in_chans", "mean", "std", "crop_pct", "interpolation")
-# VisionTransformer arguments that shape the weights or the forward pass, i.e. what timm needs to rebuild it.
-ARCH_ARGS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
-             "global_pool", "dynamic_img_size")
+# ViTConfig fields that are also timm's VisionTransformer arguments, and those timm has no argument for.
+TIMM_ARGS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
+             "class_token", "reg_tokens", "no_embed_class", "pos_embed", "init_values", "act_layer", "pre_norm",
+             "global_pool", "final_norm", "fc_norm", "dynamic_img_size")
+NOT_TIMM_ARGS = ("norm_eps", "distilled", "rope", "rope_temperature", "shifted_patches", "locality_attention")
 
 
 def need_onnx() -> None:
@@ -191,56 +193,53 @@ def export_onnx(
 
 
 # ---- safetensors + timm config ---------------------------------------------------------------
-def _arch_args(config: dict[str, Any]) -> dict[str, Any]:
-    """The weight- and forward-shaping arguments of a VisionTransformer config, defaults filled in."""
-    defaults = {k: p.default for k, p in inspect.signature(VisionTransformer).parameters.items()}
-    args = {k: config.get(k, defaults[k]) for k in ARCH_ARGS}
-    size = args["img_size"]
-    if not isinstance(size, int):  # JSON-friendly: a square as one int, like timm
-        size = [int(s) for s in size]
-        size = size[0] if size[0] == size[1] else size
-    return {**args, "img_size": size}
+def _arch_args(config: ViTConfig) -> dict[str, Any]:
+    """The weight- and forward-shaping fields of a config, JSON-friendly (a square size as one int, like timm)."""
+    values = config.to_dict()
+    args = {k: values[k] for k in TIMM_ARGS + NOT_TIMM_ARGS}
+    for key in ("img_size", "patch_size"):
+        size = args[key]
+        if not isinstance(size, int):
+            size = [int(s) for s in size]
+            args[key] = size[0] if size[0] == size[1] else size
+    return args
 
 
 def timm_architecture(model_name: str, model: VisionTransformer) -> tuple[str, dict[str, Any]]:
-    """A timm architecture name and the ``model_args`` that turn it into ``model``.
+    """A timm architecture name and the ``model_args`` that turn it into ``model``, from ``model.config``.
 
     Our name when timm knows it; otherwise (e.g. the digits models) the timm-named config that needs
     the fewest overrides, then the closest width. ``model_args`` holds only what differs from it.
     """
     import timm
 
-    extras = [k for k in ("shifted_patches", "locality_attention") if getattr(model, k, False)]
+    extras = [k for k in ("shifted_patches", "locality_attention") if getattr(model.config, k)]
     if extras:
         raise UserValueError(
             f"timm's VisionTransformer has no {' or '.join(extras)}, so these weights cannot be shipped as a "
             "timm model; export to ONNX instead (vit export --format onnx)"
         )
-    ours = _arch_args({"img_size": model.img_size, "patch_size": model.patch_size[0], "in_chans": model.in_chans,
-                       "embed_dim": model.embed_dim, "depth": len(model.blocks),
-                       "num_heads": model.blocks[0].attn.num_heads, "mlp_ratio": _mlp_ratio(model),
-                       "qkv_bias": model.blocks[0].attn.qkv.bias is not None, "global_pool": model.global_pool,
-                       "dynamic_img_size": model.dynamic_img_size})
-    if model.patch_size[0] != model.patch_size[1]:
-        ours["patch_size"] = list(model.patch_size)
+    ours = _arch_args(model.config)
 
     def overrides(name: str) -> dict[str, Any]:
-        return {k: v for k, v in ours.items() if _arch_args(MODEL_CONFIGS[name])[k] != v}
+        return {k: v for k, v in ours.items() if _arch_args(named_config(name))[k] != v}
 
-    candidates = [n for n in MODEL_CONFIGS if timm.is_model(n)]
+    candidates = [n for n in MODEL_CONFIGS if timm.is_model(n) and not set(overrides(n)) & set(NOT_TIMM_ARGS)]
     if model_name in candidates:
         return model_name, overrides(model_name)
+    if not candidates:
+        raise UserValueError(f"no timm architecture matches this model's {', '.join(NOT_TIMM_ARGS)}; "
+                             "export to ONNX instead (vit export --format onnx)")
     best = min(candidates, key=lambda n: (len(overrides(n)), abs(MODEL_CONFIGS[n]["embed_dim"] - ours["embed_dim"])))
     return best, overrides(best)
-
-
-def _mlp_ratio(model: VisionTransformer) -> float:
-    return model.blocks[0].mlp.fc1.out_features / model.embed_dim
 
 
 def timm_config(classifier: Classifier) -> dict[str, Any]:
     """``config.json`` in timm's Hugging Face hub layout for the classifier's weights."""
     model = classifier.model
+    if model.config.rope is not None:
+        raise UserValueError("timm builds DINOv3 with its Eva class, whose weights are named differently "
+                             "(gamma_1/2, q_bias): export to ONNX instead (vit export --format onnx)")
     architecture, model_args = timm_architecture(classifier.model_name, model)
     config: dict[str, Any] = {
         "architecture": architecture,

@@ -1,6 +1,7 @@
-"""Load real pretrained checkpoints (timm, torchvision, big_vision .npz) into a `VisionTransformer`.
+"""Load real pretrained checkpoints (timm, torchvision, big_vision .npz, DINOv2, OpenAI CLIP, OpenCLIP,
+DeiT III) into a `VisionTransformer`.
 
-Every format is converted to timm's state-dict names, the names our model uses, then
+Every format is converted to timm's state-dict names (`vit.convert`), the names our model uses, then
 adapted to the model: a different head is left freshly initialised, a different patch grid
 resamples ``pos_embed``, a different input channel count is folded. Anything else that does
 not match is an error that lists the missing and unexpected keys, and the model is untouched.
@@ -12,7 +13,6 @@ import logging
 import math
 import os
 import pickle
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +20,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vit.convert import (  # noqa: F401 - the converters are part of this module's API
+    convert_dinov2,
+    convert_layer_scale,
+    convert_npz,
+    convert_open_clip,
+    convert_openai_clip,
+    convert_torchvision,
+    to_timm_names,
+)
 from vit.errors import UserPathError, UserValueError, WeightsUnavailableError
 from vit.network import unreachable
 from vit.nn.vision import VisionTransformer, resample_pos_embed
@@ -28,7 +37,8 @@ log = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = {".pth", ".pt", ".bin", ".ckpt"}
 SUFFIXES = PICKLE_SUFFIXES | {".safetensors", ".npz"}
-HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in a Hugging Face hub folder (`vit export`, timm)
+# The weights file of a Hugging Face hub folder, as `vit export` writes it and timm publishes it (`timm/<name>`).
+HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
 @dataclass
@@ -39,6 +49,7 @@ class LoadResult:
     head_reset: bool = False
     pos_embed_resampled: bool = False
     notes: list[str] = field(default_factory=list)
+    fresh: list[str] = field(default_factory=list)  # key prefixes left freshly initialised on purpose
 
 
 # ---------------------------------------------------------------------------- reading
@@ -95,110 +106,6 @@ def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
     return obj
 
 
-# ---------------------------------------------------------------------------- converting
-
-
-def convert_torchvision(sd: dict[str, Tensor]) -> dict[str, Tensor]:
-    """torchvision `VisionTransformer` names -> timm names (same tensor layouts)."""
-    out: dict[str, Tensor] = {}
-    for key, value in sd.items():
-        new = key
-        new = new.replace("class_token", "cls_token")
-        new = new.replace("conv_proj.", "patch_embed.proj.")
-        new = new.replace("encoder.pos_embedding", "pos_embed")
-        new = new.replace("encoder.ln.", "norm.")
-        new = new.replace("heads.head.", "head.")
-        m = re.match(r"encoder\.layers\.encoder_layer_(\d+)\.(.*)", new)
-        if m:
-            i, rest = m.groups()
-            rest = (
-                rest.replace("ln_1.", "norm1.")
-                .replace("ln_2.", "norm2.")
-                .replace("self_attention.in_proj_weight", "attn.qkv.weight")
-                .replace("self_attention.in_proj_bias", "attn.qkv.bias")
-                .replace("self_attention.out_proj.", "attn.proj.")
-                .replace("mlp.0.", "mlp.fc1.")
-                .replace("mlp.3.", "mlp.fc2.")
-                .replace("mlp.linear_1.", "mlp.fc1.")  # torchvision < 0.13 names
-                .replace("mlp.linear_2.", "mlp.fc2.")
-            )
-            new = f"blocks.{i}.{rest}"
-        out[new] = value
-    return out
-
-
-def convert_npz(w: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Original ViT / big_vision Flax names and layouts -> timm names and layouts.
-
-    Flax kernels are (in, out) and attention kernels are split per head:
-    query/key/value (C, heads, head_dim), out (heads, head_dim, C).
-    """
-    prefix = next(
-        (p for p in ("", "opt/target/", "params/", "params/img/") if f"{p}embedding/kernel" in w), None
-    )
-    if prefix is None:
-        raise UserValueError("not a ViT .npz: no 'embedding/kernel' array (looked under '', "
-                         "'opt/target/', 'params/', 'params/img/')")
-    big_vision = prefix.startswith("params/") or f"{prefix}pos_embedding" in w
-    stacked = f"{prefix}Transformer/encoderblock/LayerNorm_0/scale" in w
-
-    def get(name: str, idx: int | None = None) -> Tensor:
-        if f"{prefix}{name}" not in w:
-            raise KeyError(f"missing array {prefix}{name!r} in the .npz")
-        t = w[f"{prefix}{name}"].float()
-        return t[idx] if idx is not None else t
-
-    out = {
-        "patch_embed.proj.weight": get("embedding/kernel").permute(3, 2, 0, 1),  # HWIO -> OIHW
-        "patch_embed.proj.bias": get("embedding/bias"),
-        "cls_token": get("cls"),
-        "pos_embed": get("pos_embedding" if big_vision else "Transformer/posembed_input/pos_embedding"),
-        "norm.weight": get("Transformer/encoder_norm/scale"),
-        "norm.bias": get("Transformer/encoder_norm/bias"),
-    }
-    if f"{prefix}head/kernel" in w:
-        out["head.weight"] = get("head/kernel").T
-        out["head.bias"] = get("head/bias")
-    if out["pos_embed"].dim() == 2:
-        out["pos_embed"] = out["pos_embed"][None]
-
-    mha, mlp, ln2 = (0, 0, 1) if big_vision else (1, 3, 2)
-    if stacked:
-        depth = w[f"{prefix}Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
-    else:
-        pattern = re.compile(re.escape(prefix) + r"Transformer/encoderblock_(\d+)/")
-        depth = 1 + max((int(m.group(1)) for k in w if (m := pattern.match(k))), default=-1)
-    for i in range(depth):
-        b, idx = ("Transformer/encoderblock/", i) if stacked else (f"Transformer/encoderblock_{i}/", None)
-        a = f"{b}MultiHeadDotProductAttention_{mha}/"
-        qkv = [get(f"{a}{n}/kernel", idx) for n in ("query", "key", "value")]
-        out |= {
-            f"blocks.{i}.norm1.weight": get(f"{b}LayerNorm_0/scale", idx),
-            f"blocks.{i}.norm1.bias": get(f"{b}LayerNorm_0/bias", idx),
-            f"blocks.{i}.attn.qkv.weight": torch.cat([k.flatten(1).T for k in qkv]),  # (3C, C)
-            f"blocks.{i}.attn.qkv.bias": torch.cat(
-                [get(f"{a}{n}/bias", idx).reshape(-1) for n in ("query", "key", "value")]
-            ),
-            f"blocks.{i}.attn.proj.weight": get(f"{a}out/kernel", idx).flatten(0, 1).T,  # (C, C)
-            f"blocks.{i}.attn.proj.bias": get(f"{a}out/bias", idx),
-            f"blocks.{i}.norm2.weight": get(f"{b}LayerNorm_{ln2}/scale", idx),
-            f"blocks.{i}.norm2.bias": get(f"{b}LayerNorm_{ln2}/bias", idx),
-        }
-        for r in range(2):
-            out[f"blocks.{i}.mlp.fc{r + 1}.weight"] = get(f"{b}MlpBlock_{mlp}/Dense_{r}/kernel", idx).T
-            out[f"blocks.{i}.mlp.fc{r + 1}.bias"] = get(f"{b}MlpBlock_{mlp}/Dense_{r}/bias", idx)
-    return out
-
-
-def to_timm_names(sd: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Detect the checkpoint's naming and convert it to timm's."""
-    if any(k.endswith("embedding/kernel") for k in sd):
-        return convert_npz(sd)
-    if "class_token" in sd or "conv_proj.weight" in sd:
-        return convert_torchvision(sd)
-    return dict(sd)
-
-
 # ---------------------------------------------------------------------------- adapting
 
 
@@ -217,19 +124,30 @@ def _adapt(sd: dict[str, Tensor], model: VisionTransformer, result: LoadResult) 
         result.notes.append(f"adapted patch embedding from {w.shape[1]} to {target.shape[1]} input channels")
 
     pos = sd.get("pos_embed")
-    own_pos = own["pos_embed"]
-    if pos is not None and pos.shape != own_pos.shape and pos.shape[-1] == own_pos.shape[-1]:
-        n_old = pos.shape[1] - model.num_prefix_tokens
+    own_pos = own.get("pos_embed")
+    if pos is not None and own_pos is not None and pos.shape != own_pos.shape and pos.shape[-1] == own_pos.shape[-1]:
+        prefix = model.pos_embed_prefix  # the model's own layout: 0 rows for prefix tokens with no_embed_class
+        n_old = pos.shape[1] - prefix
         side = math.isqrt(n_old)
         if side * side == n_old:
-            sd["pos_embed"] = resample_pos_embed(pos, model.patch_embed.grid_size, (side, side))
+            sd["pos_embed"] = resample_pos_embed(pos, model.patch_embed.grid_size, (side, side), prefix)
             result.pos_embed_resampled = True
             result.notes.append(
                 f"resampled pos_embed from a {side}x{side} to a "
                 f"{model.patch_embed.grid_size[0]}x{model.patch_embed.grid_size[1]} patch grid"
             )
 
-    head_keys = [k for k in sd if k.startswith("head.")]
+    if (any(k.startswith("norm.") for k in sd) and not any(k.startswith("fc_norm.") for k in sd)
+            and "fc_norm.weight" in own and "norm.weight" not in own):
+        # MAE's rule (facebookresearch/mae main_finetune.py, global_pool): an average-pooling model normalises
+        # after pooling, so the encoder's final `norm` has no place in it: dropped, `fc_norm` starts fresh.
+        for k in [k for k in sd if k.startswith("norm.")]:
+            del sd[k]
+        result.fresh.append("fc_norm.")
+        result.notes.append("average pooling: the checkpoint's final norm.* is dropped and fc_norm starts fresh "
+                            "(ones, zeros), as MAE's fine-tuning does")
+
+    head_keys = [k for k in sd if k.startswith(("head.", "head_dist."))]
     if not head_keys and any(k.startswith("head.") for k in own):  # an encoder alone (MAE's, timm's num_classes=0)
         result.head_reset = True
         result.notes.append("the checkpoint has no classifier head (a pre-trained encoder): the head stays freshly "
@@ -248,7 +166,8 @@ def _adapt(sd: dict[str, Tensor], model: VisionTransformer, result: LoadResult) 
 
 def _check(sd: dict[str, Tensor], model: VisionTransformer, result: LoadResult) -> None:
     own = model.state_dict()
-    missing = [k for k in own if k not in sd and not (result.head_reset and k.startswith("head."))]
+    fresh = tuple(result.fresh) + (("head.", "head_dist.") if result.head_reset else ())
+    missing = [k for k in own if k not in sd and not (fresh and k.startswith(fresh))]
     unexpected = [k for k in sd if k not in own]
     wrong = [
         f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
@@ -274,7 +193,6 @@ def _check(sd: dict[str, Tensor], model: VisionTransformer, result: LoadResult) 
 # ---------------------------------------------------------------------------- public
 
 
-HUB_FILES = ("model.safetensors", "pytorch_model.bin")  # what timm publishes in a `timm/<name>` repository
 HUB_PROBE_SECONDS = 5.0
 
 
@@ -296,8 +214,8 @@ def _from_timm_hub(name: str) -> dict[str, Tensor]:
     if cfg is None or not cfg.hf_hub_id or cfg.hf_hub_filename or cfg.source:
         return _from_timm_create_model(name)
     repo_id, _, revision = cfg.hf_hub_id.partition("@")
-    for filename in HUB_FILES:
-        cached = try_to_load_from_cache(repo_id, filename, revision=revision or None)
+    for filename in HUB_WEIGHTS:
+        cached = try_to_load_from_cache(repo_id, filename, revision=revision or None, cache_dir=hub_cache())
         if isinstance(cached, str):
             return read_state_dict(cached)
     if constants.HF_HUB_OFFLINE:
@@ -306,10 +224,10 @@ def _from_timm_hub(name: str) -> dict[str, Tensor]:
     if unreachable:
         raise WeightsUnavailableError(_hub_advice(name, repo_id, f"not in the cache, and {unreachable}"))
     missing = []
-    for filename in HUB_FILES:
+    for filename in HUB_WEIGHTS:
         try:
-            path = hf_hub_download(repo_id, filename, revision=revision or None, library_name="timm",
-                                   library_version=timm.__version__)
+            path = hf_hub_download(repo_id, filename, revision=revision or None, cache_dir=hub_cache(),
+                                   library_name="timm", library_version=timm.__version__)
         except EntryNotFoundError as e:  # not in the repository: try the next
             missing.append(f"{filename}: {type(e).__name__}")
             continue
@@ -317,6 +235,20 @@ def _from_timm_hub(name: str) -> dict[str, Tensor]:
             raise WeightsUnavailableError(_hub_advice(name, repo_id, f"{type(e).__name__}: {e}")) from e
         return read_state_dict(path)
     raise WeightsUnavailableError(_hub_advice(name, repo_id, "; ".join(missing)))
+
+
+def hub_cache() -> str:
+    """The Hugging Face cache folder as the environment says now: $HF_HUB_CACHE, else $HF_HOME/hub.
+
+    huggingface_hub reads these once, when it is imported (timm imports it early); a process that sets them
+    afterwards (a test, a notebook) would otherwise be looked up in the old place."""
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.environ["HF_HOME"], "hub")
+    return constants.HF_HUB_CACHE
 
 
 def _unreachable(endpoint: str, timeout: float = HUB_PROBE_SECONDS) -> str | None:
@@ -344,9 +276,7 @@ def _from_timm_create_model(name: str) -> dict[str, Tensor]:
 
 def _hub_advice(name: str, repo_id: str, reason: str) -> str:
     """Where the weights of a timm name were looked for, and the three ways on without network."""
-    from huggingface_hub import constants
-
-    folder = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
+    folder = Path(hub_cache()) / f"models--{repo_id.replace('/', '--')}"
     return (
         f"cannot load pretrained weights {name!r}: {reason}.\n"
         f"Looked in the Hugging Face cache: {folder} ($HF_HUB_CACHE, else $HF_HOME/hub).\n"
@@ -357,6 +287,23 @@ def _hub_advice(name: str, repo_id: str, reason: str) -> str:
         f"from https://huggingface.co/{repo_id});\n"
         "  3. train from scratch: --model.init_args.pretrained null."
     )
+
+
+QUICK_GELU_TAGS = (".openai", "metaclip")  # weights trained with QuickGELU (timm's own tags for them included)
+
+
+def warn_quick_gelu(sd: dict[str, Tensor], model: VisionTransformer, source: str) -> None:
+    """Warn when QuickGELU-trained weights (OpenAI CLIP, MetaCLIP) go into a GELU model: it runs, and its features
+    are quietly wrong (timm #1754, #2031; open_clip #771)."""
+    act = getattr(getattr(model, "config", None), "act_layer", "gelu")
+    native = any(f"{p}class_embedding" in sd for p in ("visual.", "module.visual.")) or any(
+        tag in source.lower() for tag in QUICK_GELU_TAGS)
+    if native and act != "quick_gelu":
+        name = Path(source).name.split(".")[0]
+        fix = (name.replace("_clip_", "_clip_quickgelu_") if "_clip_" in name and "quickgelu" not in name
+               else "the matching *_clip_quickgelu_* architecture (e.g. vit_base_patch16_clip_quickgelu_224)")
+        log.warning("%s: these weights were trained with QuickGELU, but the model uses %s: its features will be "
+                    "wrong. Build %s instead (or pass act_layer='quick_gelu').", source, act, fix)
 
 
 def load_pretrained(model: VisionTransformer, source: str | os.PathLike) -> LoadResult:
@@ -378,10 +325,11 @@ def load_pretrained(model: VisionTransformer, source: str | os.PathLike) -> Load
                 f"{source!r} is neither a checkpoint file nor a timm pretrained model name"
             )
         sd = _from_timm_hub(str(source))
+    warn_quick_gelu(sd, model, str(source))
     sd = _adapt(to_timm_names(sd), model, result)
     _check(sd, model, result)
     with torch.no_grad():
-        model.load_state_dict(sd, strict=not result.head_reset)
+        model.load_state_dict(sd, strict=not (result.head_reset or result.fresh))
     for note in result.notes:
         log.warning("%s: %s", result.source, note)
     return result

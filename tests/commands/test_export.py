@@ -16,6 +16,7 @@ from tests.conftest import umask
 from vit import export
 from vit.checkpoint import load_classifier
 from vit.commands import main, run
+from vit.convert import convert_layer_scale
 from vit.nn.vision import MODEL_CONFIGS
 
 
@@ -123,7 +124,8 @@ def test_every_timm_named_config_maps_to_its_timm_architecture_unchanged():
             assert vit.create_model(architecture, num_classes=7, **model_args).embed_dim == config["embed_dim"]
         with torch.device("meta"):
             theirs = timm.create_model(architecture, num_classes=7, **model_args)
-        assert {k: v.shape for k, v in theirs.state_dict().items()} == {
+        # timm's Eva (DINOv3) names its LayerScale gamma_1/2: the same tensors once renamed (vit.convert)
+        assert {k: v.shape for k, v in convert_layer_scale(theirs.state_dict()).items()} == {
             k: v.shape for k, v in ours.state_dict().items()}, name
 
 
@@ -142,6 +144,30 @@ def test_avg_pool_model_round_trips_through_timm(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(theirs(x), model(x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch14_reg4_dinov2", "vit_base_patch16_clip_quickgelu_224",
+                                  "vit_base_patch16_siglip_224", "deit3_small_patch16_224",
+                                  "deit_small_distilled_patch16_224"])
+def test_each_family_round_trips_through_timm_and_onnx(name, tmp_path):
+    """timm loads the exported safetensors strictly and gives our logits; the ONNX file agrees with PyTorch."""
+    from vit.checkpoint import Classifier
+
+    p = MODEL_CONFIGS[name]["patch_size"]
+    model = vit.create_model(name, img_size=4 * p, depth=2, num_classes=3).eval()
+    classifier = Classifier(model, model_name=name, class_names=["a", "b", "c"], mean=[0.5] * 3, std=[0.5] * 3,
+                            crop_pct=1.0, interpolation="bicubic")
+    export.export_safetensors(classifier, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architecture"] == name and config["model_args"] == {"img_size": 4 * p, "depth": 2}
+    theirs = timm.create_model(f"local-dir:{tmp_path}", pretrained=True).eval()
+    theirs.load_state_dict(model.state_dict(), strict=True)
+    x = torch.randn(2, 3, 4 * p, 4 * p)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x), model(x), atol=1e-5, rtol=0)
+    if name == "vit_base_patch16_siglip_224":  # one family through ONNX (slow to trace): the attention pool
+        (check,) = export.export_onnx(classifier, tmp_path)
+        assert check.max_abs_diff <= export.ONNX_TOLERANCE
 
 
 @pytest.mark.parametrize("mask", [0o022, 0o027])

@@ -157,26 +157,12 @@ def test_model_mode_is_restored_and_dropout_is_off_while_explaining():
 # --- per-layer maps and prefix tokens ----------------------------------------------------------------
 
 
-class RegisterViT(VisionTransformer):
-    """A ViT with two register tokens after the cls token (Darcet et al., 2024)."""
-
-    num_prefix_tokens = 3
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.registers = nn.Parameter(torch.randn(1, 2, self.embed_dim))
-
-    def embed(self, x: Tensor) -> Tensor:
-        tokens = super().embed(x)  # (B, 1 + h*w, D)
-        registers = self.registers.expand(x.shape[0], -1, -1)
-        return torch.cat([tokens[:, :1], registers, tokens[:, 1:]], dim=1)
-
-
 def test_register_tokens_are_left_out_of_the_maps():
     torch.manual_seed(0)
-    model = RegisterViT(
-        img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=32, depth=2, num_heads=4
+    model = VisionTransformer(  # two register tokens after the cls token (Darcet et al., 2024)
+        img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=32, depth=2, num_heads=4, reg_tokens=2
     ).eval()
+    assert model.num_prefix_tokens == 3
     maps = collect_attention(model, torch.randn(2, 1, 8, 8))
     assert maps.weights.shape[-1] == 3 + 16
     cls_maps = maps.cls_maps()
@@ -345,3 +331,27 @@ def test_mean_attention_distance_of_local_and_global_heads():
 # --- `vit attention` ----------------------------------------------------------------------------------
 
 
+
+
+def test_siglip_map_comes_from_the_attention_pool():
+    """No cls token: the map is the attention pool's latent query over the last block's patches."""
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=32, depth=2,
+                              num_heads=4, class_token=False, global_pool="map").eval()
+    images = torch.randn(2, 1, 8, 8)
+    maps = collect_attention(model, images)
+    assert maps.num_prefix_tokens == 0 and maps.weights.shape[-1] == 16
+    pool = maps.pool_map()
+    assert pool.shape == (2, 4, 4, 4)
+    torch.testing.assert_close(pool.sum(dim=(-2, -1)), torch.ones(2, 4))
+    # the same weights by hand: the latent's query against the keys of the final tokens
+    tokens = model.forward_features(images)
+    ap = model.attn_pool
+    q = ap.q(ap.latent).reshape(1, 1, 4, 8).transpose(1, 2)  # (1, H, 1, d)
+    k = ap.kv(tokens)[..., :32].reshape(2, 16, 4, 8).transpose(1, 2)  # (B, H, N, d)
+    by_hand = ((q @ k.transpose(-2, -1)) * 8**-0.5).softmax(dim=-1)[:, :, 0]
+    torch.testing.assert_close(pool.flatten(-2), by_hand)
+    torch.testing.assert_close(maps.logits, model(images))
+    with pytest.raises(ValueError, match="cls_maps"):
+        collect_attention(VisionTransformer(img_size=8, patch_size=2, in_chans=1, embed_dim=32, depth=1,
+                                            num_heads=4), images).pool_map()

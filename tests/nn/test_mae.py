@@ -20,6 +20,7 @@ from vit.nn.mae import (
     random_masking,
     reconstruction_loss,
     sincos_pos_embed,
+    take_tokens,
     unpatchify,
 )
 from vit.tasks import MaskedAutoencoder
@@ -203,8 +204,17 @@ def test_the_encoder_weights_load_into_a_classifier_with_every_key_checked(tmp_p
     assert result.head_reset  # the encoder has no head: the classifier keeps its new one
     for name, value in task.model.state_dict().items():
         assert torch.equal(classifier.state_dict()[name], value), name
+    # Average pooling normalises after pooling: MAE's fine-tuning rule drops the encoder's final norm and starts
+    # fc_norm fresh; said in the result's notes (and the log), every other key still checked.
     avg = create_model("vit_digits_patch4_16", num_classes=10, global_pool="avg", **TINY)
-    with pytest.raises(UserValueError, match="fc_norm"):  # another pooling names other weights: said, not skipped
+    result = load_pretrained(avg, path)
+    assert any("norm.* is dropped and fc_norm starts fresh" in note for note in result.notes)
+    assert torch.equal(avg.fc_norm.weight, torch.ones(avg.embed_dim)) and torch.equal(avg.fc_norm.bias,
+                                                                                      torch.zeros(avg.embed_dim))
+    assert torch.equal(avg.blocks[0].attn.qkv.weight, task.model.blocks[0].attn.qkv.weight)
+    task.model.pos_embed.data = task.model.pos_embed.data[:, :-1]  # any other mismatch is still an error
+    torch.save({"state_dict": task.state_dict(), "vit": task.checkpoint_meta()}, path)
+    with pytest.raises(UserValueError, match="pos_embed"):
         load_pretrained(avg, path)
 
 
@@ -222,3 +232,23 @@ def test_a_mask_ratio_that_leaves_nothing_to_see_or_predict_is_refused():
         tiny_task(mask_ratio=0.99)
     with pytest.raises(UserValueError, match="mask_ratio"):
         tiny_task(mask_ratio=0.0)
+
+
+@pytest.mark.parametrize("layout", [dict(reg_tokens=2, no_embed_class=True), dict(class_token=False,
+                                                                                  global_pool="avg")])
+def test_encode_visible_asks_the_model_for_its_token_layout(layout):
+    """Registers after the cls token (positions on the patches only), or no prefix at all: with every patch kept
+    (in a random order) the encoder's tokens are its own forward's, the prefix first; the decoder takes them."""
+    torch.manual_seed(0)
+    encoder = create_model("vit_digits_patch4_16", **TINY, **layout).eval()
+    images = torch.randn(2, 1, 16, 16)
+    p, N = encoder.num_prefix_tokens, encoder.patch_embed.num_patches
+    latent, masking = encode_visible(encoder, images, N)
+    full = encoder.forward_features(images)
+    full = encoder.fc_norm(full)  # an average-pooling encoder normalises in fc_norm
+    assert latent.shape == (2, p + N, encoder.embed_dim)
+    torch.testing.assert_close(latent[:, :p], full[:, :p], atol=1e-5, rtol=0)
+    torch.testing.assert_close(take_tokens(full[:, p:], masking.keep), latent[:, p:], atol=1e-5, rtol=0)
+    decoder = MAEDecoder(embed_dim=encoder.embed_dim, grid_size=(4, 4), patch_size=(4, 4), in_chans=1,
+                         decoder_dim=16, decoder_depth=1, decoder_heads=2)
+    assert decoder(latent[:, :p + 5], masking.restore, num_prefix_tokens=p).shape == (2, N, 16)

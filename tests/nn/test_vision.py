@@ -5,6 +5,7 @@ import timm
 import torch
 
 import vit
+from vit.convert import convert_layer_scale
 from vit.nn.attention import MultiHeadAttention
 from vit.nn.vision import MODEL_CONFIGS, VisionTransformer
 
@@ -31,12 +32,13 @@ def test_patch_embedding_gives_196_tokens_plus_cls():
 
 
 def test_named_configs_have_timm_state_dict_layout():
-    """Every timm-named config has exactly timm's keys and shapes (built on meta: no memory)."""
+    """Every timm-named config has exactly timm's keys and shapes (built on meta: no memory); timm's Eva (DINOv3)
+    after its gamma_1/2 and q/v biases are renamed (`vit.convert.convert_layer_scale`)."""
     with torch.device("meta"):
         for name in vit.list_models():
             ours = vit.create_model(name).state_dict()
             if timm.is_model(name):
-                theirs = timm.create_model(name).state_dict()
+                theirs = convert_layer_scale(timm.create_model(name).state_dict())
                 assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}, name
         ours = vit.create_model("vit_small_patch16_224", global_pool="avg").state_dict()
         theirs = timm.create_model("vit_small_patch16_224", global_pool="avg").state_dict()
@@ -138,7 +140,7 @@ def test_init_follows_timm_and_drop_path_rises_linearly():
     assert all(0.015 < m.weight.std() < 0.025 for m in linears)
     assert all(isinstance(b.attn, MultiHeadAttention) for b in model.blocks)
     assert all(b.norm1.eps == 1e-6 for b in model.blocks)
-    assert model.no_weight_decay() == {"pos_embed", "cls_token"}
+    assert model.no_weight_decay() == timm.create_model("vit_tiny_patch16_224").no_weight_decay()  # timm's set
 
 
 def test_reset_classifier_and_pre_logits():

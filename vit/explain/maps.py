@@ -162,6 +162,16 @@ class AttentionMaps:
     grid: tuple[int, int]  # patch grid (h, w) of these images
     num_prefix_tokens: int
     global_pool: str
+    pool_weights: Tensor | None = None  # (B, H, h*w): SigLIP's attention-pool query over the patches
+
+    def pool_map(self) -> Tensor:
+        """What an attention-pool head (SigLIP's, ``global_pool="map"``) attends to, per head: (B, H, h, w).
+
+        A model without a cls token has no cls row to read; its pooled feature is the pool's latent query
+        attending to the last block's patches, so that query's own weights are its map (big_vision #145)."""
+        if self.pool_weights is None:
+            raise ValueError(f"this model pools by {self.global_pool!r}, not by an attention pool: use cls_maps()")
+        return _to_grid(self.pool_weights, self.grid)
 
     def cls_maps(self) -> Tensor:
         """Cls-to-patch maps per collected layer and head: (L, B, H, h, w)."""
@@ -196,11 +206,16 @@ def collect_attention(
     """
     grid = _check_images(model, images)
     chosen = model.layer_indices(layers)
+    collected: list[Tensor] = []
+    pool_weights = None
     with _eval_mode(model):
-        logits, weights = model.forward_attention(images, layers=chosen)
+        tokens = model.tokens(images, attention_layers=chosen, on_attention=lambda _, w: collected.append(w))
+        logits = model.forward_head(tokens)
+        if model.attn_pool is not None:  # the attention pool's own weights: (B, H, 1, h*w) -> (B, H, h*w)
+            pool_weights = model.attn_pool(tokens[:, model.num_prefix_tokens:], return_attention=True)[1][:, :, 0]
     return AttentionMaps(
-        logits=logits, weights=weights, layers=chosen, depth=len(model.blocks), grid=grid,
-        num_prefix_tokens=model.num_prefix_tokens, global_pool=model.global_pool,
+        logits=logits, weights=torch.stack(collected), layers=chosen, depth=len(model.blocks), grid=grid,
+        num_prefix_tokens=model.num_prefix_tokens, global_pool=model.global_pool, pool_weights=pool_weights,
     )
 
 
@@ -208,9 +223,7 @@ def _forward_layerwise(
     model: VisionTransformer, images: Tensor, on_weights: Callable[[Tensor], None]
 ) -> Tensor:
     """Logits, handing each block's weights (B, H, N, N) to ``on_weights`` as soon as they exist."""
-    tokens = model.forward_blocks(
-        model.embed(images), attention_layers=range(len(model.blocks)), on_attention=lambda _, w: on_weights(w)
-    )
+    tokens = model.tokens(images, attention_layers=range(len(model.blocks)), on_attention=lambda _, w: on_weights(w))
     return model.forward_head(tokens)
 
 

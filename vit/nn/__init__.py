@@ -1,29 +1,41 @@
 """Neural-network modules: the attention kernel, Transformer blocks, the ViT and the text model."""
 
 from vit.nn.attention import KVCache, MultiHeadAttention
-from vit.nn.blocks import DecoderBlock, DropPath, EncoderBlock, Mlp
+from vit.nn.blocks import DecoderBlock, DropPath, EncoderBlock, LayerScale, Mlp
+from vit.nn.configs import ViTConfig
+from vit.nn.layers import AttentionPool, QuickGELU
 from vit.nn.pyramid import SimpleFeaturePyramid
+from vit.nn.rope import DinoV3Rope
 from vit.nn.vision import (
     MODEL_CONFIGS,
+    DistilledVisionTransformer,
     PatchEmbed,
     ShiftedPatchEmbed,
     VisionTransformer,
+    build_model,
     create_model,
     list_models,
 )
 
 __all__ = [
     "MODEL_CONFIGS",
+    "AttentionPool",
     "DecoderBlock",
+    "DinoV3Rope",
+    "DistilledVisionTransformer",
     "DropPath",
     "EncoderBlock",
     "KVCache",
+    "LayerScale",
     "Mlp",
     "MultiHeadAttention",
     "PatchEmbed",
+    "QuickGELU",
     "ShiftedPatchEmbed",
     "SimpleFeaturePyramid",
+    "ViTConfig",
     "VisionTransformer",
+    "build_model",
     "create_model",
     "list_models",
 ]

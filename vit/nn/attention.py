@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vit.nn.rope import Rotary
+
 
 @dataclass
 class KVCache:
@@ -177,11 +179,13 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         return_attention: bool = False,
         cache: KVCache | None = None,
+        rope: Rotary | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``x`` (B, Lq, C) to ``context`` (B, Lk, C), or to ``x`` itself.
 
         Returns the output (B, Lq, C), and with ``return_attention=True`` also the
-        weights (B, H, Lq, Lk). ``cache`` enables incremental decoding.
+        weights (B, H, Lq, Lk). ``cache`` enables incremental decoding. ``rope`` turns the queries and keys
+        by their patch's rotary angles (`vit.nn.rope`); the queries are the sequence's first Lq tokens.
         """
         B, Lq, C = x.shape
         if cache is not None and self.cross and cache.k is not None:
@@ -194,6 +198,8 @@ class MultiHeadAttention(nn.Module):
                     k = torch.cat([cache.k, k], dim=2)
                     v = torch.cat([cache.v, v], dim=2)
                 cache.k, cache.v = k, v
+        if rope is not None:
+            q, k = rope.apply(q), rope.apply(k)
         Lk = k.shape[2]
         scale = self.scale
         if self.learned_scale is not None:

@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from vit.nn.attention import KVCache, MultiHeadAttention
+from vit.nn.rope import Rotary
 
 
 class Mlp(nn.Module):
@@ -52,8 +54,26 @@ class DropPath(nn.Module):
         return f"p={self.p}"
 
 
+class LayerScale(nn.Module):
+    """A learned per-channel scale on a residual branch (Touvron et al., 2021, CaiT): ``x * gamma``."""
+
+    def __init__(self, dim: int, init_values: float = 1e-5) -> None:
+        super().__init__()
+        self.init_values = init_values
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_values)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+    def extra_repr(self) -> str:
+        return f"init_values={self.init_values}"
+
+
 class EncoderBlock(nn.Module):
-    """Self-attention then MLP, each in a pre-norm residual branch; ``locality_attention`` makes it LSA."""
+    """Self-attention then MLP, each in a pre-norm residual branch; ``locality_attention`` makes it LSA.
+
+    ``init_values`` scales each branch by a learned LayerScale (``ls1.gamma``, ``ls2.gamma``; DINOv2, DeiT III).
+    """
 
     def __init__(
         self,
@@ -65,9 +85,10 @@ class EncoderBlock(nn.Module):
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
-        act_layer: type[nn.Module] = nn.GELU,
+        act_layer: Callable[[], nn.Module] = nn.GELU,
         norm_eps: float = 1e-6,
         locality_attention: bool = False,
+        init_values: float | None = None,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(embed_dim, eps=norm_eps)
@@ -75,9 +96,11 @@ class EncoderBlock(nn.Module):
             embed_dim, num_heads, qkv_bias=qkv_bias, attn_drop_rate=attn_drop_rate, proj_drop_rate=drop_rate,
             locality_attention=locality_attention,
         )
+        self.ls1 = LayerScale(embed_dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path_rate)
         self.norm2 = nn.LayerNorm(embed_dim, eps=norm_eps)
         self.mlp = Mlp(embed_dim, int(embed_dim * mlp_ratio), act_layer=act_layer, drop_rate=drop_rate)
+        self.ls2 = LayerScale(embed_dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path_rate)
 
     @staticmethod
@@ -95,25 +118,26 @@ class EncoderBlock(nn.Module):
         attn_mask: Tensor | None = None,
         num_queries: int | None = None,
         return_attention: bool = False,
+        rope: Rotary | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Update the tokens ``x`` (B, N, C); with ``return_attention`` also give the weights (B, H, n, N).
 
         ``num_queries=n`` updates and returns only the first n tokens while they still attend to
-        all N: a ViT's last block needs nothing but the cls token.
+        all N: a ViT's last block needs nothing but the cls token. ``rope``: rotary positions (DINOv3).
         """
         weights: list[Tensor] = []
 
         def attend(tokens: Tensor) -> Tensor:  # all N tokens; queries are the first num_queries
             queries, context = (tokens, None) if num_queries is None else (tokens[:, :num_queries], tokens)
             out = self.attn(queries, context, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
-                            return_attention=return_attention)
+                            return_attention=return_attention, rope=rope)
             if return_attention:
                 out, w = out
                 weights.append(w)
-            return out
+            return self.ls1(out)
 
         x = self.residual(x, self.norm1, attend, self.drop_path1, keep=num_queries)
-        x = self.residual(x, self.norm2, self.mlp, self.drop_path2)
+        x = self.residual(x, self.norm2, lambda t: self.ls2(self.mlp(t)), self.drop_path2)
         return (x, weights[0]) if return_attention else x
 
 
@@ -191,5 +215,6 @@ class PostNormDecoderBlock(PostNorm, DecoderBlock):
 
 
 __all__ = [
-    "DecoderBlock", "DropPath", "EncoderBlock", "Mlp", "PostNorm", "PostNormDecoderBlock", "PostNormEncoderBlock",
+    "DecoderBlock", "DropPath", "EncoderBlock", "LayerScale", "Mlp", "PostNorm", "PostNormDecoderBlock",
+    "PostNormEncoderBlock",
 ]

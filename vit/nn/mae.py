@@ -4,7 +4,7 @@ around the unchanged `VisionTransformer`.
     image (B, C, H, W)
       -> encoder.patch_embed, + pos_embed (no cls yet)       (B, N, D)
       -> random_masking: keep n = round(N (1 - mask_ratio))   (B, n, D)    a new draw for every image
-      -> prepend cls (+ its position), encoder blocks, norm   (B, 1 + n, D)
+      -> prepend the prefix (cls, + its position), blocks, norm (B, 1 + n, D)
     MAEDecoder
       -> embed                                                (B, 1 + n, d)
       -> append N - n mask tokens, unshuffle to patch order   (B, 1 + N, d)
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from vit.nn.blocks import EncoderBlock
-from vit.nn.vision import VisionTransformer, positions_for
+from vit.nn.vision import VisionTransformer
 
 
 # ---- patches -----------------------------------------------------------------------------------------
@@ -124,16 +124,18 @@ def sincos_pos_embed(dim: int, grid: Sequence[int], num_prefix_tokens: int = 1) 
 def encode_visible(
     encoder: VisionTransformer, images: Tensor, visible: int, *, generator: torch.Generator | None = None
 ) -> tuple[Tensor, Masking]:
-    """The encoder on ``visible`` random patches of each image: its tokens (B, 1 + n, D) after the final norm
-    (``norm``, or ``fc_norm`` for an average-pooling model, whose ``norm`` is the identity), and the masking."""
-    pos_embed = positions_for(images, encoder.pos_embed, encoder.img_size, encoder.patch_size,
-                              encoder.dynamic_img_size)  # as the encoder's own `embed` finds them
-    x = encoder.patch_embed(images) + pos_embed[:, 1:]  # (B, N, D): positions go with their patches
+    """The encoder on ``visible`` random patches of each image: its tokens (B, P + n, D) after the final norm
+    (``norm``, or ``fc_norm`` for an average-pooling model, whose ``norm`` is the identity), and the masking.
+
+    The encoder's own embedding steps: patch tokens with their positions, masked, then its prefix tokens
+    (P = ``encoder.num_prefix_tokens``) put first."""
+    if encoder.rope is not None:
+        raise ValueError("MAE masks patches before the blocks; rotary positions (DINOv3) would need the kept "
+                         "patches' coordinates: use a model with learned positions")
+    x = encoder.embed_patches(images)  # (B, N, D): positions go with their patches
     B, N, _ = x.shape
     masking = random_masking(B, N, visible, device=x.device, generator=generator)
-    x = take_tokens(x, masking.keep)  # (B, n, D)
-    cls = (encoder.cls_token + pos_embed[:, :1]).expand(B, -1, -1)
-    x = encoder.pos_drop(torch.cat([cls, x], dim=1))  # (B, 1 + n, D)
+    x = encoder.join_prefix(take_tokens(x, masking.keep))  # (B, P + n, D)
     return encoder.fc_norm(encoder.forward_blocks(x)), masking
 
 
@@ -158,15 +160,20 @@ class MAEDecoder(nn.Module):
         self.norm = nn.LayerNorm(decoder_dim, eps=1e-6)
         self.pred = nn.Linear(decoder_dim, patch_size[0] * patch_size[1] * in_chans)
 
-    def forward(self, latent: Tensor, restore: Tensor, grid: Sequence[int] | None = None) -> Tensor:
-        """Encoder tokens (B, 1 + n, D) and `Masking.restore` (B, N) -> predicted patches (B, N, ph*pw*C)."""
-        x = self.embed(latent)  # (B, 1 + n, d)
+    def forward(
+        self, latent: Tensor, restore: Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 1
+    ) -> Tensor:
+        """Encoder tokens (B, P + n, D), P = ``num_prefix_tokens``, and `Masking.restore` (B, N) -> predicted
+        patches (B, N, ph*pw*C). The decoder keeps one prefix token: the encoder's first (its cls token)."""
+        x = self.embed(latent)  # (B, P + n, d)
         B, N = restore.shape
-        masked = self.mask_token.to(x.dtype).expand(B, N + 1 - x.shape[1], -1)
-        patches = take_tokens(torch.cat([x[:, 1:], masked], dim=1), restore)  # (B, N, d) in patch order
+        p = num_prefix_tokens
+        masked = self.mask_token.to(x.dtype).expand(B, N + p - x.shape[1], -1)
+        patches = take_tokens(torch.cat([x[:, p:], masked], dim=1), restore)  # (B, N, d) in patch order
         grid = self.grid_size if grid is None else tuple(grid)
         pos_embed = self.pos_embed if grid == self.grid_size else sincos_pos_embed(x.shape[-1], grid).to(x.device)
-        x = torch.cat([x[:, :1], patches], dim=1) + pos_embed
+        first = x[:, :1] if p else x.new_zeros(B, 1, x.shape[-1])  # no prefix at all: a zero token in its place
+        x = torch.cat([first, patches], dim=1) + pos_embed
         return self.pred(self.norm(self.blocks(x)))[:, 1:]
 
 

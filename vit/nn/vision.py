@@ -1,10 +1,12 @@
-"""The Vision Transformer (Dosovitskiy et al., 2021), with timm's state-dict names.
+"""The Vision Transformer (Dosovitskiy et al., 2021), with timm's state-dict names, for every family in
+`vit.nn.configs` (the classic ViT, DINOv2/v3, CLIP, SigLIP, DeiT III, DeiT distilled, MAE encoders).
 
 image (B, 3, 224, 224)
-  -> PatchEmbed: Conv2d(k=s=16)            (B, 196, C)
-  -> prepend cls token, add pos_embed      (B, 197, C)
-  -> EncoderBlock x depth (pre-norm)       (B, 197, C)
-  -> LayerNorm, cls token -> Linear head   (B, num_classes)
+  -> PatchEmbed: Conv2d(k=s=16)                     (B, 196, C)
+  -> + pos_embed (patch rows), prepend prefix       (B, P + 196, C)   P = cls + dist + registers
+     (prefix rows of pos_embed added to the prefix, unless no_embed_class), norm_pre (CLIP)
+  -> EncoderBlock x depth (pre-norm, LayerScale)    (B, P + 196, C)   DINOv3: rotary q/k in every block
+  -> norm, pool (cls / patch mean / attention pool), fc_norm, Linear head    (B, num_classes)
 
 Two options from "Vision Transformer for Small-Size Datasets" (Lee, Lee & Song, 2021), both off by
 default (off, the weights keep timm's names and the numerics timm's):
@@ -16,7 +18,6 @@ default (off, the weights keep timm's names and the numerics timm's):
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -28,37 +29,14 @@ from torch.utils.checkpoint import checkpoint
 
 from vit.errors import UserValueError
 from vit.nn.blocks import EncoderBlock
+from vit.nn.configs import MODEL_CONFIGS, ViTConfig, list_models, named_config
+from vit.nn.layers import ACTIVATIONS, AttentionPool, PatchEmbed, ShiftedPatchEmbed
+from vit.nn.rope import DinoV3Rope
 
-# Named configurations; `create_model(name, **overrides)` builds them.
-MODEL_CONFIGS: dict[str, dict[str, Any]] = {
-    "vit_tiny_patch16_224": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
-    "vit_small_patch16_224": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
-    "vit_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
-    "vit_base_patch32_224": dict(patch_size=32, embed_dim=768, depth=12, num_heads=12),
-    "vit_large_patch16_224": dict(patch_size=16, embed_dim=1024, depth=24, num_heads=16),
-    "vit_small_patch16_384": dict(img_size=384, patch_size=16, embed_dim=384, depth=12, num_heads=6),
-    "vit_base_patch16_384": dict(img_size=384, patch_size=16, embed_dim=768, depth=12, num_heads=12),
-    # 32x32 CIFAR, after "Vision Transformer for Small-Size Datasets" (Lee et al., 2021).
-    "vit_cifar_patch4_32": dict(
-        img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=9, num_heads=12, mlp_ratio=2.0
-    ),
-    # From scratch on a small folder of your own (configs/scratch_small.yaml, scripts/parity.py): 16 patches.
-    "vit_scratch_patch8_32": dict(img_size=32, patch_size=8, embed_dim=96, depth=4, num_heads=4),
-    # scikit-learn's 8x8 grayscale digits: 16 patches of 2x2 ...
-    "vit_digits_patch2_8": dict(
-        img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=64, depth=4, num_heads=4,
-        mlp_ratio=2.0,
-    ),
-    # ... or upsampled to 16x16: still 16 patches, each 4x4 (configs/digits.yaml).
-    "vit_digits_patch4_16": dict(
-        img_size=16, patch_size=4, in_chans=1, num_classes=10, embed_dim=64, depth=4, num_heads=4,
-        mlp_ratio=2.0,
-    ),
-}
-
-
-def _pair(x: int | Sequence[int]) -> tuple[int, int]:
-    return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+__all__ = [
+    "MODEL_CONFIGS", "DistilledVisionTransformer", "PatchEmbed", "ShiftedPatchEmbed", "ViTConfig",
+    "VisionTransformer", "build_model", "create_model", "list_models", "positions_for", "resample_pos_embed",
+]
 
 
 def resample_pos_embed(
@@ -105,146 +83,79 @@ def patch_grid(
 
 @torch.fx.wrap  # a leaf for torch.fx: it branches on the input's shape, which a symbolic trace does not know
 def positions_for(
-    x: Tensor, pos_embed: Tensor, img_size: tuple[int, int], patch_size: tuple[int, int], dynamic_img_size: bool
-) -> Tensor:
-    """``pos_embed`` for the images ``x`` (B, C, H, W): their size checked, resampled to their patch grid."""
+    x: Tensor, pos_embed: Tensor | None, img_size: tuple[int, int], patch_size: tuple[int, int],
+    dynamic_img_size: bool, num_prefix_tokens: int = 1,
+) -> Tensor | None:
+    """``pos_embed`` for the images ``x`` (B, C, H, W): their size checked, resampled to their patch grid.
+
+    ``num_prefix_tokens``: the rows of ``pos_embed`` that are not patches (0 for a ``no_embed_class`` model)."""
     if x.dim() != 4:
         raise ValueError(f"expected images shaped (batch, channels, height, width), got {tuple(x.shape)}")
     grid = patch_grid(x.shape[-2], x.shape[-1], img_size, patch_size, dynamic_img_size)
     trained = (img_size[0] // patch_size[0], img_size[1] // patch_size[1])
-    return pos_embed if grid == trained else resample_pos_embed(pos_embed, grid, trained)
-
-
-class PatchGrid(nn.Module):
-    """What every patch embedding knows: image and patch size, the patch grid, the input channels."""
-
-    def __init__(self, img_size: int | Sequence[int], patch_size: int | Sequence[int], in_chans: int) -> None:
-        super().__init__()
-        self.img_size = _pair(img_size)
-        self.patch_size = _pair(patch_size)
-        for side, p in zip(self.img_size, self.patch_size):
-            if side % p:
-                raise ValueError(
-                    f"img_size {self.img_size} is not divisible by patch_size {self.patch_size}"
-                )
-        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
-        self.num_patches = self.grid_size[0] * self.grid_size[1]
-        self.in_chans = in_chans
-
-
-class PatchEmbed(PatchGrid):
-    """Split an image into non-overlapping patches and project each to ``embed_dim``."""
-
-    def __init__(self, img_size: int | Sequence[int], patch_size: int, in_chans: int, embed_dim: int):
-        super().__init__(img_size, patch_size, in_chans)
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)  # (B, C, h, w) -> (B, h*w, C)
-
-
-class ShiftedPatchEmbed(PatchGrid):
-    """Shifted Patch Tokenization: the image and four diagonal half-patch shifts, patched, normed, projected.
-
-    As in the authors' code (aanna0701/SPT_LSA_ViT): zero-pad by s = patch // 2 on every side, crop the
-    padded image at its top-left, top-right, bottom-left and bottom-right corners (contents moved by
-    (+s, +s), (+s, -s), (-s, +s), (-s, -s) in (down, right)), put them after the image along channels,
-    and flatten each patch row by row, channels fastest. Weights: ``norm`` then ``proj`` (a Linear).
-    """
-
-    def __init__(self, img_size: int | Sequence[int], patch_size: int, in_chans: int, embed_dim: int):
-        super().__init__(img_size, patch_size, in_chans)
-        ph, pw = self.patch_size
-        self.shift = (ph // 2, pw // 2)
-        patch_dim = 5 * in_chans * ph * pw
-        self.norm = nn.LayerNorm(patch_dim, eps=1e-6)
-        self.proj = nn.Linear(patch_dim, embed_dim)
-
-    def shifted(self, x: Tensor) -> Tensor:
-        """(B, C, H, W) -> (B, 5C, H, W): the image, then its four zero-filled diagonal shifts."""
-        (sh, sw), (H, W) = self.shift, x.shape[-2:]
-        padded = F.pad(x, (sw, sw, sh, sh))  # (B, C, H + 2sh, W + 2sw), zeros around
-        crops = [padded[..., i:i + H, j:j + W] for i in (0, 2 * sh) for j in (0, 2 * sw)]
-        return torch.cat([x, *crops], dim=1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.shifted(x)
-        B, C, H, W = x.shape
-        ph, pw = self.patch_size
-        x = x.reshape(B, C, H // ph, ph, W // pw, pw).permute(0, 2, 4, 3, 5, 1)  # (B, h, w, ph, pw, 5C)
-        x = x.reshape(B, (H // ph) * (W // pw), ph * pw * C)  # (B, h*w, ph*pw*5C)
-        return self.proj(self.norm(x))
+    if pos_embed is None or grid == trained:
+        return pos_embed
+    return resample_pos_embed(pos_embed, grid, trained, num_prefix_tokens)
 
 
 class VisionTransformer(nn.Module):
-    """ViT with a cls token, learned position embeddings and pre-norm encoder blocks.
+    """ViT with prefix tokens (cls, registers), learned or rotary positions and pre-norm encoder blocks.
 
-    ``shifted_patches`` and ``locality_attention`` switch on SPT and LSA (see the module docstring).
+    Built from one `ViTConfig` (``config=``, or its fields as keywords). The token layout is the model's:
+    ``num_prefix_tokens`` tokens come first, then the h*w patches; `embed` joins them and `pool` reads them.
     """
 
-    num_prefix_tokens = 1  # the cls token
-
-    def __init__(
-        self,
-        *,
-        img_size: int | Sequence[int] = 224,
-        patch_size: int = 16,
-        in_chans: int = 3,
-        num_classes: int = 1000,
-        embed_dim: int = 768,
-        depth: int = 12,
-        num_heads: int = 12,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        global_pool: str = "token",
-        drop_rate: float = 0.0,
-        pos_drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        dynamic_img_size: bool = False,
-        shifted_patches: bool = False,
-        locality_attention: bool = False,
-    ) -> None:
+    def __init__(self, config: ViTConfig | None = None, **options: Any) -> None:
         super().__init__()
-        if global_pool not in ("token", "avg"):
-            raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
-        if depth < 1:
-            raise ValueError(f"depth must be at least 1, got {depth}")
-        self.num_classes = num_classes
-        self.global_pool = global_pool
-        self.embed_dim = self.num_features = embed_dim
-        self.dynamic_img_size = dynamic_img_size
-        self.shifted_patches = shifted_patches
-        self.locality_attention = locality_attention
+        c = self.config = (config or ViTConfig()).replace(**options)
+        self.num_classes, self.global_pool = c.num_classes, c.global_pool
+        self.embed_dim = self.num_features = c.embed_dim
+        self.dynamic_img_size, self.no_embed_class = c.dynamic_img_size, c.no_embed_class
+        self.shifted_patches, self.locality_attention = c.shifted_patches, c.locality_attention
+        self.num_prefix_tokens = c.num_prefix_tokens
         self.grad_checkpointing = False
 
-        embed = ShiftedPatchEmbed if shifted_patches else PatchEmbed
-        self.patch_embed = embed(img_size, patch_size, in_chans, embed_dim)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
-        self.pos_drop = nn.Dropout(pos_drop_rate)
+        embed = ShiftedPatchEmbed if c.shifted_patches else PatchEmbed
+        self.patch_embed = embed(c.img_size, c.patch_size, c.in_chans, c.embed_dim, bias=not c.pre_norm)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim)) if c.class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, c.reg_tokens, c.embed_dim)) if c.reg_tokens else None
+        self.pos_embed = None
+        if c.pos_embed == "learn":  # no_embed_class: rows for the patches only
+            rows = self.patch_embed.num_patches + (0 if c.no_embed_class else self.num_prefix_tokens)
+            self.pos_embed = nn.Parameter(torch.zeros(1, rows, c.embed_dim))
+        self.rope = None
+        if c.rope == "dinov3":
+            self.rope = DinoV3Rope(c.embed_dim // c.num_heads, c.rope_temperature, self.num_prefix_tokens)
+        self.pos_drop = nn.Dropout(c.pos_drop_rate)
+        self.norm_pre = nn.LayerNorm(c.embed_dim, eps=c.norm_eps) if c.pre_norm else nn.Identity()
 
         # Stochastic depth rises linearly from 0 to drop_path_rate (plain floats: works on the meta device).
-        drop_path = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+        drop_path = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]
+        act = ACTIVATIONS[c.act_layer]
         self.blocks = nn.Sequential(*[
             EncoderBlock(
-                embed_dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop_rate=drop_rate,
-                attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path[i], locality_attention=locality_attention,
+                c.embed_dim, c.num_heads, mlp_ratio=c.mlp_ratio, qkv_bias=c.qkv_bias, drop_rate=c.drop_rate,
+                attn_drop_rate=c.attn_drop_rate, drop_path_rate=drop_path[i], act_layer=act, norm_eps=c.norm_eps,
+                locality_attention=c.locality_attention, init_values=c.init_values,
             )
-            for i in range(depth)
+            for i in range(c.depth)
         ])
-        # timm's convention: average pooling normalises after pooling, in `fc_norm`.
-        use_fc_norm = global_pool == "avg"
-        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=1e-6)
-        self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if use_fc_norm else nn.Identity()
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        # timm's convention: average pooling normalises after pooling, in `fc_norm`; SigLIP pools by attention.
+        layer_norm = lambda: nn.LayerNorm(c.embed_dim, eps=c.norm_eps)
+        self.norm = layer_norm() if c.final_norm and not c.use_fc_norm else nn.Identity()
+        self.attn_pool = (AttentionPool(c.embed_dim, c.num_heads, mlp_ratio=c.mlp_ratio, norm_eps=c.norm_eps,
+                                        act_layer=act) if c.global_pool == "map" else None)
+        self.fc_norm = layer_norm() if c.final_norm and c.use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(c.drop_rate)
+        self.head = nn.Linear(c.embed_dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
         self.init_weights()
 
     def init_weights(self) -> None:
         """timm's default ('jax'-free) initialisation."""
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.normal_(self.cls_token, std=1e-6)
+        if self.pos_embed is not None:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        for token in self.prefix_tokens():
+            nn.init.normal_(token, std=1e-6)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -263,32 +174,73 @@ class VisionTransformer(nn.Module):
     def in_chans(self) -> int:
         return self.patch_embed.in_chans
 
+    @property
+    def pos_embed_prefix(self) -> int:
+        """How many rows of ``pos_embed`` belong to prefix tokens: 0 with ``no_embed_class``."""
+        return 0 if self.no_embed_class else self.num_prefix_tokens
+
     def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "cls_token"}
+        return {"pos_embed", "cls_token", "reg_token", "dist_token"}  # timm's set
 
     def get_classifier(self) -> nn.Module:
         return self.head
+
+    def _new_head(self, num_classes: int) -> nn.Module:
+        if num_classes <= 0:
+            return nn.Identity()
+        head = nn.Linear(self.embed_dim, num_classes)
+        nn.init.trunc_normal_(head.weight, std=0.02)
+        nn.init.zeros_(head.bias)
+        return head.to(self.patch_embed.proj.weight.device)
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the head (e.g. for fine-tuning on another label set)."""
         if global_pool is not None and global_pool != self.global_pool:
             raise ValueError("changing global_pool would change the norm layers; build a new model")
         self.num_classes = num_classes
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        if num_classes > 0:
-            nn.init.trunc_normal_(self.head.weight, std=0.02)
-            nn.init.zeros_(self.head.bias)
+        self.config = self.config.replace(num_classes=num_classes)  # the description stays the model's
+        self.head = self._new_head(num_classes)
 
     def patch_grid(self, height: int, width: int) -> tuple[int, int]:
         """The patch grid for an input of this size, or a clear error if it is not accepted."""
         return patch_grid(height, width, self.img_size, self.patch_size, self.dynamic_img_size)
 
-    def embed(self, x: Tensor) -> Tensor:
-        """Image (B, C, H, W) -> tokens (B, 1 + h*w, D) with positions added."""
-        pos_embed = positions_for(x, self.pos_embed, self.img_size, self.patch_size, self.dynamic_img_size)
+    # --- the token layout -------------------------------------------------------------------
+    def prefix_tokens(self) -> list[Tensor]:
+        """The learned tokens before the patches, in order: cls, then registers (each (1, n, D))."""
+        return [t for t in (self.cls_token, self.reg_token) if t is not None]
+
+    def embed_patches(self, x: Tensor) -> Tensor:
+        """Images (B, C, H, W) -> patch tokens (B, h*w, D), each with its position added (if any)."""
+        pos = positions_for(x, self.pos_embed, self.img_size, self.patch_size, self.dynamic_img_size,
+                            self.pos_embed_prefix)
         x = self.patch_embed(x)
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + pos_embed
-        return self.pos_drop(x)
+        return x if pos is None else x + pos[:, self.pos_embed_prefix:]
+
+    def join_prefix(self, patches: Tensor) -> Tensor:
+        """Patch tokens (B, n, D) -> (B, prefix + n, D): prefix tokens (with their own positions) put first."""
+        B = patches.shape[0]
+        prefix = torch.cat([t.expand(B, -1, -1) for t in self.prefix_tokens()], dim=1) if self.num_prefix_tokens \
+            else patches[:, :0]
+        if self.pos_embed is not None and self.pos_embed_prefix:
+            prefix = prefix + self.pos_embed[:, :self.pos_embed_prefix]
+        return self.norm_pre(self.pos_drop(torch.cat([prefix, patches], dim=1)))
+
+    def embed(self, x: Tensor) -> Tensor:
+        """Image (B, C, H, W) -> tokens (B, prefix + h*w, D), positions added: the one embedding step."""
+        return self.join_prefix(self.embed_patches(x))
+
+    def pool(self, x: Tensor) -> Tensor:
+        """Tokens (B, N, D) -> (B, D): the cls token, the patch mean, or SigLIP's attention pool."""
+        if self.global_pool == "token":
+            return x[:, 0]
+        patches = x[:, self.num_prefix_tokens:]
+        return patches.mean(dim=1) if self.global_pool == "avg" else self.attn_pool(patches)
+
+    @property
+    def pooled_rows(self) -> int | None:
+        """How many leading tokens the head reads (the last block computes only those), or None for all."""
+        return 1 if self.global_pool == "token" else None
 
     def layer_indices(self, layers: int | Sequence[int] | None) -> list[int]:
         """Sorted block indices: the last n (an int), the listed ones (negative counts from the end), or all (None)."""
@@ -316,6 +268,7 @@ class VisionTransformer(nn.Module):
         self,
         x: Tensor,
         *,
+        grid: tuple[int, int] | None = None,
         attention_layers: Collection[int] = (),
         on_attention: Callable[[int, Tensor], None] | None = None,
         on_block: Callable[[int, Tensor], None] | None = None,
@@ -324,38 +277,48 @@ class VisionTransformer(nn.Module):
     ) -> Tensor:
         """Run the encoder blocks and the final norm over tokens (B, N, D): the one block loop.
 
-        Blocks in ``attention_layers`` take the kernel's explicit path and hand their weights
-        (B, heads, N, N) to ``on_attention(layer, weights)`` as soon as they exist. ``on_block(i, tokens)``
-        sees every block's output; ``stop_after=i`` runs blocks 0..i only. With ``pooled_only`` a
-        cls-token model's last block computes only the cls row, all the head needs.
+        ``grid``: the patch grid (h, w), which rotary positions need. Blocks in ``attention_layers`` take the
+        kernel's explicit path and hand their weights (B, heads, N, N) to ``on_attention(layer, weights)`` as
+        soon as they exist. ``on_block(i, tokens)`` sees every block's output; ``stop_after=i`` runs blocks
+        0..i only. With ``pooled_only`` the last block computes only the rows the head reads (`pooled_rows`).
         """
+        rope = None
+        if self.rope is not None:
+            if grid is None:
+                raise ValueError("a model with rotary positions needs the patch grid: forward_blocks(x, grid=(h, w))")
+            rope = self.rope(grid)
         last = len(self.blocks) - 1
         blocks = self.blocks if stop_after is None else self.blocks[:stop_after + 1]
         for i, block in enumerate(blocks):
-            num_queries = 1 if pooled_only and i == last and self.global_pool == "token" else None
+            num_queries = self.pooled_rows if pooled_only and i == last else None
             if i in attention_layers:
-                x, weights = block(x, num_queries=num_queries, return_attention=True)
+                x, weights = block(x, num_queries=num_queries, return_attention=True, rope=rope)
                 on_attention(i, weights)
             elif self.grad_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(block, x, num_queries=num_queries, use_reentrant=False)
+                x = checkpoint(block, x, num_queries=num_queries, rope=rope, use_reentrant=False)
             else:
-                x = block(x, num_queries=num_queries)
+                x = block(x, num_queries=num_queries, rope=rope)
             if on_block is not None:
                 on_block(i, x)
         return self.norm(x)
 
+    def tokens(self, x: Tensor, **kwargs: Any) -> Tensor:
+        """Images (B, C, H, W) through the embedding and `forward_blocks` (its keyword arguments)."""
+        # The grid only for rotary positions: a torch.fx trace of the others never branches on the input's shape.
+        grid = self.patch_grid(x.shape[-2], x.shape[-1]) if self.rope is not None else None
+        return self.forward_blocks(self.embed(x), grid=grid, **kwargs)
+
     def forward_features(self, x: Tensor) -> Tensor:
-        """All tokens after the final norm: (B, 1 + h*w, D)."""
-        return self.forward_blocks(self.embed(x))
+        """All tokens after the final norm: (B, prefix + h*w, D)."""
+        return self.tokens(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Pool the tokens (cls token or patch average) and classify."""
-        x = x[:, 0] if self.global_pool == "token" else x[:, self.num_prefix_tokens:].mean(dim=1)
-        x = self.head_drop(self.fc_norm(x))
+        """Pool the tokens and classify."""
+        x = self.head_drop(self.fc_norm(self.pool(x)))
         return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.forward_head(self.forward_blocks(self.embed(x), pooled_only=True))
+        return self.forward_head(self.tokens(x, pooled_only=True))
 
     def forward_attention(
         self, x: Tensor, layers: Sequence[int] | None = None
@@ -366,10 +329,8 @@ class VisionTransformer(nn.Module):
         (len(layers), B, heads, tokens, tokens). Keeping few layers keeps memory low.
         """
         weights: list[Tensor] = []
-        tokens = self.forward_blocks(
-            self.embed(x), attention_layers=self.layer_indices(layers),
-            on_attention=lambda _, w: weights.append(w),
-        )
+        tokens = self.tokens(x, attention_layers=self.layer_indices(layers),
+                             on_attention=lambda _, w: weights.append(w))
         return self.forward_head(tokens), torch.stack(weights)
 
     def forward_intermediates(
@@ -385,10 +346,11 @@ class VisionTransformer(nn.Module):
         """Block outputs for dense tasks, with timm's signature and results.
 
         ``indices``: the last n blocks (an int), the listed ones (negative counts from the end), or all.
-        Each output loses its prefix (cls) token, or comes as (spatial, prefix (B, 1, D)) pairs with
-        ``return_prefix_tokens``; ``norm`` applies the final norm to each; ``output_fmt`` "NCHW" gives
-        maps (B, D, h, w) on the input's own patch grid, "NLC" tokens (B, h*w, D). Returns the list, or
-        (all tokens after the final norm, the list); ``stop_early`` stops at the last block asked for.
+        Each output loses its prefix tokens, or comes as (spatial, prefix (B, prefix, D)) pairs with
+        ``return_prefix_tokens`` (when the model has any); ``norm`` applies the final norm to each;
+        ``output_fmt`` "NCHW" gives maps (B, D, h, w) on the input's own patch grid, "NLC" tokens (B, h*w, D).
+        Returns the list, or (all tokens after the final norm, the list); ``stop_early`` stops at the last
+        block asked for.
         """
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
@@ -400,12 +362,12 @@ class VisionTransformer(nn.Module):
             if i in take:
                 taken.append(self.norm(tokens) if norm else tokens)
 
-        final = self.forward_blocks(self.embed(x), on_block=keep, stop_after=take[-1] if stop_early else None)
+        final = self.tokens(x, on_block=keep, stop_after=take[-1] if stop_early else None)
         p = self.num_prefix_tokens
         prefixes, maps = [t[:, :p] for t in taken], [t[:, p:] for t in taken]
         if output_fmt == "NCHW":  # (B, h*w, D) -> (B, D, h, w)
             maps = [t.reshape(t.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous() for t in maps]
-        out = list(zip(maps, prefixes)) if return_prefix_tokens else maps
+        out = list(zip(maps, prefixes)) if return_prefix_tokens and p else maps
         return out if intermediates_only else (final, out)
 
     def prune_intermediate_layers(
@@ -417,26 +379,60 @@ class VisionTransformer(nn.Module):
         """
         take = self.layer_indices(indices)
         self.blocks = self.blocks[:take[-1] + 1]
+        self.config = self.config.replace(depth=len(self.blocks))
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:
-            self.fc_norm, self.head, self.num_classes = nn.Identity(), nn.Identity(), 0
+            self.fc_norm, self.num_classes = nn.Identity(), 0
+            self.reset_classifier(0)
         return take
 
 
-def list_models() -> list[str]:
-    """Names accepted by `create_model`."""
-    return sorted(MODEL_CONFIGS)
+class DistilledVisionTransformer(VisionTransformer):
+    """DeiT's distilled ViT (Touvron et al., 2021): a ``dist_token`` after the cls token, and ``head_dist`` on it.
+
+    In eval (and unless ``distilled_training`` is on) the logits are the mean of the two heads, as timm's.
+    """
+
+    def __init__(self, config: ViTConfig | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, self.embed_dim))
+        nn.init.trunc_normal_(self.dist_token, std=0.02)
+        self.head_dist = self._new_head(self.num_classes)
+        self.distilled_training = False  # True: training returns (cls logits, dist logits) for a distillation loss
+
+    def prefix_tokens(self) -> list[Tensor]:
+        return [t for t in (self.cls_token, getattr(self, "dist_token", None), self.reg_token) if t is not None]
+
+    @property
+    def pooled_rows(self) -> int:
+        return 2  # both heads' tokens come out of the last block
+
+    def get_classifier(self) -> tuple[nn.Module, nn.Module]:  # type: ignore[override]
+        return self.head, self.head_dist
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        super().reset_classifier(num_classes, global_pool)
+        self.head_dist = self._new_head(num_classes)
+
+    def pool(self, x: Tensor) -> Tensor:
+        return (x[:, 0] + x[:, 1]) / 2  # what `pre_logits` returns: the mean of the two tokens
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:  # type: ignore[override]
+        if pre_logits:
+            return self.pool(x)
+        cls, dist = self.head(self.head_drop(x[:, 0])), self.head_dist(self.head_drop(x[:, 1]))
+        if self.distilled_training and self.training:
+            return cls, dist
+        return (cls + dist) / 2
+
+
+def build_model(config: ViTConfig | dict[str, Any]) -> VisionTransformer:
+    """The model a config describes (a checkpoint's ``model_config`` dict, or a `ViTConfig`)."""
+    config = config if isinstance(config, ViTConfig) else ViTConfig.from_dict(config)
+    return (DistilledVisionTransformer if config.distilled else VisionTransformer)(config)
 
 
 def create_model(name: str, **overrides: Any) -> VisionTransformer:
-    """Build a named configuration, e.g. ``create_model("vit_small_patch16_224", num_classes=10)``."""
-    if name not in MODEL_CONFIGS:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(list_models())}")
-    accepted = inspect.signature(VisionTransformer).parameters
-    unknown = sorted(set(overrides) - set(accepted))
-    if unknown:
-        raise ValueError(
-            f"unknown option(s) {', '.join(unknown)} for {name}; accepted: {', '.join(accepted)}"
-        )
-    return VisionTransformer(**{**MODEL_CONFIGS[name], **overrides})
+    """Build a named configuration, e.g. ``create_model("vit_small_patch14_dinov2", num_classes=10)``."""
+    return build_model(named_config(name, **overrides))

@@ -24,7 +24,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from vit.checkpoint import META_KEY
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vit.errors import UserValueError
-from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, create_model
+from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, ViTConfig, create_model
 from vit.reports import save_confusion_matrix
 from vit.tasks.finetune import apply_freezing, check_strategy, frozen_modules, unfreeze_epoch
 from vit.tasks.losses import SoftTargetCrossEntropy
@@ -156,9 +156,9 @@ class ImageClassifier(LightningModule):
         if hp.in_chans is not None:
             overrides["in_chans"] = hp.in_chans
         self.model_name = hp.model
-        # The full VisionTransformer config, so a checkpoint rebuilds the model on its own.
-        self.model_config: dict[str, Any] = {**MODEL_CONFIGS[hp.model], **overrides}
         self.model: VisionTransformer = create_model(hp.model, **overrides)
+        # The full VisionTransformer config (vit.nn.configs.ViTConfig), so a checkpoint rebuilds the model on its own.
+        self.model_config: dict[str, Any] = self.model.config.to_dict()
         self.model.set_grad_checkpointing(hp.grad_checkpointing)
         # FSDP (use_orig_params) turns parameters into flat shards: the weight-decay rule needs their real ndim
         self.param_ndims = {name: p.ndim for name, p in self.model.named_parameters()}
@@ -412,7 +412,7 @@ class ImageClassifier(LightningModule):
         if meta.get("task") != "classify":
             found = f"a {meta['task']!r} task" if meta.get("task") else "no `vit fit` task"
             raise UserValueError(f"this checkpoint holds {found}, not an image classifier")
-        theirs, ours = meta["model_config"], self.model_config
+        theirs, ours = ViTConfig.from_dict(meta["model_config"]).to_dict(), self.model_config  # defaults filled in
         differ = [f"{k}: checkpoint {theirs.get(k)!r}, this model {ours.get(k)!r}"
                   for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
         if meta["model_name"] != self.model_name or differ:

@@ -48,7 +48,8 @@ def apply_freezing(model: VisionTransformer, frozen: list[nn.Module]) -> None:
     frozen_ids = {id(p) for module in frozen for p in module.parameters()}
     embeddings_frozen = any(module is model.patch_embed for module in frozen)
     for name, p in model.named_parameters():
-        trainable = id(p) not in frozen_ids and not (embeddings_frozen and name in ("cls_token", "pos_embed"))
+        embedding = name in ("cls_token", "reg_token", "dist_token", "pos_embed")
+        trainable = id(p) not in frozen_ids and not (embeddings_frozen and embedding)
         p.requires_grad_(trainable)
     for module in frozen:
         module.eval()

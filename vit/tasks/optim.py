@@ -12,8 +12,9 @@ from vit.nn.vision import VisionTransformer
 
 
 def layer_id(name: str, depth: int) -> int:
-    """Layer index for layer-wise LR decay: embeddings 0, block i -> i + 1, norms and head depth + 1."""
-    if name.startswith(("patch_embed.", "cls_token", "pos_embed")):
+    """Layer index for layer-wise LR decay, as timm's ``group_matcher``: the embedding (tokens, positions,
+    ``norm_pre``) 0, block i -> i + 1, the rest (norms, ``attn_pool``, head) depth + 1."""
+    if name.startswith(("patch_embed.", "cls_token", "reg_token", "dist_token", "pos_embed", "norm_pre.")):
         return 0
     if name.startswith("blocks."):
         return int(name.split(".")[1]) + 1

@@ -36,7 +36,7 @@ from vit.nn.mae import (
     sincos_pos_embed,
     unpatchify,
 )
-from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, create_model
+from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, ViTConfig, create_model
 from vit.tasks.optim import adamw, global_batch, per_epoch_steps, warmup_cosine
 
 FIGURE_SEED = 0  # the fixed masking of the figure's images, the same every epoch
@@ -103,8 +103,8 @@ class MaskedAutoencoder(LightningModule):
         if in_chans is not None:
             overrides["in_chans"] = in_chans
         self.model_name = model
-        self.model_config: dict[str, Any] = {**MODEL_CONFIGS[model], **overrides}
         self.model: VisionTransformer = create_model(model, **overrides)
+        self.model_config: dict[str, Any] = self.model.config.to_dict()  # the one description (vit.nn.configs)
         num_patches = self.model.patch_embed.num_patches
         self.visible = num_visible(num_patches, mask_ratio)
         if not 0 < self.visible < num_patches:
@@ -119,7 +119,8 @@ class MaskedAutoencoder(LightningModule):
         mae_init_(self.decoder)
         if fixed_pos_embed:
             with torch.no_grad():
-                self.model.pos_embed.copy_(sincos_pos_embed(self.model.embed_dim, self.model.patch_embed.grid_size))
+                self.model.pos_embed.copy_(sincos_pos_embed(self.model.embed_dim, self.model.patch_embed.grid_size,
+                                                            self.model.pos_embed_prefix))
             self.model.pos_embed.requires_grad_(False)
         chans = self.model.in_chans
         self.mean = tuple(float(m) for m in (mean or (IMAGENET_MEAN if chans == 3 else (0.5,) * chans)))
@@ -134,7 +135,7 @@ class MaskedAutoencoder(LightningModule):
         """(loss, predicted patches (B, N, ph*pw*C), mask (B, N), 1 = masked) for a batch of normalised images."""
         latent, masking = encode_visible(self.model, images, self.visible, generator=generator)
         grid = self.model.patch_grid(images.shape[-2], images.shape[-1])
-        pred = self.decoder(latent, masking.restore, grid)
+        pred = self.decoder(latent, masking.restore, grid, self.model.num_prefix_tokens)
         target = patchify(images, self.model.patch_size)
         if self.hparams.norm_pix_loss:
             target = normalize_patches(target)[0]
@@ -248,7 +249,7 @@ class MaskedAutoencoder(LightningModule):
             found = f"a {meta['task']!r} task" if meta.get("task") else "no `vit` task"
             raise UserValueError(f"this checkpoint holds {found}, not MAE pre-training: --ckpt_path resumes a "
                                  "`vit pretrain` run from its own checkpoint")
-        theirs, ours = meta["model_config"], self.model_config
+        theirs, ours = ViTConfig.from_dict(meta["model_config"]).to_dict(), self.model_config  # defaults filled in
         differ = [f"{k}: checkpoint {theirs.get(k)!r}, this model {ours.get(k)!r}"
                   for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
         if differ:
