@@ -13,6 +13,7 @@ from vit.explain.maps import attention_rollout, collect_attention
 from vit.explain.query import attention_from, mass_mask, plot_query, prefix_labels
 from vit.explain.text import translation_attention
 from vit.nn.text import Seq2SeqTransformer
+from vit.nn.vision import VisionTransformer
 
 
 def tiny_vit():
@@ -61,6 +62,18 @@ def test_prefix_tokens_are_labelled_cls_then_registers():
     assert prefix_labels(SimpleNamespace(num_prefix_tokens=5, cls_token=object())) == [
         "cls", "reg0", "reg1", "reg2", "reg3"]
     assert prefix_labels(SimpleNamespace(num_prefix_tokens=2, cls_token=None)) == ["reg0", "reg1"]
+    assert prefix_labels(SimpleNamespace(num_prefix_tokens=2, cls_token=1, dist_token=1)) == ["cls", "dist"]
+
+
+def test_register_tokens_are_labelled_and_kept_apart_from_the_patches():
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=32, depth=2,
+                              num_heads=2, reg_tokens=2).eval()
+    x = image()
+    m = attention_from(model, x, query="reg1", layer=0, head=0)
+    assert m.prefix_labels == ["cls", "reg0", "reg1"] and m.weights.shape == (4, 4)
+    row = collect_attention(model, x[None]).weights[0, 0, 0, 2]  # (N,): token 2 is reg1
+    torch.testing.assert_close(torch.cat([m.prefix, m.weights.flatten()]), row)
 
 
 def test_mass_mask_keeps_the_fewest_entries_that_hold_the_share():

@@ -47,11 +47,10 @@ class QueryMap:
 
 
 def prefix_labels(model: VisionTransformer) -> list[str]:
-    """A name per prefix token: "cls" for the class token, then "reg0", "reg1", ... for registers."""
-    count = model.num_prefix_tokens
-    has_cls = getattr(model, "cls_token", None) is not None
-    names = ["cls"] if has_cls and count else []
-    return names + [f"reg{i}" for i in range(count - len(names))]
+    """A name per prefix token, in the model's order: "cls", DeiT's "dist", then "reg0", "reg1", ... for registers."""
+    names = [name for name, attr in (("cls", "cls_token"), ("dist", "dist_token"))
+             if getattr(model, attr, None) is not None]
+    return names + [f"reg{i}" for i in range(model.num_prefix_tokens - len(names))]
 
 
 def _token_index(model: VisionTransformer, query: Query, grid: tuple[int, int]) -> tuple[int, str]:
