@@ -207,7 +207,7 @@ def test_beam_of_one_is_greedy():
 class LengthScript(Seq2SeqTransformer):
     """Decodes by a script instead of the network: token 4 once per source token, then EOS."""
 
-    def _next_logits(self, tokens, state, use_cache):
+    def _next_logits(self, tokens, state, use_cache, steps=None):
         generated = tokens.shape[1] - 1
         source_len = (~state.memory_padding_mask).sum(dim=1)  # rows follow the beams' reordering
         logits = torch.full((tokens.shape[0], 29), -5.0)
@@ -219,7 +219,7 @@ class LengthScript(Seq2SeqTransformer):
 class TrapScript(Seq2SeqTransformer):
     """A case where the greedy first step is a trap (probabilities in the comments)."""
 
-    def _next_logits(self, tokens, state, use_cache):
+    def _next_logits(self, tokens, state, use_cache, steps=None):
         probs = torch.full((tokens.shape[0], 29), 1e-9)
         for row, prefix in enumerate(tokens[:, 1:].tolist()):
             if prefix == []:
@@ -334,3 +334,96 @@ def test_the_padding_id_is_the_one_given_not_a_data_layer_constant():
     import vit.nn.text
 
     assert "vit.data" not in Path(vit.nn.text.__file__).read_text()
+
+
+# ---- attention capture ------------------------------------------------------------------------
+def torch_mha(ours: MultiHeadAttention) -> nn.MultiheadAttention:
+    """torch's own MultiheadAttention holding our layer's weights (in_proj rows are [q; k; v])."""
+    embed_dim = ours.proj.in_features
+    ref = nn.MultiheadAttention(embed_dim, ours.num_heads, batch_first=True)
+    parts = [ours.q, ours.kv] if ours.cross else [ours.qkv]
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([p.weight for p in parts]))
+        ref.in_proj_bias.copy_(torch.cat([p.bias for p in parts]))
+        ref.out_proj.weight.copy_(ours.proj.weight)
+        ref.out_proj.bias.copy_(ours.proj.bias)
+    return ref.eval()
+
+
+@torch.no_grad()
+def reference_attention(model: Seq2SeqTransformer, src: torch.Tensor, tgt: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every layer's weights from torch.nn.MultiheadAttention on the inputs our attention layers see."""
+    weights = lambda mha, q, kv, **masks: mha(q, kv, kv, average_attn_weights=False, **masks)[1]
+    pad = src.eq(PAD_ID)
+    x = model.src_embed(src, padding_mask=pad)
+    encoder = []
+    for block in model.encoder:
+        h = block.norm1(x)
+        encoder.append(weights(torch_mha(block.attn), h, h, key_padding_mask=pad))
+        x = block(x, key_padding_mask=pad)
+    memory = model.encoder_norm(x)
+    y = model.tgt_embed(tgt)
+    causal = torch.ones(tgt.shape[1], tgt.shape[1], dtype=torch.bool).triu(1)
+    decoder, cross = [], []
+    for block in model.decoder:
+        h = block.norm1(y)
+        decoder.append(weights(torch_mha(block.attn), h, h, attn_mask=causal))
+        h = block.cross_norm(y + block.attn(h, is_causal=True))  # the cross-attention's input (pre-norm)
+        cross.append(weights(torch_mha(block.cross_attn), h, memory, key_padding_mask=pad))
+        y = block(y, memory, memory_padding_mask=pad)
+    return {"encoder": torch.stack(encoder), "decoder": torch.stack(decoder), "cross": torch.stack(cross)}
+
+
+def assert_attention_matches(captured, expected: dict[str, torch.Tensor]) -> None:
+    for kind, want in expected.items():
+        got = getattr(captured, kind)
+        assert got.shape == want.shape, kind
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=lambda m, kind=kind: f"{kind}: {m}")
+
+
+def test_teacher_forced_attention_matches_torch_multihead_attention():
+    model = tiny_model()
+    src = padded_batch()
+    tgt = torch.randint(4, 29, (3, 6), generator=torch.Generator().manual_seed(2))
+    logits, captured = model.forward_attention(src, tgt)
+    torch.testing.assert_close(logits, model(src, tgt), atol=1e-5, rtol=0)  # explicit vs fused path
+    assert_attention_matches(captured, reference_attention(model, src, tgt))
+    assert captured.encoder[:, 1, :, :, 4:].abs().max() == 0  # padded source keys get nothing
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_attention_per_generated_step_matches_torch_multihead_attention(beam_size, use_cache):
+    # Each step's rows, along the returned hypothesis's own history, are what teacher forcing on
+    # that hypothesis gives: for beam search, a wrongly reordered history would not match.
+    model = tiny_model()
+    # Padded rows, and enough sentences that some winning beams change slots on the way.
+    src = torch.cat([padded_batch(), torch.randint(4, 23, (13, 7), generator=torch.Generator().manual_seed(3))])
+    kwargs = dict(bos_id=BOS, eos_id=EOS, max_len=9, use_cache=use_cache, return_attention=True)
+    if beam_size == 1:
+        ids, captured = model.greedy_decode(src, **kwargs)
+    else:
+        ids, captured = model.beam_search(src, beam_size=beam_size, **kwargs)
+    assert captured.cross.shape == (2, 16, 4, ids.shape[1], src.shape[1])
+    inputs = torch.cat([torch.full((16, 1), BOS), ids[:, :-1]], dim=1)  # what each step was fed
+    assert_attention_matches(captured, reference_attention(model, src, inputs))
+
+
+def test_decoding_without_capture_is_unchanged_and_never_asks_for_weights(monkeypatch):
+    model = tiny_model()
+    src = padded_batch()
+    kwargs = dict(bos_id=BOS, eos_id=EOS, max_len=12)
+    with_weights = model.greedy_decode(src, return_attention=True, **kwargs)[0]
+    beam_with_weights = model.beam_search(src, beam_size=3, return_attention=True, **kwargs)[0]
+    asked = []
+    forward = MultiHeadAttention.forward
+
+    def spy(self, *args, **kw):
+        asked.append(kw.get("return_attention", False))
+        return forward(self, *args, **kw)
+
+    monkeypatch.setattr(MultiHeadAttention, "forward", spy)
+    greedy = model.greedy_decode(src, **kwargs)
+    beam = model.beam_search(src, beam_size=3, **kwargs)
+    assert asked and not any(asked), "capture off must stay on the fused path"
+    assert torch.equal(greedy, with_weights) and torch.equal(beam, beam_with_weights)

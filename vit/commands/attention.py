@@ -13,11 +13,13 @@ commands report the same classes; ``--native_size`` keeps each image's own size 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -55,8 +57,20 @@ class PreparedImage:
     display: np.ndarray  # (H', W', 3) in [0, 1], the model's input scaled up for drawing
 
 
+def _other_mode(argv: Sequence[str]) -> ModuleType | None:
+    """The module of `vit attention --text` (a translation checkpoint) or `--faithfulness`, if asked for."""
+    if any(arg == "--text" or arg.startswith("--text=") for arg in argv):
+        return importlib.import_module("vit.commands.text_attention")
+    if "--faithfulness" in argv:
+        return importlib.import_module("vit.commands.faithfulness")
+    return None
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Command-line options of `vit attention`."""
+    other = _other_mode(argv)
+    if other is not None:
+        return other.parse_args(argv)
     parser = argparse.ArgumentParser(
         prog="vit attention",
         description="Write attention-map overlays for each image, and predictions.json with one record per "
@@ -213,6 +227,9 @@ def _output_names(images: Sequence[Path]) -> list[str]:
 
 def main(argv: Sequence[str]) -> list[dict]:
     """Run `vit attention` with the given arguments (without the command name); returns the records."""
+    other = _other_mode(argv)
+    if other is not None:
+        return other.main(argv)
     args = parse_args(argv)
     found = find_images(args.images)  # fails on a missing file before any work
     files = found.files

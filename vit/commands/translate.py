@@ -1,4 +1,8 @@
-"""`vit translate --ckpt best.ckpt "a sentence" ...` or `--file lines.txt`: print one translation a line."""
+"""`vit translate --ckpt best.ckpt "a sentence" ...` or `--file lines.txt`: print one translation a line.
+
+``--alignment`` follows each translation with one line per output token: the source tokens its
+cross-attention weighs most (the last decoder layer's head mean), e.g. ``3 <- 3 (0.97)``.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--length_penalty", type=float, default=None, help="beam search length penalty")
     parser.add_argument("--max_length", type=int, default=None, help="most tokens to generate")
     parser.add_argument("--batch_size", type=int, default=64, help="sentences per batch (default: %(default)s)")
+    parser.add_argument("--alignment", action="store_true",
+                        help="after each translation, print each output token's most-attended source tokens")
+    parser.add_argument("--alignment_top", type=int, default=1, help="source tokens per output token with --alignment")
     args = parser.parse_args(list(argv))
     if args.file == "-":
         args.sentences += sys.stdin.read().splitlines()
@@ -42,6 +49,8 @@ def main(argv: Sequence[str]) -> list[str]:
     from vit.tasks import Translator, load_task  # the model lives in the LightningModule
 
     translator = load_task(args.ckpt, Translator)
+    if args.alignment:
+        return _print_alignments(translator, args)
     decoding = dict(beam_size=args.beam_size, length_penalty=args.length_penalty, max_len=args.max_length)
     sentences, out = args.sentences, []
     chunks = range(0, len(sentences), args.batch_size)
@@ -50,4 +59,25 @@ def main(argv: Sequence[str]) -> list[str]:
         for line in translator.translate(batch, batch_size=args.batch_size, **decoding):
             print(line)
             out.append(line)
+    return out
+
+
+def _print_alignments(translator, args: argparse.Namespace) -> list[str]:
+    """`--alignment`: one sentence at a time, each translation followed by its cross-attention alignment."""
+    from vit.explain.text import alignment_text, translation_attention
+
+    hp = translator.hparams
+    beam_size = args.beam_size or (hp.beam_size if hp.decoding == "beam" else 1)
+    max_len = hp.max_decode_length if args.max_length is None else args.max_length
+    out = []
+    for sentence in args.sentences:
+        if not translator.source_tokenizer.encode(sentence):  # an empty line stays empty, as without --alignment
+            print("")
+            out.append("")
+            continue
+        att = translation_attention(translator, sentence, beam_size=beam_size, max_len=max_len)
+        print(att.translation)
+        for line in alignment_text(att, k=args.alignment_top).splitlines():
+            print(f"    {line}")
+        out.append(att.translation)
     return out

@@ -51,6 +51,14 @@ class Tokenizer:
     def _decode_ids(self, ids: list[int]) -> str:
         raise NotImplementedError
 
+    def piece(self, id: int) -> str:
+        """The text piece of one id, special tokens by their names: a label for an attention axis."""
+        raise NotImplementedError
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        """``piece`` of every id, none dropped (unlike ``decode``)."""
+        return [self.piece(int(i)) for i in ids]
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON/YAML-friendly description from which ``tokenizer_from_dict`` rebuilds it."""
         raise NotImplementedError
@@ -95,7 +103,10 @@ class WordTokenizer(Tokenizer):
         return [self.index.get(piece, UNK_ID) for piece in self.split(text)]
 
     def _decode_ids(self, ids: list[int]) -> str:
-        return self.join([self.tokens[i] if i < len(self.tokens) else "<unk>" for i in ids])
+        return self.join([self.piece(i) for i in ids])
+
+    def piece(self, id: int) -> str:
+        return self.tokens[id] if 0 <= id < len(self.tokens) else "<unk>"
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "lowercase": self.lowercase, "tokens": self.tokens}
@@ -152,6 +163,11 @@ class BPETokenizer(Tokenizer):
 
     def _decode_ids(self, ids: list[int]) -> str:
         return self.model.decode(ids)
+
+    def piece(self, id: int) -> str:
+        # The subword as stored, with Metaspace's "▁" where a word starts.
+        token = self.model.id_to_token(id)
+        return "<unk>" if token is None else token
 
     def to_dict(self) -> dict[str, Any]:
         # The tokenizers package's JSON, as a nested dict: config parsers leave nested values alone.

@@ -4,6 +4,9 @@
 >>> maps.cls_maps()                                  # (layers, B, heads, h, w)
 >>> maps.rollout(head_fusion="mean")                 # (B, h, w)
 >>> fig = plot_attention(image, maps.cls_maps()[:, 0], layers=maps.layers, rollout=maps.rollout()[0])
+
+The translation model's attention is in `vit.explain.text`, any query token's in `vit.explain.query`, the
+Jupyter explorer in `vit.explain.widget`, and the faithfulness checks in `vit.explain.checks`.
 """
 
 from vit.explain.maps import (
@@ -19,9 +22,14 @@ from vit.explain.maps import (
     rollout_streaming,
 )
 from vit.explain.plot import normalise_map, overlay, plot_attention, to_display_image, upsample_map
+from vit.explain.query import QueryMap, attention_from
+from vit.explain.text import SentenceAttention, translation_attention
 
 __all__ = [
     "AttentionMaps",
+    "QueryMap",
+    "SentenceAttention",
+    "attention_from",
     "attention_rollout",
     "cls_attention_maps",
     "collect_attention",
@@ -35,5 +43,6 @@ __all__ = [
     "rollout_matrix",
     "rollout_streaming",
     "to_display_image",
+    "translation_attention",
     "upsample_map",
 ]

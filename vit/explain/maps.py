@@ -259,7 +259,8 @@ def gradient_rollout(
 
     Each layer's attention is multiplied by the gradient of the target logit with respect
     to it, negative contributions are dropped, and heads are averaged before the usual
-    residual, renormalisation and product (Chefer et al., 2021, in rollout form).
+    residual, renormalisation and product. This is the rule of vit-explain's ``grad_rollout``
+    (jacobgil/vit-explain), not Chefer et al. (2021b), whose relevance update is R += Ā·R.
     ``target`` is a class per image, one class for all, or None for the predicted class.
     """
     grid = _check_images(model, images)

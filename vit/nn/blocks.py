@@ -166,17 +166,33 @@ class DecoderBlock(EncoderBlock):
         padding_mask: Tensor | None = None,
         self_cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
-    ) -> Tensor:
+        return_attention: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
         """Update target tokens ``x`` (B, T, C) given the encoder output ``memory`` (B, S, C).
 
         ``padding_mask`` (B, T) marks target padding (needed for left padding). With caches, ``x``
         holds only the newest positions, and ``padding_mask`` covers every position decoded so far.
+        ``return_attention`` also gives the self- and cross-attention weights, (B, H, T, T') and
+        (B, H, T, S), from the kernel's explicit path; without it both run on the fused path.
         """
-        self_attend = lambda h: self.attn(h, is_causal=True, key_padding_mask=padding_mask, cache=self_cache)
-        cross_attend = lambda h: self.cross_attn(h, memory, key_padding_mask=memory_padding_mask, cache=cross_cache)
+        weights: list[Tensor] = []
+
+        def keep(out: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+            if not return_attention:
+                return out
+            weights.append(out[1])
+            return out[0]
+
+        self_attend = lambda h: keep(self.attn(
+            h, is_causal=True, key_padding_mask=padding_mask, cache=self_cache, return_attention=return_attention
+        ))
+        cross_attend = lambda h: keep(self.cross_attn(
+            h, memory, key_padding_mask=memory_padding_mask, cache=cross_cache, return_attention=return_attention
+        ))
         x = self.residual(x, self.norm1, self_attend, self.drop_path1)
         x = self.residual(x, self.cross_norm, cross_attend, self.drop_path_cross)
-        return self.residual(x, self.norm2, self.mlp, self.drop_path2)
+        x = self.residual(x, self.norm2, self.mlp, self.drop_path2)
+        return (x, *weights) if return_attention else x
 
 
 class PostNorm:

@@ -10,6 +10,10 @@ target ids (B, T) -> TokenEmbedding                      (B, T, C)
 
 Decoding (greedy and beam search) keeps a KV cache per attention layer, so each new
 token costs one position of work instead of the whole prefix.
+
+Attention weights come from the kernel's explicit path when asked for (``return_attention=True``
+on ``encode``, ``decode``, ``greedy_decode``, ``beam_search``; ``forward_attention`` with teacher
+forcing), as a ``TextAttention``. Not asking leaves every computation on the fused path, as before.
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ class DecoderState:
     self_caches: list[KVCache] = field(default_factory=list)
     cross_caches: list[KVCache] = field(default_factory=list)
     length: int = 0  # target positions already decoded
+    encoder_attention: Tensor | None = None  # (L, B, H, S, S) when asked for; beam search does not reorder it
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search follows the surviving beams)."""
@@ -101,6 +106,46 @@ class DecoderState:
             self.memory_padding_mask = self.memory_padding_mask.index_select(0, index)
         for cache in self.self_caches + self.cross_caches:
             cache.reorder(index)
+
+
+@dataclass
+class TextAttention:
+    """Every layer's attention weights for one pass, each stacked over layers.
+
+    Row t of ``decoder`` and ``cross`` is the query at target input position t (BOS first), the one
+    that predicts output token t. ``decoder`` is causal: zero above the diagonal.
+    """
+
+    encoder: Tensor  # (L_enc, B, H, S, S) source self-attention
+    decoder: Tensor  # (L_dec, B, H, T, T) target causal self-attention
+    cross: Tensor  # (L_dec, B, H, T, S) target -> source
+
+
+class _StepAttention:
+    """Each decoding step's attention rows, kept per batch row so beam search can reorder them."""
+
+    def __init__(self) -> None:
+        self.self_rows: list[Tensor] = []  # step t: (L, B, H, 1, t + 1)
+        self.cross_rows: list[Tensor] = []  # step t: (L, B, H, 1, S)
+
+    def add(self, self_rows: Tensor, cross_rows: Tensor) -> None:
+        self.self_rows.append(self_rows)
+        self.cross_rows.append(cross_rows)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index``: a beam inherits its parent's history."""
+        self.self_rows = [w.index_select(1, index) for w in self.self_rows]
+        self.cross_rows = [w.index_select(1, index) for w in self.cross_rows]
+
+    def stack(self, encoder: Tensor, index: Tensor | None = None) -> TextAttention:
+        """One TextAttention over all steps; step t's self-attention row is zero-padded to T keys."""
+        T = len(self.self_rows)
+        pad = lambda w: torch.nn.functional.pad(w, (0, T - w.shape[-1]))
+        decoder = torch.cat([pad(w) for w in self.self_rows], dim=3)  # (L, B, H, T, T)
+        cross = torch.cat(self.cross_rows, dim=3)  # (L, B, H, T, S)
+        if index is not None:
+            decoder, cross = decoder.index_select(1, index), cross.index_select(1, index)
+        return TextAttention(encoder, decoder, cross)
 
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU}
@@ -193,12 +238,22 @@ class Seq2SeqTransformer(nn.Module):
                 nn.init.xavier_uniform_(p)
 
     # ---- the two stacks -------------------------------------------------------------------
-    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> Tensor:
-        """Source ids (B, S) -> memory (B, S, C). Padded positions are masked as keys."""
+    def encode(
+        self, src: Tensor, src_padding_mask: Tensor | None = None, *, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Source ids (B, S) -> memory (B, S, C). Padded positions are masked as keys.
+
+        ``return_attention`` also returns every layer's self-attention, (L, B, H, S, S).
+        """
         x = self.src_embed(src, padding_mask=src_padding_mask)
+        weights = []
         for block in self.encoder:
-            x = block(x, key_padding_mask=src_padding_mask)
-        return self.encoder_norm(x)
+            x = block(x, key_padding_mask=src_padding_mask, return_attention=return_attention)
+            if return_attention:
+                x, w = x
+                weights.append(w)
+        memory = self.encoder_norm(x)
+        return (memory, torch.stack(weights)) if return_attention else memory
 
     def decode(
         self,
@@ -208,15 +263,18 @@ class Seq2SeqTransformer(nn.Module):
         tgt_padding_mask: Tensor | None = None,
         *,
         state: DecoderState | None = None,
-    ) -> Tensor:
+        return_attention: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
         """Target ids (B, T) -> logits (B, T, vocab), each position seeing only earlier ones.
 
         Right padding needs no mask (causality already hides it); left padding needs
         ``tgt_padding_mask`` (B, T). With ``state``, ``tgt`` holds only the newest positions and
-        the caches supply the rest.
+        the caches supply the rest. ``return_attention`` also returns every layer's causal
+        self-attention (L, B, H, T, T') and cross-attention (L, B, H, T, S); T' counts cached keys.
         """
         start = 0 if state is None else state.length
         x = self.tgt_embed(tgt, start=start, padding_mask=tgt_padding_mask)
+        self_weights, cross_weights = [], []
         for i, block in enumerate(self.decoder):
             x = block(
                 x,
@@ -225,10 +283,18 @@ class Seq2SeqTransformer(nn.Module):
                 padding_mask=tgt_padding_mask,
                 self_cache=None if state is None else state.self_caches[i],
                 cross_cache=None if state is None else state.cross_caches[i],
+                return_attention=return_attention,
             )
+            if return_attention:
+                x, self_w, cross_w = x
+                self_weights.append(self_w)
+                cross_weights.append(cross_w)
         if state is not None:
             state.length += tgt.shape[1]
-        return self.head(self.decoder_norm(x))
+        logits = self.head(self.decoder_norm(x))
+        if return_attention:
+            return logits, torch.stack(self_weights), torch.stack(cross_weights)
+        return logits
 
     def forward(
         self, src: Tensor, tgt: Tensor, src_padding_mask: Tensor | None = None,
@@ -240,24 +306,48 @@ class Seq2SeqTransformer(nn.Module):
         memory = self.encode(src, src_padding_mask)
         return self.decode(tgt, memory, src_padding_mask, tgt_padding_mask)
 
-    # ---- decoding ---------------------------------------------------------------------------
-    def start_decoding(self, src: Tensor, src_padding_mask: Tensor | None = None) -> DecoderState:
-        """Encode the source once and set up empty caches for incremental decoding."""
+    def forward_attention(
+        self, src: Tensor, tgt: Tensor, src_padding_mask: Tensor | None = None,
+        tgt_padding_mask: Tensor | None = None,
+    ) -> tuple[Tensor, TextAttention]:
+        """Teacher-forced logits (B, T, vocab) and every layer's attention weights."""
         if src_padding_mask is None:
             src_padding_mask = src.eq(self.pad_id)
-        memory = self.encode(src, src_padding_mask)
+        memory, encoder = self.encode(src, src_padding_mask, return_attention=True)
+        logits, decoder, cross = self.decode(tgt, memory, src_padding_mask, tgt_padding_mask, return_attention=True)
+        return logits, TextAttention(encoder, decoder, cross)
+
+    # ---- decoding ---------------------------------------------------------------------------
+    def start_decoding(
+        self, src: Tensor, src_padding_mask: Tensor | None = None, *, return_attention: bool = False
+    ) -> DecoderState:
+        """Encode the source once and set up empty caches; ``return_attention`` keeps the encoder's weights."""
+        if src_padding_mask is None:
+            src_padding_mask = src.eq(self.pad_id)
+        memory = self.encode(src, src_padding_mask, return_attention=return_attention)
+        memory, encoder = memory if return_attention else (memory, None)
         n = len(self.decoder)
         return DecoderState(
-            memory, src_padding_mask, [KVCache() for _ in range(n)], [KVCache() for _ in range(n)]
+            memory, src_padding_mask, [KVCache() for _ in range(n)], [KVCache() for _ in range(n)],
+            encoder_attention=encoder,
         )
 
-    def _next_logits(self, tokens: Tensor, state: DecoderState, use_cache: bool) -> Tensor:
-        """Logits (B, vocab) for the position after ``tokens`` (B, t)."""
+    def _next_logits(
+        self, tokens: Tensor, state: DecoderState, use_cache: bool, steps: _StepAttention | None = None
+    ) -> Tensor:
+        """Logits (B, vocab) for the position after ``tokens`` (B, t); ``steps`` keeps that position's weights."""
+        capture = steps is not None
         if use_cache:
             new = tokens[:, state.length :]  # only what the cache has not seen yet
-            return self.decode(new, state.memory, state.memory_padding_mask, state=state)[:, -1]
-        # Without a cache the whole prefix goes through the decoder again at every step.
-        return self.decode(tokens, state.memory, state.memory_padding_mask)[:, -1]
+            out = self.decode(new, state.memory, state.memory_padding_mask, state=state, return_attention=capture)
+        else:
+            # Without a cache the whole prefix goes through the decoder again at every step.
+            out = self.decode(tokens, state.memory, state.memory_padding_mask, return_attention=capture)
+        if not capture:
+            return out[:, -1]
+        logits, self_w, cross_w = out
+        steps.add(self_w[..., -1:, :], cross_w[..., -1:, :])  # the newest query's rows
+        return logits[:, -1]
 
     def _max_steps(self, src: Tensor, max_len: int | None) -> int:
         steps = 2 * src.shape[1] + 10 if max_len is None else max_len
@@ -272,24 +362,27 @@ class Seq2SeqTransformer(nn.Module):
         eos_id: int,
         max_len: int | None = None,
         use_cache: bool = True,
-    ) -> Tensor:
+        return_attention: bool = False,
+    ) -> Tensor | tuple[Tensor, TextAttention]:
         """Pick the most likely token at each step. Returns (B, L) ids without BOS.
 
         A finished row ends with EOS and is padded with ``pad_id``; decoding stops when every row
         has produced EOS or after ``max_len`` tokens (default: 2 × source length + 10).
+        ``return_attention`` also returns each step's weights as a TextAttention (T = L steps).
         """
-        state = self.start_decoding(src)
+        steps = _StepAttention() if return_attention else None
+        state = self.start_decoding(src, return_attention=return_attention)
         B = src.shape[0]
         tokens = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
         finished = torch.zeros(B, dtype=torch.bool, device=src.device)
         for _ in range(self._max_steps(src, max_len)):
-            logits = self._next_logits(tokens, state, use_cache)
+            logits = self._next_logits(tokens, state, use_cache, steps)
             next_token = logits.argmax(dim=-1).masked_fill(finished, self.pad_id)
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)
             finished |= next_token.eq(eos_id)
             if finished.all():
                 break
-        return tokens[:, 1:]
+        return (tokens[:, 1:], steps.stack(state.encoder_attention)) if return_attention else tokens[:, 1:]
 
     @torch.no_grad()
     def beam_search(
@@ -302,16 +395,19 @@ class Seq2SeqTransformer(nn.Module):
         length_penalty: float = 0.6,
         max_len: int | None = None,
         use_cache: bool = True,
-    ) -> Tensor:
+        return_attention: bool = False,
+    ) -> Tensor | tuple[Tensor, TextAttention]:
         """Keep the ``beam_size`` best prefixes per sentence; return the best (B, L) ids without BOS.
 
         Finished beams stay in the beam with a frozen score. The winner maximises
         log-probability / ((5 + length) / 6) ** length_penalty (Wu et al., 2016); 0 disables it.
+        ``return_attention`` also returns the winner's weights at each step, along its own history.
         """
         if beam_size < 1:
             raise ValueError(f"beam_size must be >= 1, got {beam_size}")
         B, K, device = src.shape[0], beam_size, src.device
-        state = self.start_decoding(src)
+        steps = _StepAttention() if return_attention else None
+        state = self.start_decoding(src, return_attention=return_attention)
         state.reorder(torch.arange(B, device=device).repeat_interleave(K))  # (B*K, ...)
         tokens = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)
         # Only the first beam is live at the start, so the K copies do not pick the same tokens.
@@ -321,7 +417,7 @@ class Seq2SeqTransformer(nn.Module):
         lengths = torch.zeros(B * K, device=device)  # generated tokens up to and including EOS
 
         for _ in range(self._max_steps(src, max_len)):
-            logp = self._next_logits(tokens, state, use_cache).float().log_softmax(dim=-1)  # (B*K, V)
+            logp = self._next_logits(tokens, state, use_cache, steps).float().log_softmax(dim=-1)  # (B*K, V)
             V = logp.shape[-1]
             # A finished beam has one continuation, PAD, at no cost: its score stays frozen.
             frozen = torch.full_like(logp, float("-inf"))
@@ -333,6 +429,8 @@ class Seq2SeqTransformer(nn.Module):
             rows = (torch.arange(B, device=device)[:, None] * K + beam).view(-1)  # (B*K,)
 
             state.reorder(rows)
+            if steps is not None:
+                steps.reorder(rows)  # a beam's history is its parent's, as its tokens are
             finished, lengths = finished[rows], lengths[rows]
             next_token = next_token.view(-1)
             tokens = torch.cat([tokens[rows], next_token[:, None]], dim=1)
@@ -344,7 +442,7 @@ class Seq2SeqTransformer(nn.Module):
         penalty = ((5.0 + lengths.view(B, K)) / 6.0) ** length_penalty
         best = (scores / penalty).argmax(dim=-1)  # (B,)
         rows = torch.arange(B, device=device) * K + best
-        return tokens[rows, 1:]
+        return (tokens[rows, 1:], steps.stack(state.encoder_attention, rows)) if return_attention else tokens[rows, 1:]
 
 
-__all__ = ["DecoderState", "Seq2SeqTransformer", "TokenEmbedding", "sinusoidal_positions"]
+__all__ = ["DecoderState", "Seq2SeqTransformer", "TextAttention", "TokenEmbedding", "sinusoidal_positions"]
