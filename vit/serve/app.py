@@ -151,6 +151,10 @@ async def from_multipart(request: Request, body: bytes) -> tuple[bytes, str]:
         form = await Request(request.scope, replay).form(max_files=1, max_fields=16)
     except HTTPException as e:  # Starlette's parser reports a malformed body this way
         raise RequestError(400, "bad_multipart", f"malformed multipart body: {e.detail}") from None
+    boundary = request.headers.get("content-type", "").partition("boundary=")[2].split(";")[0].strip('"')
+    if f"--{boundary}--".encode() not in body:  # the parser accepts a body cut short; RFC 2046 does not
+        raise RequestError(400, "bad_multipart", "malformed multipart body: it does not end with its closing "
+                           "boundary (was the upload cut short?)")
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
         raise RequestError(422, "missing_field", "the multipart body has no file field named 'file' "

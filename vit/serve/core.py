@@ -18,6 +18,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -78,8 +79,11 @@ def check_upload(data: bytes, max_pixels: int) -> None:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS) as img:  # reads the header only
                 width, height = img.size
-    except Image.DecompressionBombError as e:  # PIL's own guard, at twice its MAX_IMAGE_PIXELS
-        raise RequestError(422, "too_many_pixels", f"the image is too large: {e}") from None
+    except Image.DecompressionBombError as e:  # PIL's own guard, at twice its MAX_IMAGE_PIXELS, fires in open()
+        count = re.search(r"\((\d+) pixels\)", str(e))  # "Image size (400000000 pixels) exceeds limit of ..."
+        size = f"{int(count.group(1)):,} pixels" if count else "too many pixels"
+        raise RequestError(422, "too_many_pixels", f"the image is {size}, over this server's limit of "
+                           f"{max_pixels:,} (--max_pixels); send a smaller image") from None
     except UnidentifiedImageError:
         raise RequestError(415, "unsupported_image", f"the upload is not a {ACCEPTED_NAMES} image") from None
     except Exception as e:  # anything else a header can do wrong
