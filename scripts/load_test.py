@@ -248,9 +248,7 @@ def main() -> None:
         print(f"batching: median throughput ratio {statistics.median(ratios):.2f}x over 3 interleaved rounds")
         return
 
-    server = start_server(args.ckpt, *(["--max_queue", "32"] if args.backpressure else []),
-                          *(["--max_batch_size", "32", "--batch_timeout_ms", "2000"] if args.shutdown else []),
-                          *args.server_options)
+    server = start_server(args.ckpt, *(["--max_queue", "32"] if args.backpressure else []), *args.server_options)
     try:
         if args.latency:
             forward = in_process_forward_ms(args.ckpt, images[0][1])
@@ -274,20 +272,31 @@ def main() -> None:
                   f"({after_2000 - after_200:+.1f} MB)")
         elif args.shutdown:
             async def go():
-                async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-                    name, data = images[0]
-                    tasks = [asyncio.create_task(client.post("/predict", **request_kwargs(data, name, "multipart")))
+                go_on, data = asyncio.Event(), images[0][1]
+
+                async def body():  # half the image, then a pause until SIGTERM has been sent
+                    yield data[: len(data) // 2]
+                    await go_on.wait()
+                    yield data[len(data) // 2:]
+
+                limits = httpx.Limits(max_connections=16)
+                async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
+                    tasks = [asyncio.create_task(client.post("/predict", content=body(),
+                                                             headers={"Content-Type": "image/png"}))
                              for _ in range(16)]
-                    while await metric(server.url, "vit_admitted") < 16:
+                    while await metric(server.url, "vit_in_flight") < 17:  # the 16 and the /metrics request
                         await asyncio.sleep(0.02)
                     server.process.send_signal(signal.SIGTERM)
                     signalled = time.perf_counter()
+                    await asyncio.sleep(0.2)
+                    go_on.set()
                     responses = await asyncio.gather(*tasks, return_exceptions=True)
                     code = await asyncio.to_thread(server.process.wait, 30)
                     seconds = time.perf_counter() - signalled
                     return [getattr(r, "status_code", repr(r)) for r in responses], code, seconds
             statuses, code, seconds = asyncio.run(go())
-            print(f"shutdown: SIGTERM with 16 in flight: statuses {statuses}; exit {code} after {seconds:.2f} s")
+            print(f"shutdown: SIGTERM with 16 requests in flight (each half-sent): statuses {statuses}; "
+                  f"exit {code} after {seconds:.2f} s")
         else:
             expected = vit_predict(args.ckpt, files, work / "predictions.json") if args.check else None
             asyncio.run(load(server.url, images, 64, 16, 30))  # warm-up

@@ -264,7 +264,11 @@ class Service:
         return answer
 
     async def _next_batch(self) -> list[Job]:
-        """The first waiting job, and those that arrive within the batch timeout, up to the batch size."""
+        """The first waiting job, and those that arrive within the batch timeout, up to the batch size.
+
+        The batch stops waiting early when no other request is admitted (none is decoding or queued):
+        a lone request does not pay the timeout for company that cannot come.
+        """
         queue, loop = self._queue, asyncio.get_running_loop()
         batch = [await queue.get()]
         deadline = loop.time() + self.limits.batch_timeout_ms / 1000
@@ -273,7 +277,7 @@ class Service:
                 batch.append(queue.get_nowait())
                 continue
             remaining = deadline - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or self.admitted <= len(batch):
                 break
             try:
                 batch.append(await asyncio.wait_for(queue.get(), remaining))
