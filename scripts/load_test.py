@@ -307,6 +307,7 @@ def main() -> None:
                     wrong, worst = compare(runs[-1], expected, tol)
                     print(f"c={concurrency}: {len(runs[-1].answers)} answers, {wrong} with other classes than "
                           f"`vit predict`, largest probability difference {worst:.2g}")
+                print(table(runs).splitlines()[-1], flush=True)  # each row as it is measured
             print(table(runs))
     finally:
         if server.process.poll() is None:
