@@ -4,6 +4,9 @@
 ``.onnx`` file written by `vit export`. Both map images (B, C, H, W) to logits and carry ``class_names``,
 ``in_chans``, ``img_size``, ``device`` and ``eval_transform()``, built from the same few numbers, so a
 file is prepared the same way whichever runs it. onnxruntime is imported only for ``.onnx`` files.
+
+`ranked` turns logits into the top-k entries of a `record`: `vit predict`, `vit attention` and `vit serve`
+answer with the same records.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import contextlib
 import json
 import os
 import warnings
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
@@ -114,3 +118,21 @@ def autocast(precision: str, device: torch.device | str = "cpu") -> contextlib.A
         warnings.warn("this CPU has no native bf16 (no avx512_bf16/amx_bf16 flag): bf16 autocast is emulated "
                       "and usually several times slower than fp32 here", UserWarning, stacklevel=2)
     return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+# ---- records: what `vit predict`, `vit attention` and `vit serve` answer ------------------------
+def top_k_entries(probs: Sequence[float], indices: Sequence[int], class_names: Sequence[str]) -> list[dict]:
+    """``[{"class": index, "name": ..., "probability": ...}, ...]``, in the order given (most likely first)."""
+    return [{"class": int(i), "name": str(class_names[i]), "probability": round(float(p), 6)}
+            for p, i in zip(probs, indices)]
+
+
+def ranked(logits: Tensor, k: int, class_names: Sequence[str]) -> list[list[dict]]:
+    """The `top_k_entries` of each row of ``logits`` (B, classes): softmax, then the ``k`` most likely."""
+    values, indices = logits.float().softmax(dim=-1).topk(k, dim=-1)
+    return [top_k_entries(p, i, class_names) for p, i in zip(values.tolist(), indices.tolist())]
+
+
+def record(path: str | os.PathLike, top_k: list[dict] | None = None, error: str | None = None) -> dict:
+    """One file's result, the same for `vit predict`, `vit attention` and `vit serve`: path, top_k, error."""
+    return {"path": str(path), "top_k": top_k or [], "error": error}

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "test": ("vit.cli", "evaluate a checkpoint on the test split"),
     "predict": ("vit.commands.predict", "classify image files: vit predict --ckpt CKPT|MODEL.onnx IMAGES..."),
     "export": ("vit.commands.export", "write a checkpoint as ONNX or timm safetensors: vit export --ckpt CKPT ..."),
+    "serve": ("vit.commands.serve", "serve a checkpoint or ONNX model over HTTP, with a page: vit serve --ckpt CKPT"),
     "attention": ("vit.commands.attention", "draw attention maps and the top classes of image files"),
     "probe": ("vit.commands.probe", "linear-probe and kNN baseline on frozen features: vit probe --config CFG"),
     "shard": ("vit.commands.shard", "write an image folder as streaming shards: vit shard SRC OUT [--max_side 320]"),

@@ -29,7 +29,8 @@ from torch.utils.data import DataLoader, Dataset
 from vit.checkpoint import Classifier
 from vit.data.io import check_image_file, find_images, load_image
 from vit.errors import UserError, UserValueError
-from vit.inference import PRECISIONS, OnnxClassifier, autocast, load_model
+from vit.inference import PRECISIONS, OnnxClassifier, autocast, load_model, ranked, record
+from vit.inference import top_k_entries as top_k_entries  # re-exported: `vit attention` imports it from here
 from vit.progress import progress
 
 
@@ -91,17 +92,6 @@ def collate_readable(items: Sequence[tuple[int, Tensor | Unreadable]]) -> Batch:
 
 
 # ---- records ----------------------------------------------------------------------------------
-def top_k_entries(probs: Sequence[float], indices: Sequence[int], class_names: Sequence[str]) -> list[dict]:
-    """``[{"class": index, "name": ..., "probability": ...}, ...]``, in the order given (most likely first)."""
-    return [{"class": int(i), "name": str(class_names[i]), "probability": round(float(p), 6)}
-            for p, i in zip(probs, indices)]
-
-
-def record(path: str | Path, top_k: list[dict] | None = None, error: str | None = None) -> dict:
-    """One file's result, the same for `vit predict` and `vit attention`: path, top_k, error."""
-    return {"path": str(path), "top_k": top_k or [], "error": error}
-
-
 def failures(rows: Sequence[dict]) -> list[tuple[str, str]]:
     """(path, reason) of the records whose file could not be read."""
     return [(r["path"], r["error"]) for r in rows if r["error"]]
@@ -156,9 +146,8 @@ def predict_files(
             continue
         with autocast(precision, classifier.device):
             logits = classifier(batch.images.to(classifier.device))
-        values, indices = logits.float().softmax(dim=-1).topk(top_k, dim=-1)
-        for index, p, idx in zip(batch.indices, values.tolist(), indices.tolist()):
-            rows[index] = record(dataset.files[index], top_k_entries(p, idx, classifier.class_names))
+        for index, entries in zip(batch.indices, ranked(logits, top_k, classifier.class_names)):
+            rows[index] = record(dataset.files[index], entries)
     return rows
 
 

@@ -1,0 +1,293 @@
+"""`vit serve`'s HTTP front end (FastAPI): turns requests into `Service.answer` calls and errors into JSON.
+
+    POST /predict   multipart (field ``file``) | raw body with Content-Type image/* |
+                    JSON {"inputs": "<base64>", "parameters": {"top_k": 5}};  ?top_k=  ?attention=1
+    GET  /          the page (page.html: no CDN, font or external script)
+    GET  /health    503 until the model is loaded and warmed up, then 200   (open even with an API key)
+    GET  /livez     200 while the process runs                              (open even with an API key)
+    GET  /info      model, classes, image settings, backend, attention, limits
+    GET  /metrics   Prometheus: requests by status, latency, batch size, queue depth, in flight
+
+Every error is ``{"detail": "...", "code": "..."}`` with its status (400 bad data, 401 no key, 405, 413 too
+large, 415 wrong type, 422 bad parameter or too many pixels, 503 + Retry-After busy, 504 timeout), and
+never a traceback. The body is counted as it arrives, so a lying Content-Length does not get past the limit.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+
+from vit.serve.core import RequestError, Service
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = ("/health", "/livez")  # answered without the API key: a load balancer's probes
+API_KEY_HEADER = "X-API-Key"
+
+
+def error_response(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The one shape of every error answer."""
+    return JSONResponse({"detail": detail, "code": code}, status_code=status, headers=headers)
+
+
+class Metrics:
+    """The Prometheus series of one app, in a registry of its own (two apps in one process do not clash)."""
+
+    def __init__(self, service: Service) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("vit_requests", "HTTP requests answered, by path and status",
+                                ["path", "status"], registry=self.registry)
+        self.latency = Histogram("vit_request_seconds", "time to answer a POST /predict", registry=self.registry,
+                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.batch_size = Histogram("vit_batch_size", "requests per model batch", registry=self.registry,
+                                    buckets=(1, 2, 4, 8, 16, 32, 64))
+        self.in_flight = Gauge("vit_in_flight", "HTTP requests being answered", registry=self.registry)
+        queue = Gauge("vit_queue_depth", "decoded requests waiting for a batch", registry=self.registry)
+        queue.set_function(lambda: service.queued)
+        admitted = Gauge("vit_admitted", "/predict requests admitted and not yet answered", registry=self.registry)
+        admitted.set_function(lambda: service.admitted)
+
+
+class Guard:
+    """ASGI middleware around everything: the API key, the in-flight gauge, requests counted by status."""
+
+    def __init__(self, app, metrics: Metrics, api_key: str | None) -> None:
+        self.app, self.metrics, self.api_key = app, metrics, api_key
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, status = scope["path"], 500
+
+        async def counting_send(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        started = time.perf_counter()
+        self.metrics.in_flight.inc()
+        try:
+            if self.api_key is not None and path not in OPEN_PATHS and path != "/" and not self._has_key(scope):
+                response = error_response(401, "unauthorized", f"this server needs an API key: send it in the "
+                                          f"{API_KEY_HEADER} header")
+                await response(scope, receive, counting_send)
+            else:
+                await self.app(scope, receive, counting_send)
+        finally:
+            self.metrics.in_flight.dec()
+            known = path if path in ("/", "/predict", "/info", "/metrics", *OPEN_PATHS) else "other"
+            self.metrics.requests.labels(known, str(status)).inc()
+            if path == "/predict":
+                self.metrics.latency.observe(time.perf_counter() - started)
+
+    def _has_key(self, scope) -> bool:
+        sent = dict(scope["headers"]).get(API_KEY_HEADER.lower().encode(), b"")
+        return hmac.compare_digest(sent, self.api_key.encode())
+
+
+# ---- reading a /predict request ----------------------------------------------------------------
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, counted as it arrives: 413 as soon as it passes ``limit``, whatever Content-Length said."""
+    too_large = RequestError(413, "too_large", f"the body is over this server's limit of {limit / 2**20:g} MB "
+                             "(--max_body_mb)")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_top_k(value: object, num_classes: int) -> int:
+    """A top_k parameter (query string or JSON) as an int in 1..num_classes, or a 422."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or (
+            isinstance(value, str) and not value.strip().lstrip("-").isdigit()):
+        raise RequestError(422, "bad_top_k", f"top_k must be a whole number, got {value!r}")
+    k = int(value)
+    if not 1 <= k <= num_classes:
+        raise RequestError(422, "bad_top_k", f"top_k must be between 1 and {num_classes} (the model's classes), "
+                           f"got {k}")
+    return k
+
+
+def parse_flag(value: str | None, name: str) -> bool:
+    """A query flag: 1/true/yes or 0/false/no (absent: false), or a 422."""
+    if value is None:
+        return False
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise RequestError(422, f"bad_{name}", f"{name} must be 1 or 0, got {value!r}")
+
+
+async def from_multipart(request: Request, body: bytes) -> tuple[bytes, str]:
+    """The ``file`` field of a multipart body (already read and counted) and its file name."""
+
+    async def replay() -> dict:  # the counted bytes, handed to Starlette's parser as the request body
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        form = await Request(request.scope, replay).form(max_files=1, max_fields=16)
+    except HTTPException as e:  # Starlette's parser reports a malformed body this way
+        raise RequestError(400, "bad_multipart", f"malformed multipart body: {e.detail}") from None
+    boundary = request.headers.get("content-type", "").partition("boundary=")[2].split(";")[0].strip('"')
+    if f"--{boundary}--".encode() not in body:  # the parser accepts a body cut short; RFC 2046 does not
+        raise RequestError(400, "bad_multipart", "malformed multipart body: it does not end with its closing "
+                           "boundary (was the upload cut short?)")
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile):
+        raise RequestError(422, "missing_field", "the multipart body has no file field named 'file' "
+                           "(curl -F file=@photo.jpg)")
+    return await upload.read(), upload.filename or "upload"
+
+
+def from_json(body: bytes) -> tuple[bytes, dict]:
+    """The image and parameters of ``{"inputs": "<base64>", "parameters": {...}}`` (the Hugging Face shape)."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(400, "bad_json", f"the body is not valid JSON ({e})") from None
+    if not isinstance(payload, dict) or "inputs" not in payload:
+        raise RequestError(422, "missing_field", 'the JSON body needs "inputs": the image as base64')
+    inputs, parameters = payload["inputs"], payload.get("parameters") or {}
+    if not isinstance(inputs, str):
+        raise RequestError(422, "bad_inputs", '"inputs" must be a base64 string of the image bytes')
+    if not isinstance(parameters, dict):
+        raise RequestError(422, "bad_parameters", '"parameters" must be an object, e.g. {"top_k": 5}')
+    if inputs.lstrip().lower().startswith(("http://", "https://", "ftp://", "file:")):
+        raise RequestError(422, "url_input", "this server does not fetch URLs: send the image bytes as base64")
+    if inputs.startswith("data:") and "," in inputs:  # a data URL, as a browser's FileReader writes it
+        inputs = inputs.split(",", 1)[1]
+    try:
+        data = base64.b64decode(inputs, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise RequestError(400, "bad_base64", f'"inputs" is not valid base64 ({e})') from None
+    return data, parameters
+
+
+async def read_image(request: Request, limit: int) -> tuple[bytes, str, dict]:
+    """(image bytes, name, JSON parameters) of a /predict request in any of the three formats."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    body = await read_body(request, limit)
+    if not body:
+        raise RequestError(400, "empty", "the request has no body: send an image (see GET / or the docs)")
+    if content_type == "multipart/form-data":
+        data, name = await from_multipart(request, body)
+        return data, name, {}
+    if content_type.startswith("image/"):
+        return body, "upload", {}
+    if content_type == "application/json":
+        data, parameters = from_json(body)
+        return data, "upload", parameters
+    raise RequestError(415, "unsupported_type", f"Content-Type {content_type or '(none)'!r} is not accepted: "
+                       "send multipart/form-data (field 'file'), image/*, or application/json")
+
+
+# ---- the app -----------------------------------------------------------------------------------
+def create_app(service: Service, *, api_key: str | None = None, cors_origins: list[str] | None = None,
+               model_path: str = "") -> FastAPI:
+    """The FastAPI app around ``service``; its lifespan warms the model up and stops the batcher."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        yield
+        await service.stop()
+
+    app = FastAPI(title="vit serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = Metrics(service)
+    service.on_batch = metrics.batch_size.observe
+    page = resources.files("vit.serve").joinpath("page.html").read_text(encoding="utf-8")
+    classifier = service.predictor.classifier
+    num_classes = len(classifier.class_names)
+
+    @app.exception_handler(RequestError)
+    async def request_error(_: Request, e: RequestError) -> JSONResponse:
+        return error_response(e.status, e.code, e.detail, e.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, e: HTTPException) -> JSONResponse:  # 404, 405 from the router
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
+        return error_response(e.status_code, code, str(e.detail), getattr(e, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+        return error_response(422, "bad_parameter", "; ".join(str(err.get("msg")) for err in e.errors()))
+
+    @app.exception_handler(Exception)
+    async def bug(_: Request, e: Exception) -> JSONResponse:
+        log.exception("unexpected error")  # the traceback goes to the log, never to the client
+        return error_response(500, "internal", "internal error; the details are in the server's log")
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(page)
+
+    @app.get("/livez")
+    async def livez() -> dict:
+        return {"status": "alive"}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not service.ready:
+            return error_response(503, "not_ready", "loading the model", {"Retry-After": "1"})
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/info")
+    async def info() -> dict:
+        limits = service.limits
+        return {
+            "model": classifier.model_name, "path": model_path, "classes": list(classifier.class_names),
+            "image": {"size": list(classifier.img_size), "channels": classifier.in_chans,
+                      "mean": list(classifier.mean), "std": list(classifier.std), "crop_pct": classifier.crop_pct,
+                      "interpolation": classifier.interpolation},
+            "backend": service.predictor.backend, "attention": service.predictor.attention,
+            "api_key": api_key is not None,
+            "limits": {"max_batch_size": limits.max_batch_size, "batch_timeout_ms": limits.batch_timeout_ms,
+                       "max_queue": limits.max_queue, "timeout_s": limits.timeout_s,
+                       "max_body_mb": limits.max_body_mb, "max_pixels": limits.max_pixels,
+                       "top_k": limits.top_k},
+        }
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/predict")
+    async def predict(request: Request) -> JSONResponse:
+        query = request.query_params
+        top_k = parse_top_k(query["top_k"], num_classes) if "top_k" in query else None
+        attention = parse_flag(query.get("attention"), "attention")
+        data, name, parameters = await read_image(request, service.limits.max_body_bytes)
+        if "top_k" in parameters:
+            top_k = parse_top_k(parameters["top_k"], num_classes)
+        return JSONResponse(await service.answer(data, top_k=top_k, attention=attention, name=name))
+
+    app.add_middleware(Guard, metrics=metrics, api_key=api_key)
+    if cors_origins:  # added last, so outermost: a browser's preflight (which carries no key) is answered
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Content-Type", API_KEY_HEADER])
+    return app
