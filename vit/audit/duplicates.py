@@ -167,7 +167,7 @@ def find_duplicates(
     i, j, d = near_pairs(whole, radius, queries, owners)
     fresh = np.array([(int(a), int(b)) not in exact for a, b in zip(i, j)], dtype=bool)
     i, j, d = i[fresh], j[fresh], d[fresh]
-    scores = copy_scores(np.asarray(thumbs), i, j)
+    scores = copy_scores(thumbs, i, j)
     for a, b, distance, score in zip(i.tolist(), j.tolist(), d.tolist(), scores.tolist()):
         if score >= min_score:
             pairs.append((a, b, "near", distance, round(score, 4)))

@@ -150,7 +150,7 @@ def copy_scores(thumbs: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
         return scores
     used, inverse = np.unique(np.concatenate([i, j]), return_inverse=True)  # prepare only images in a pair
     pi, pj = inverse[:len(i)], inverse[len(i):]
-    fine = _blurred(np.asarray(thumbs)[used])
+    fine = _blurred(np.asarray(thumbs[used]))  # only these: a caller may hand in a lazy table
     coarse = _luma(fine, COARSE)
     grid = np.array(windows())  # (W, 2)
     coarse_grid = resampler(grid[:, 0], grid[:, 1], COARSE)[None]  # (1, W, s, s)
