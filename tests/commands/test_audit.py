@@ -157,3 +157,25 @@ def test_audit_of_the_digits_names_images_by_their_place(tmp_path, capsys):
                  str(tmp_path / "cache"), "--radius", "0"])
     assert again["label_issues"]["features"].startswith("loaded from cache")
     assert again["label_issues"]["flagged"] == summary["label_issues"]["flagged"]
+
+
+def test_fail_on_label_issues_never_fails_on_a_list_the_report_distrusts(tmp_path, capsys):
+    """Tiles of one photo under two random labels: no feature separates them, so the classifier sits at chance,
+    the summary says so first, no image is called wrongly labelled, and --fail_on label_issues passes."""
+    root = tmp_path / "images"
+    pixels = np.asarray(skimage.data.astronaut())
+    rng = np.random.default_rng(0)
+    for k in range(48):
+        y, x = divmod(k, 8)
+        split = "val" if k % 8 == 6 else "test" if k % 8 == 7 else "train"
+        path = root / split / str("ab"[int(rng.integers(2))]) / f"tile{k}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels[64 * y:64 * y + 64, 64 * x:64 * x + 64]).save(path)
+    summary = run([*audit_args(root, tmp_path / "a", tmp_path), "--fail_on", "label_issues"])  # no SystemExit
+    labels = summary["label_issues"]
+    assert labels["trusted"] is False and labels["flagged"] is None and labels["skill"] < 0.5
+    printed = capsys.readouterr().out
+    first = next(line for line in printed.splitlines() if line.startswith("  "))
+    assert first.startswith("  label check not trusted: out-of-fold accuracy") and "too close to chance" in first
+    assert "labels look wrong" not in printed and "label looks wrong" not in printed
+    assert (tmp_path / "a" / "label_issues.csv").read_text().strip() == "path,split,given,suggested,score"
