@@ -81,7 +81,7 @@ def test_identical_thumbnails_score_one_and_flat_images_match_nothing():
     thumbs = np.stack([thumbnail(img), thumbnail(img), thumbnail(flat), thumbnail(flat)])
     scores = copy_scores(thumbs, np.array([0, 2, 0]), np.array([1, 3, 2]))
     np.testing.assert_allclose(scores[0], 1.0, atol=1e-4)
-    assert scores[1] == 0 and scores[2] == 0  # a flat image has no picture to compare
+    assert abs(scores[1]) < 1e-2 and abs(scores[2]) < 1e-2  # a flat image has no picture to compare
     assert plain_correlation(thumbnail(img), thumbnail(img)) == pytest.approx(1.0, abs=1e-5)
 
 

@@ -33,6 +33,7 @@ EXTENTS = (1.0, 0.94, 0.88, 0.82)  # share of an axis a crop keeps (crop + resiz
 PLACES = (0.0, 0.5, 1.0)  # where the window sits, as a share of the room left (1 - extent), coarse grid
 STEPS = (0.03, 0.015)  # the refinement's moves of a window's offset and extent, one step after the other
 COPY_SCORE = 0.975  # best NCC at or above which a candidate is a copy (docs/audit.md)
+PREFILTER = 0.9  # coarse luminance NCC below which a pair is not refined: no copy scored under 0.95 there
 BATCH = 128  # pairs per vectorised step: bounds the memory of the (pairs, windows, side, side) stacks
 LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 
@@ -55,11 +56,13 @@ def resampler(offset: np.ndarray | float, extent: np.ndarray | float, side: int)
     offset, extent = np.broadcast_arrays(np.asarray(offset, np.float64), np.asarray(extent, np.float64))
     centres = (offset[..., None] + extent[..., None] * (np.arange(side) + 0.5) / side) * side - 0.5
     centres = np.clip(centres, 0, side - 1)  # (..., side)
-    low = np.floor(centres).astype(int)
-    weight = (centres - low)[..., None]
-    columns = np.arange(side)
-    m = (columns == low[..., None]) * (1 - weight) + (columns == np.minimum(low + 1, side - 1)[..., None]) * weight
-    return m.astype(np.float32)
+    low = np.floor(centres).astype(np.int64)
+    weight = (centres - low).astype(np.float32)
+    m = np.zeros((*centres.shape, side), dtype=np.float32)
+    np.put_along_axis(m, low[..., None], (1 - weight)[..., None], axis=-1)
+    high = np.minimum(low + 1, side - 1)[..., None]  # at the last pixel low == high: add, not overwrite
+    np.put_along_axis(m, high, np.take_along_axis(m, high, axis=-1) + weight[..., None], axis=-1)
+    return m
 
 
 def _blurred(thumbs: np.ndarray) -> np.ndarray:
@@ -159,8 +162,16 @@ def copy_scores(thumbs: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
         best = np.full(len(a), -np.inf)
         for whole, crop in ((a, b), (b, a)):  # either image may be the cropped one
             found = _correlate(_standardise(coarse[whole]), _warp(coarse[crop], coarse_grid, coarse_grid))
-            r, c = np.unravel_index(found.reshape(len(a), -1).argmax(axis=1), found.shape[1:])  # (P,) each
-            best = np.maximum(best, _refine(fine[whole], fine[crop], grid[r], grid[c]))
+            top = found.reshape(len(a), -1).argmax(axis=1)
+            r, c = np.unravel_index(top, found.shape[1:])  # (P,) each
+            rough = found.reshape(len(a), -1)[np.arange(len(a)), top]
+            # Only pairs close at the coarse size are refined (the costly step); the others keep their coarse
+            # score, well below a copy's (copies score 0.99 here, look-alikes that get this far 0.9 to 0.98).
+            close = rough >= PREFILTER
+            refined = rough.copy()
+            if close.any():
+                refined[close] = _refine(fine[whole[close]], fine[crop[close]], grid[r[close]], grid[c[close]])
+            best = np.maximum(best, refined)
         scores[start:start + BATCH] = best
     return np.clip(scores, -1.0, 1.0)
 
