@@ -27,23 +27,22 @@ WINDOWS = 27
 
 
 def flip(values: np.ndarray, low: int, high: int, rng: np.random.Generator) -> np.ndarray:
-    """Each value with ``low`` to ``high`` random bits flipped."""
-    out = values.copy()
-    for k in range(len(out)):
-        bits = rng.choice(64, int(rng.integers(low, high + 1)), replace=False)
-        out[k] ^= np.uint64(sum(1 << int(b) for b in bits))
-    return out
+    """Each value with ``low`` to ``high`` random bits flipped (a bit drawn twice flips once: at most ``high``)."""
+    count = rng.integers(low, high + 1, values.shape)
+    bits = rng.integers(0, 64, (*values.shape, max(high, 1)))
+    used = np.arange(max(high, 1)) < count[..., None]
+    masks = np.where(used, np.uint64(1) << bits.astype(np.uint64), np.uint64(0))
+    return values ^ np.bitwise_or.reduce(masks, axis=-1)
 
 
 def generated(n: int, radius: int, seed: int = 0):
     """(hashes (n,), windows (n, 27), thumbnails of the planted pairs' images, planted (copy, original) pairs)."""
     rng = np.random.default_rng(seed)
     hashes = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
-    windows = np.stack([flip(np.full(WINDOWS, h, np.uint64), 8, 16, rng) for h in hashes])
+    windows = flip(np.repeat(hashes[:, None], WINDOWS, axis=1), 8, 16, rng)  # (n, 27)
     copies = rng.choice(np.arange(n // 2, n), n // 50, replace=False)
     originals = rng.integers(0, n // 2, len(copies))
-    for c, o in zip(copies, originals):
-        hashes[c] = flip(windows[o, rng.integers(WINDOWS)][None], 0, radius, rng)[0]
+    hashes[copies] = flip(windows[originals, rng.integers(0, WINDOWS, len(copies))], 0, radius, rng)
     drawn = {}
     for c, o in zip(copies.tolist(), originals.tolist()):
         base = drawn.setdefault(o, np.clip(rng.normal(128, 40, (3, 8, 8)).repeat(4, 1).repeat(4, 2), 0, 255))
