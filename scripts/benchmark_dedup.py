@@ -1,11 +1,15 @@
-"""Time near-duplicate search on generated perceptual hashes: `vit audit`'s multi-index hashing.
+"""Time `vit audit`'s near-duplicate search with its verification, on generated hashes and thumbnails.
 
-    python scripts/benchmark_dedup.py                      # 100,000 hashes, radius 10 (the default)
+    python scripts/benchmark_dedup.py                      # 100,000 images, radius 10 (the default)
     python scripts/benchmark_dedup.py --hashes 1000000 --radius 8
 
-The hashes are random 64-bit values, 2% of them planted as near copies of others (1 to ``radius`` bits
-flipped), so the search has pairs to find. After the timed search, the neighbours of ``--check`` random hashes
-are counted by brute force against all the others, and must be exactly the pairs the index found for them.
+Each generated image has a random 64-bit pHash and 27 window hashes (its zoomed windows: each its pHash with
+8 to 16 bits flipped, as they are on real images). 2% of the images are planted as copies of others: their
+pHash is one of the original's window hashes with 0 to ``radius`` bits flipped, and their thumbnail is the
+original's, zoomed into a window, brightened and with noise added. The timed step is the whole of
+`vit.audit.duplicates.find_duplicates`: the multi-index search of 28 queries an image, and the verification of
+every candidate. Then the neighbours of ``--check`` random queries are counted by brute force against all the
+hashes and must be exactly the pairs the index found for them, and 95% of the planted copies must be verified.
 """
 
 from __future__ import annotations
@@ -16,48 +20,89 @@ import time
 
 import numpy as np
 
-from vit.audit.duplicates import near_pairs, popcount
+from vit.audit.duplicates import find_duplicates, near_pairs, popcount
+from vit.audit.verify import resampler
+
+WINDOWS = 27
 
 
-def generated_hashes(n: int, radius: int, seed: int = 0) -> np.ndarray:
-    """``n`` random 64-bit hashes, 2% of them near copies of earlier ones."""
+def flip(values: np.ndarray, low: int, high: int, rng: np.random.Generator) -> np.ndarray:
+    """Each value with ``low`` to ``high`` random bits flipped (a bit drawn twice flips once: at most ``high``)."""
+    count = rng.integers(low, high + 1, values.shape)
+    bits = rng.integers(0, 64, (*values.shape, max(high, 1)))
+    used = np.arange(max(high, 1)) < count[..., None]
+    masks = np.where(used, np.uint64(1) << bits.astype(np.uint64), np.uint64(0))
+    return values ^ np.bitwise_or.reduce(masks, axis=-1)
+
+
+def generated(n: int, radius: int, seed: int = 0):
+    """(hashes (n,), windows (n, 27), thumbnails of the planted pairs' images, planted (copy, original) pairs)."""
     rng = np.random.default_rng(seed)
     hashes = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+    windows = flip(np.repeat(hashes[:, None], WINDOWS, axis=1), 8, 16, rng)  # (n, 27)
     copies = rng.choice(np.arange(n // 2, n), n // 50, replace=False)
-    for i in copies:
-        flips = rng.choice(64, int(rng.integers(1, radius + 1)), replace=False)
-        hashes[i] = hashes[int(rng.integers(0, n // 2))] ^ np.uint64(sum(1 << int(b) for b in flips))
-    return hashes
+    originals = rng.integers(0, n // 2, len(copies))
+    hashes[copies] = flip(windows[originals, rng.integers(0, WINDOWS, len(copies))], 0, radius, rng)
+    drawn = {}
+    for c, o in zip(copies.tolist(), originals.tolist()):
+        base = drawn.setdefault(o, np.clip(rng.normal(128, 40, (3, 8, 8)).repeat(4, 1).repeat(4, 2), 0, 255))
+        e = rng.uniform(0.85, 1.0)
+        r = resampler(rng.uniform(0, 1 - e), e, 32)
+        copy = np.einsum("ij,cjk,lk->cil", r, base, r) * rng.uniform(0.9, 1.1) + rng.normal(0, 2, (3, 32, 32))
+        drawn[c] = np.clip(copy, 0, 255)
+    return hashes, windows, drawn, list(zip(copies.tolist(), originals.tolist()))
 
 
-def brute_force(hashes: np.ndarray, queries: np.ndarray, radius: int) -> set[tuple[int, int]]:
-    """Every pair (i, j), i < j, with i or j among ``queries``, within ``radius`` bits: each query against all."""
+class Thumbnails:
+    """The thumbnails `find_duplicates` asks for by index: the drawn ones, and noise for any other candidate."""
+
+    def __init__(self, drawn: dict[int, np.ndarray], n: int) -> None:
+        self.drawn, self.shape = drawn, (n, 3, 32, 32)
+
+    def __getitem__(self, index: np.ndarray) -> np.ndarray:
+        rng = np.random.default_rng(0)
+        return np.stack([self.drawn.get(int(i), rng.integers(0, 256, (3, 32, 32))) for i in index]).astype(np.uint8)
+
+
+def brute_force(hashes: np.ndarray, queries: np.ndarray, owners: np.ndarray, asked: np.ndarray,
+                radius: int) -> set[tuple[int, int]]:
+    """Every pair (i, j), i < j, found by one of the ``asked`` queries against all hashes, each compared in full."""
     found = set()
-    for q in queries.tolist():
-        for other in np.flatnonzero(popcount(hashes ^ hashes[q]) <= radius).tolist():
-            if other != q:
-                found.add((min(q, other), max(q, other)))
+    for q in asked.tolist():
+        for other in np.flatnonzero(popcount(hashes ^ queries[q]) <= radius).tolist():
+            if other != owners[q]:
+                found.add((min(owners[q], other), max(owners[q], other)))
     return found
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; returns (and prints) its figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hashes", type=int, default=100_000)
+    parser.add_argument("--hashes", type=int, default=100_000, help="generated images (default: %(default)s)")
     parser.add_argument("--radius", type=int, default=10)
-    parser.add_argument("--check", type=int, default=1_000, help="hashes whose neighbours brute force recounts")
+    parser.add_argument("--check", type=int, default=1_000, help="queries whose neighbours brute force recounts")
     args = parser.parse_args(argv)
-    hashes = generated_hashes(args.hashes, args.radius)
+    n = args.hashes
+    hashes, windows, drawn, planted = generated(n, args.radius)
     started = time.perf_counter()
-    i, j, _ = near_pairs(hashes, args.radius)
+    pairs, candidates = find_duplicates([str(k) for k in range(n)], hashes.tolist(), windows, Thumbnails(drawn, n),
+                                        args.radius)
     seconds = time.perf_counter() - started
-    queries = np.random.default_rng(1).choice(args.hashes, args.check, replace=False)
-    asked = set(queries.tolist())
-    from_index = {(a, b) for a, b in zip(i.tolist(), j.tolist()) if a in asked or b in asked}
-    expected = brute_force(hashes, queries, args.radius)
-    assert from_index == expected, f"index and brute force disagree on {len(from_index ^ expected)} pairs"
-    figures = {"hashes": args.hashes, "radius": args.radius, "pairs": len(i), "seconds": round(seconds, 2),
-               "brute_force_check": f"the same {len(expected)} pairs for {args.check} random hashes"}
+    verified = {(a, b) for a, b, kind, _, _ in pairs if kind == "near"}
+    truth = {(min(c, o), max(c, o)) for c, o in planted}
+    kept = len(truth & verified) / len(truth)
+    assert kept >= 0.95, f"only {kept:.3f} of the planted copies were verified"
+
+    queries = np.concatenate([hashes, windows.reshape(-1)])
+    owners = np.concatenate([np.arange(n), np.repeat(np.arange(n), WINDOWS)])
+    asked = np.random.default_rng(1).choice(len(queries), args.check, replace=False)
+    i, j, _ = near_pairs(hashes, args.radius, queries[asked], owners[asked])
+    expected = brute_force(hashes, queries, owners, asked, args.radius)
+    assert set(zip(i.tolist(), j.tolist())) == expected, "index and brute force disagree"
+    figures = {"images": n, "queries": len(queries), "radius": args.radius, "candidates": candidates,
+               "verified": len(verified), "planted": len(truth), "planted_verified": round(kept, 3),
+               "seconds": round(seconds, 2),
+               "brute_force_check": f"the same {len(expected)} pairs for {args.check} random queries"}
     print(json.dumps(figures))
     return figures
 

@@ -1,4 +1,5 @@
-"""Pooled backbone features of a dataset, and their cache: shared by `vit probe` and `vit audit`.
+"""Pooled backbone features of a dataset, and their cache: shared by `vit probe` and `vit audit`, with the two
+helpers both commands need (`blas_threads` for scikit-learn on the features, `new_run_folder` for the output).
 
     features, labels, how = cached_features(model, model_config, dataset, "train", cache_dir=...)
 
@@ -25,6 +26,25 @@ from vit.hashing import digest
 from vit.progress import progress
 
 log = logging.getLogger(__name__)
+
+
+def new_run_folder(folder: Path) -> Path:
+    """A new ``folder/version_N``, N one past the largest there (as Lightning's loggers number runs)."""
+    while True:
+        versions = [int(p.name[8:]) for p in folder.glob("version_*") if p.name[8:].isdigit()]
+        path = folder / f"version_{max(versions, default=-1) + 1}"
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:  # another run took it meanwhile
+            continue
+
+
+def blas_threads(n: int, d: int) -> int:
+    """BLAS threads for scikit-learn on n x d features: one for small problems, where OpenBLAS's threads cost
+    far more than they save (the digits' logistic regression ran 50x slower with 2 threads on a busy 2-core
+    machine), else torch's thread count (the config's ``num_threads``)."""
+    return 1 if n * d < 1 << 22 else torch.get_num_threads()
 
 
 def weights_key(model: nn.Module, config: dict[str, Any]) -> str:

@@ -75,9 +75,32 @@ def test_content_hash_is_the_decoded_pixels():
     assert content_hash(Image.fromarray(pixels.T.copy())) != same[0]  # same bytes, another shape
 
 
-def test_find_duplicates_lists_exact_pairs_once():
+def test_find_duplicates_lists_exact_pairs_once_and_verifies_the_near_ones():
     contents = ["a", "b", "a", "c", "a"]
     hashes = [0, 0b111, 0, 0b1, 0]  # "c" is near "a" (1 bit); "b" is 3 bits from "a"
-    pairs = find_duplicates(contents, hashes, radius=2)
-    assert sorted(pairs) == [(0, 2, "exact", 0), (0, 3, "near", 1), (0, 4, "exact", 0), (1, 3, "near", 2),
-                             (2, 3, "near", 1), (2, 4, "exact", 0), (3, 4, "near", 1)]
+    rng = np.random.default_rng(0)
+    picture = rng.integers(0, 256, (3, 32, 32), dtype=np.uint8)
+    thumbs = np.stack([picture, rng.integers(0, 256, (3, 32, 32), dtype=np.uint8), picture, picture, picture])
+    pairs, candidates = find_duplicates(contents, hashes, [[h] for h in hashes], thumbs, radius=2)
+    # "b" is another picture: its candidate pairs (with "c", 2 bits) are rejected by the verification.
+    assert sorted((a, b, kind, d) for a, b, kind, d, _ in pairs) == [
+        (0, 2, "exact", 0), (0, 3, "near", 1), (0, 4, "exact", 0), (2, 3, "near", 1), (2, 4, "exact", 0),
+        (3, 4, "near", 1)]
+    assert candidates == 4 and all(score > 0.999 for *_, score in pairs)
+
+
+def test_window_hashes_find_a_cropped_copy_the_plain_hash_misses():
+    """A copy resized 0.85x and cropped 4 px a side moves many pHash bits; one of the original's zoomed windows
+    is close to it."""
+    from vit.audit.duplicates import window_phashes
+
+    far = []
+    for tile in tiles():
+        original = tile.crop((32, 32, 96, 96))  # 64 px, as the issue's images
+        small = original.resize((54, 54), Image.Resampling.BICUBIC).crop((4, 4, 50, 50))
+        copy = phash(small)
+        plain = bin(phash(original) ^ copy).count("1")
+        windowed = min(bin(w ^ copy).count("1") for w in window_phashes(original))
+        far.append((plain, windowed))
+    assert sum(w <= DEFAULT_RADIUS for _, w in far) == len(far), far
+    assert sum(p > DEFAULT_RADIUS for p, _ in far) >= 3, far  # the case the windows are for

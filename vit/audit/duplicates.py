@@ -1,34 +1,41 @@
-"""Exact and near-duplicate images: a hash of the decoded pixels, and a perceptual hash with a radius.
+"""Exact and near-duplicate images: a hash of the decoded pixels; perceptual hashes for candidates, verified.
 
     content_hash(img)            the same pixels (saved twice, under two names, in two formats) -> the same hash
     phash(img)                   64 bits from the low frequencies of the 32x32 grayscale image's DCT
+    window_phashes(img)          the pHashes of 27 zoomed windows of the image (what a crop of it may show)
     near_pairs(hashes, radius)   every pair within ``radius`` differing bits, through a multi-index hash table
+    find_duplicates(...)         exact pairs, and the near candidates that `vit.audit.verify` confirms
 
 pHash (Zauner 2010; as ``imagehash.phash`` computes it): resize to 32x32 grayscale, 2-D DCT, keep the 8x8
 lowest frequencies, one bit per coefficient: above their median or not. A resized, re-encoded (JPEG q 70),
-slightly cropped or brightness-shifted copy keeps most bits: ``DEFAULT_RADIUS`` differing bits of 64 count
-as a near-duplicate (see the README's `vit audit` section for what it found and missed on the digits).
+slightly cropped or brightness-shifted copy keeps most bits, but not all: a crop of 4 pixels of a 54-pixel
+image moves 10 to 24 of them, as far as the distance between unrelated look-alikes (issue 26). So the hash
+only proposes candidates: a pair is a candidate when one image's pHash, or the pHash of one of its zoomed
+windows (the crops a copy of it may be), lies within ``DEFAULT_RADIUS`` bits of the other's pHash; and
+`vit.audit.verify` then decides, on the pixels, whether it is a copy (docs/audit.md has the calibration).
 
 The search is multi-index hashing (Norouzi et al., 2012): split the 64 bits into 4 chunks of 16. Two hashes
 within r bits agree within r // 4 bits on at least one chunk (pigeonhole), so each chunk's table is probed
 with every variant of the chunk within r // 4 flipped bits, and only those candidates are compared in full.
-Each probe is one vectorised sorted-array lookup, so 100,000 hashes take seconds, not 5e9 comparisons.
+Each probe is one vectorised table lookup, so 100,000 images take seconds, not 5e9 comparisons.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from itertools import combinations
+from itertools import combinations, product
 
 import numpy as np
 from PIL import Image
 from scipy.fft import dctn
 
+from vit.audit.verify import COPY_SCORE, copy_scores
 from vit.data.io import to_rgb
 
-DEFAULT_RADIUS = 10  # differing pHash bits, of 64, that still make a near-duplicate (see the README)
+DEFAULT_RADIUS = 10  # differing pHash bits, of 64, that still make a candidate (docs/audit.md)
 CHUNKS, CHUNK_BITS = 4, 16
+WINDOW_EXTENTS = (0.95, 0.89, 0.83)  # zooms of `window_phashes`: what a 0.85-0.95x resize and a 1-4 px crop leave
 
 
 def content_hash(img: Image.Image) -> str:
@@ -43,9 +50,28 @@ def content_hash(img: Image.Image) -> str:
 def phash(img: Image.Image) -> int:
     """The 64-bit perceptual hash (DCT) of an image, as an unsigned int."""
     gray = to_rgb(img).convert("L").resize((32, 32), Image.Resampling.LANCZOS)
-    low = dctn(np.asarray(gray, dtype=np.float64), type=2)[:8, :8]  # (8, 8) lowest frequencies
+    return _phash_of(np.asarray(gray, dtype=np.float64))
+
+
+def _phash_of(gray: np.ndarray) -> int:
+    low = dctn(gray, type=2)[:8, :8]  # (8, 8) lowest frequencies of the (32, 32) image
     bits = (low > np.median(low)).reshape(-1)
     return int(np.packbits(bits).view(">u8")[0])
+
+
+def window_phashes(img: Image.Image) -> list[int]:
+    """pHashes of the windows of ``img`` that an edited copy of it may show: zoomed in to ``WINDOW_EXTENTS`` of
+    each axis, at the start, middle and end of the room left (a crop of a few pixels on each side, resized)."""
+    gray = to_rgb(img).convert("L")
+    gray = gray.resize((128, 128), Image.Resampling.BILINEAR, reducing_gap=3.0)  # one costly resize, not 18
+    found = []
+    for extent in WINDOW_EXTENTS:
+        room = 128 * (1 - extent)
+        for top, left in product((0.0, room / 2, room), repeat=2):
+            window = gray.resize((32, 32), Image.Resampling.LANCZOS, box=(left, top, left + 128 * extent,
+                                                                          top + 128 * extent))
+            found.append(_phash_of(np.asarray(window, dtype=np.float64)))
+    return found
 
 
 def popcount(x: np.ndarray) -> np.ndarray:
@@ -64,42 +90,53 @@ def _masks(bits: int, flips: int) -> np.ndarray:
     return np.array(masks, dtype=np.int64)
 
 
-def near_pairs(hashes: np.ndarray, radius: int = DEFAULT_RADIUS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(i, j, distance) of every pair i < j of 64-bit ``hashes`` at most ``radius`` bits apart, sorted by (i, j).
+def near_pairs(hashes: np.ndarray, radius: int = DEFAULT_RADIUS, queries: np.ndarray | None = None,
+               owners: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(i, j, distance) of every pair i < j of images within ``radius`` bits, sorted by (i, j).
 
-    Multi-index hashing: for each of 4 16-bit chunks, the chunk values are sorted once; every variant within
-    ``radius // 4`` flipped bits is looked up with one ``searchsorted``, and the candidates it yields are
-    checked on all 64 bits."""
+    ``hashes`` (n,) are the images' 64-bit hashes. ``queries`` (m,), with ``owners`` (m,) the image each belongs
+    to, are searched against them (default: the hashes themselves); a pair's distance is the smallest of its
+    queries'. Multi-index hashing: for each of 4 16-bit chunks, a table of where each chunk value's images lie
+    (a counting sort); every query variant within ``radius // 4`` flipped bits is looked up in it at once, and
+    the candidates it yields are checked on all 64 bits."""
     hashes = np.ascontiguousarray(hashes, dtype=np.uint64)
+    if queries is None:
+        queries, owners = hashes, np.arange(len(hashes))
+    queries = np.ascontiguousarray(queries, dtype=np.uint64)
+    owners = np.asarray(owners, dtype=np.int64)
     n = len(hashes)
-    found_i, found_j = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-    flips = radius // CHUNKS
+    found_key, found_d = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
     for c in range(CHUNKS):
-        chunk = ((hashes >> np.uint64(c * CHUNK_BITS)) & np.uint64(0xFFFF)).astype(np.int64)
+        shift, low16 = np.uint64(c * CHUNK_BITS), np.uint64(0xFFFF)
+        chunk = ((hashes >> shift) & low16).astype(np.int64)
         order = np.argsort(chunk, kind="stable")
-        sorted_chunk = chunk[order]
-        for mask in _masks(CHUNK_BITS, flips):
-            wanted = chunk ^ mask
-            lo = np.searchsorted(sorted_chunk, wanted, side="left")
-            hi = np.searchsorted(sorted_chunk, wanted, side="right")
-            counts = hi - lo
+        counts_of = np.bincount(chunk, minlength=1 << CHUNK_BITS)
+        starts_of = np.cumsum(counts_of) - counts_of
+        asked = ((queries >> shift) & low16).astype(np.int64)
+        for mask in _masks(CHUNK_BITS, radius // CHUNKS):
+            wanted = asked ^ mask
+            lo, counts = starts_of[wanted], counts_of[wanted]
             total = int(counts.sum())
             if total == 0:
                 continue
             # Every (query q, candidate order[lo[q] + k]) for k < counts[q], flattened: position p of the
             # output belongs to query q and has offset p - (start of q's run) within it.
-            queries = np.repeat(np.arange(n), counts)
-            run_start = np.cumsum(counts) - counts  # (n,) where each query's run begins in the output
+            q = np.repeat(np.arange(len(queries)), counts)
+            run_start = np.cumsum(counts) - counts
             candidates = order[np.repeat(lo - run_start, counts) + np.arange(total)]
-            keep = queries < candidates
-            queries, candidates = queries[keep], candidates[keep]
-            close = popcount(hashes[queries] ^ hashes[candidates]) <= radius
-            found_i.append(queries[close])
-            found_j.append(candidates[close])
-    i, j = np.concatenate(found_i), np.concatenate(found_j)
-    keys = np.unique(i * n + j)  # a pair close on several chunks is found several times
-    i, j = keys // n, keys % n
-    return i, j, popcount(hashes[i] ^ hashes[j])
+            keep = owners[q] != candidates
+            q, candidates = q[keep], candidates[keep]
+            distance = popcount(queries[q] ^ hashes[candidates])
+            close = distance <= radius
+            a, b = owners[q[close]], candidates[close]
+            found_key.append(np.minimum(a, b) * n + np.maximum(a, b))
+            found_d.append(distance[close])
+    keys, distances = np.concatenate(found_key), np.concatenate(found_d)
+    order = np.lexsort((distances, keys))  # a pair is found by several chunks and queries: keep its closest
+    keys, distances = keys[order], distances[order]
+    first = np.r_[True, keys[1:] != keys[:-1]] if len(keys) else np.empty(0, bool)
+    keys, distances = keys[first], distances[first]
+    return keys // n, keys % n, distances
 
 
 def exact_groups(contents: list[str]) -> list[list[int]]:
@@ -111,13 +148,27 @@ def exact_groups(contents: list[str]) -> list[list[int]]:
 
 
 def find_duplicates(
-    contents: Sequence[str], hashes: Sequence[int], radius: int = DEFAULT_RADIUS,
-) -> list[tuple[int, int, str, int]]:
-    """(i, j, "exact" | "near", distance in pHash bits) for every duplicate pair i < j: the same content hash
-    (distance 0), or pHashes within ``radius`` bits (pairs already exact are not listed again)."""
-    pairs = [(a, b, "exact", 0) for group in exact_groups(list(contents)) for a, b in combinations(group, 2)]
-    exact = {(a, b) for a, b, _, _ in pairs}
-    for a, b, d in zip(*near_pairs(np.array(hashes, dtype=np.uint64), radius)):
-        if (int(a), int(b)) not in exact:
-            pairs.append((int(a), int(b), "near", int(d)))
-    return pairs
+    contents: Sequence[str], hashes: Sequence[int], windows: Sequence[Sequence[int]], thumbs: np.ndarray,
+    radius: int = DEFAULT_RADIUS, min_score: float = COPY_SCORE,
+) -> tuple[list[tuple[int, int, str, int, float]], int]:
+    """(i, j, "exact" | "near", distance in pHash bits, verification score) for every duplicate pair i < j, and
+    how many near candidates were checked.
+
+    Exact: the same content hash (distance 0, score 1). Near: a candidate of the hash search (one image's pHash,
+    or the pHash of one of its `window_phashes`, within ``radius`` bits of the other's pHash) whose
+    `vit.audit.verify.copy_scores` reaches ``min_score``. Pairs already exact are not listed again."""
+    pairs = [(a, b, "exact", 0, 1.0) for group in exact_groups(list(contents)) for a, b in combinations(group, 2)]
+    exact = {(a, b) for a, b, *_ in pairs}
+    n = len(hashes)
+    whole = np.array(hashes, dtype=np.uint64)
+    zoomed = np.array(windows, dtype=np.uint64).reshape(n, -1)
+    queries = np.concatenate([whole, zoomed.reshape(-1)])
+    owners = np.concatenate([np.arange(n), np.repeat(np.arange(n), zoomed.shape[1])])
+    i, j, d = near_pairs(whole, radius, queries, owners)
+    fresh = np.array([(int(a), int(b)) not in exact for a, b in zip(i, j)], dtype=bool)
+    i, j, d = i[fresh], j[fresh], d[fresh]
+    scores = copy_scores(thumbs, i, j)
+    for a, b, distance, score in zip(i.tolist(), j.tolist(), d.tolist(), scores.tolist()):
+        if score >= min_score:
+            pairs.append((a, b, "near", distance, round(score, 4)))
+    return pairs, len(i)

@@ -39,29 +39,32 @@ def inventory(records: Sequence[ImageRecord], class_names: Sequence[str]) -> dic
     }
 
 
-def describe_pairs(records: Sequence[ImageRecord], pairs: Sequence[tuple[int, int, str, int]],
+def describe_pairs(records: Sequence[ImageRecord], pairs: Sequence[tuple[int, int, str, int, float]],
                    class_names: Sequence[str]) -> list[dict[str, Any]]:
     """One row per duplicate pair, the earlier split first (train, val, test); cross-split pairs first,
-    then exact before near, then by distance."""
+    then exact before near, then by verification score (highest first)."""
     order = {s: i for i, s in enumerate(SPLITS)}
     rows = []
-    for i, j, kind, distance in pairs:
+    for i, j, kind, distance, score in pairs:
         a, b = sorted((records[i], records[j]), key=lambda r: (order.get(r.split, 9), r.name))
         rows.append({"path_a": a.name, "split_a": a.split, "path_b": b.name, "split_b": b.split, "kind": kind,
-                     "distance": distance, "label_a": class_names[a.label], "label_b": class_names[b.label],
-                     "_a": a, "_b": b})
-    rows.sort(key=lambda r: (r["split_a"] == r["split_b"], r["kind"] != "exact", r["distance"], r["path_a"]))
+                     "distance": distance, "score": score, "label_a": class_names[a.label],
+                     "label_b": class_names[b.label], "_a": a, "_b": b})
+    rows.sort(key=lambda r: (r["split_a"] == r["split_b"], r["kind"] != "exact", -r["score"], r["path_a"]))
     return rows
 
 
-def leakage(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """Per held-out split, how many of its images have an exact or near copy in an earlier split, e.g.
-    ``{"test": {"train": 27}}``: 27 test images have a copy in train."""
-    leaked: dict[str, dict[str, set]] = {}
+def leakage(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, int]]]:
+    """Per held-out split, how many of its images have an exact copy, or only a near copy, in an earlier split,
+    e.g. ``{"test": {"train": {"exact": 3, "near": 24}}}``: 27 test images have a copy in train, 3 of them exact."""
+    leaked: dict[str, dict[str, dict[str, str]]] = {}
     for r in rows:
         if r["split_a"] != r["split_b"]:
-            leaked.setdefault(r["split_b"], {}).setdefault(r["split_a"], set()).add(r["path_b"])
-    return {split: {other: len(names) for other, names in found.items()} for split, found in leaked.items()}
+            kinds = leaked.setdefault(r["split_b"], {}).setdefault(r["split_a"], {})
+            if kinds.get(r["path_b"]) != "exact":
+                kinds[r["path_b"]] = r["kind"]
+    return {split: {other: {kind: sum(k == kind for k in kinds.values()) for kind in ("exact", "near")}
+                    for other, kinds in found.items()} for split, found in leaked.items()}
 
 
 def label_conflicts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,7 +11,10 @@ in Dataset Labels", JAIR 2021), written from the paper.
 4. Ranking: every image by self-confidence, its out-of-fold probability of its given label, lowest first.
 
 How well this works depends on the features: a backbone that separates the classes finds wrong labels, one
-that does not flags ambiguous images instead.
+that does not flags ambiguous images instead. So `trust` scores the out-of-fold classifier itself: its accuracy
+and balanced accuracy beside chance, and its skill, (balanced accuracy - 1/K) / (1 - 1/K): 0 at chance, 1
+when perfect. Below ``MIN_SKILL`` the list is not presented as wrong labels (the rule's measurement, from
+untrained to trained features, is in docs/audit.md).
 """
 
 from __future__ import annotations
@@ -19,6 +22,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+MIN_SKILL = 0.7  # below it, untrained digit features (skill 0.56) flagged 85% correct labels (docs/audit.md)
+
+
+def trust(probabilities: np.ndarray, labels: np.ndarray, min_skill: float = MIN_SKILL) -> dict:
+    """How far to trust a list from these out-of-fold ``probabilities``: accuracy and balanced accuracy beside
+    chance (the largest class's share; 1/K for K classes present), the skill, and the verdict."""
+    labels = np.asarray(labels)
+    predicted = probabilities.argmax(axis=1)
+    present = np.unique(labels)
+    accuracy = float(np.mean(predicted == labels))
+    balanced = float(np.mean([np.mean(predicted[labels == c] == c) for c in present]))
+    chance_balanced = 1 / len(present)
+    skill = (balanced - chance_balanced) / (1 - chance_balanced) if len(present) > 1 else 0.0
+    trusted = skill >= min_skill
+    verdict = (f"out-of-fold accuracy {accuracy:.3f} (chance {np.bincount(labels).max() / len(labels):.3f}), "
+               f"balanced {balanced:.3f} (chance {chance_balanced:.3f})")
+    if not trusted:
+        verdict += (f": the classifier behind the list is too close to chance (skill {skill:.2f} < {min_skill}) for "
+                    "its images to be wrong labels rather than hard ones; no image is called wrongly labelled. "
+                    "Pass features that separate the classes (--model.init_args.pretrained)")
+    return {"accuracy": round(accuracy, 4), "balanced_accuracy": round(balanced, 4),
+            "chance_accuracy": round(float(np.bincount(labels).max() / len(labels)), 4),
+            "chance_balanced_accuracy": round(chance_balanced, 4), "skill": round(float(skill), 4),
+            "min_skill": min_skill, "trusted": bool(trusted), "verdict": verdict}
 
 
 @dataclass

@@ -21,7 +21,7 @@ from PIL import Image
 
 from vit.files import save_atomic
 
-DUPLICATE_COLUMNS = ("path_a", "split_a", "path_b", "split_b", "kind", "distance")
+DUPLICATE_COLUMNS = ("path_a", "split_a", "path_b", "split_b", "kind", "distance", "score")
 LABEL_COLUMNS = ("path", "split", "given", "suggested", "score")
 STYLE = """
 body{font-family:sans-serif;margin:1.5em;max-width:1200px;color:#222}
@@ -73,16 +73,23 @@ def summary_sentences(summary: dict[str, Any]) -> list[str]:
     """The findings in a few sentences, worst first, e.g. "27 test images have a near-copy in train"."""
     said = []
     plural = lambda n, one, many: f"{n} {one if n == 1 else many}"
+    labels = summary.get("label_issues") or {}
+    if labels.get("trusted") is False:
+        said.append(f"label check not trusted: {labels['verdict']}")
     for split, found in summary["leakage"].items():
-        for other, n in found.items():
-            said.append(f"{n} {split} image{'s have' if n != 1 else ' has'} an exact or near copy in {other}")
+        for other, kinds in found.items():
+            for kind, n in kinds.items():
+                if n:
+                    article = "an" if kind == "exact" else "a"
+                    said.append(f"{n} {split} image{'s have' if n != 1 else ' has'} {article} {kind} copy in {other}")
     if summary["inventory"]["bad_files"]:
         said.append(plural(len(summary["inventory"]["bad_files"]), "file cannot", "files cannot") + " be read")
     if summary["label_conflicts"]:
         said.append(plural(summary["label_conflicts"], "pair of identical images carries",
                            "pairs of identical images carry") + " different labels")
-    labels = summary.get("label_issues") or {}
-    if labels.get("flagged") is not None:
+    if labels.get("skipped"):
+        said.append(f"label check skipped: {labels['skipped']}")
+    elif labels.get("trusted") and labels.get("flagged") is not None:
         said.append(plural(labels["flagged"], "training label looks", "training labels look") + " wrong")
     for small in summary["inventory"]["small_classes"]:
         said.append(f"class {small['class']!r} has {small['images']} training images (the largest has "
@@ -136,11 +143,13 @@ def render_html(summary: dict[str, Any], charts: dict[str, bytes], pairs: Sequen
     dup = summary["duplicates"]
     cross = [p for p in pairs if p["split_a"] != p["split_b"]]
     parts.append(f'<section id="duplicates"><h2>Duplicates across splits ({len(cross)} pairs)</h2>'
-                 f'<p class="note">{dup["exact"]} exact pairs (same decoded pixels) and {dup["near"]} near pairs '
-                 f'(pHash within {dup["radius"]} of 64 bits); {dup["within_split"]} pairs lie within a split '
-                 "(see duplicates.csv).</p><div class=\"grid\">")
+                 f'<p class="note">{dup["exact"]} exact pairs (same decoded pixels) and {dup["near"]} near pairs: '
+                 f'{dup["candidates"]} candidates (pHash, or a zoomed window\'s, within {dup["radius"]} of 64 bits), '
+                 f'kept where the aligned colour correlation reaches {dup["min_score"]}; {dup["within_split"]} '
+                 "pairs lie within a split (see duplicates.csv).</p><div class=\"grid\">")
     card = lambda p: (f'<div class="card"><div class="pair">{img(p["_a"])}{img(p["_b"])}</div>'
-                      f'{e(p["kind"])}, distance {e(p["distance"])}<br>{e(p["split_a"])}: {e(p["path_a"])} '
+                      f'{e(p["kind"])}, hash distance {e(p["distance"])}, score {e(p["score"])}'
+                      f'<br>{e(p["split_a"])}: {e(p["path_a"])} '
                       f'({e(p["label_a"])})<br>{e(p["split_b"])}: {e(p["path_b"])} ({e(p["label_b"])})</div>')
     parts += [card(p) for p in cross[:shown]]
     conflicts = [p for p in pairs if p["kind"] == "exact" and p["label_a"] != p["label_b"]]
@@ -149,7 +158,9 @@ def render_html(summary: dict[str, Any], charts: dict[str, bytes], pairs: Sequen
     parts.append("</div></section>")
 
     labels = summary.get("label_issues") or {}
-    parts.append(f'<section id="label-issues"><h2>Suspected label issues ({labels.get("flagged", 0)})</h2>')
+    parts.append(f'<section id="label-issues"><h2>Suspected label issues ({labels.get("flagged") or 0})</h2>')
+    if labels.get("skipped") or labels.get("trusted") is False:
+        parts.append(f'<p class="summary">{e(labels.get("skipped") or labels["verdict"])}</p>')
     parts.append(f'<p class="note">{e(labels.get("note", ""))}</p><div class="grid">')
     for issue in issues[:shown]:
         parts.append(f'<div class="card">{img(issue["_record"])}<br>given <b>{e(issue["given"])}</b>, suggested '

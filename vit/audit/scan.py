@@ -1,4 +1,5 @@
-"""One pass over every image of a split: what it is (size, mode, format), whether it reads, and its hashes.
+"""One pass over every image of a split: what it is (size, mode, format), whether it reads, its hashes and the
+small thumbnail that verifies its near-duplicates.
 
 A dataset qualifies by having ``item_name(i)`` and ``raw_image(i)`` (every dataset class in `vit.data` has
 them): files are named by their path and first pass the header check that training runs
@@ -13,12 +14,14 @@ import os
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
-from vit.audit.duplicates import content_hash, phash
+from vit.audit.duplicates import content_hash, phash, window_phashes
+from vit.audit.verify import thumbnail
 from vit.data.io import check_image_file
 from vit.errors import UserValueError
 from vit.progress import progress
@@ -40,6 +43,8 @@ class ImageRecord:
     format: str = ""
     content: str = ""  # `content_hash`
     phash: int = 0
+    windows: list[int] = field(default_factory=list)  # `window_phashes`: queries of the near-duplicate search
+    thumb: np.ndarray | None = None  # `vit.audit.verify.thumbnail`: what verifies a near-duplicate
     problem: str | None = None
 
 
@@ -60,6 +65,7 @@ def _describe(index: int, label: int) -> ImageRecord:
         record.width, record.height = img.size
         record.mode, record.format = img.mode, img.format or "in memory"
         record.content, record.phash = content_hash(img), phash(img)
+        record.windows, record.thumb = window_phashes(img), thumbnail(img)
     except Exception as e:  # a file that only decoding finds bad (truncated, damaged)
         record.problem = f"cannot decode ({type(e).__name__}: {e})"
     return record

@@ -5,10 +5,13 @@
 
 Model and data come from the same config and flags as `vit fit` and `vit probe`. Every image of every split
 is read once (`vit.audit.scan`): the inventory (images per class and split, sizes, aspect ratios, modes,
-formats, bad files), exact duplicates (the same decoded pixels) and near-duplicates (pHash within
-``--radius`` bits, through a multi-index hash table), across splits (leakage) and classes (label conflicts).
-Label issues come from confident learning on out-of-fold probabilities of a k-fold logistic regression on
-the backbone's pooled features of the training images (cached like `vit probe`'s). Writes summary.json,
+formats, bad files), exact duplicates (the same decoded pixels) and near-duplicates (pHash candidates within
+``--radius`` bits, through a multi-index hash table, each verified on the pixels: `vit.audit.verify`), across
+splits (leakage) and classes (label conflicts). Label issues come from confident learning on out-of-fold
+probabilities of a k-fold logistic regression on the backbone's pooled features of the training images (cached
+like `vit probe`'s), with that classifier's accuracy beside chance; a list from a classifier too close to chance
+is reported as untrustworthy, not as wrong labels. Weights that cannot be loaded (no network, a missing file)
+skip the label check, and say why; the other checks need no model. Writes summary.json,
 duplicates.csv, label_issues.csv and a self-contained report.html to ``--out`` (default: a run folder beside
 `vit fit`'s, ``<logger save_dir>/<name>/audit/version_N``). The exit status is 0, or 1 when something named
 in ``--fail_on`` is found.
@@ -38,7 +41,9 @@ from vit.audit.report import (
     write_json,
 )
 from vit.audit.scan import ImageRecord, scan_split
-from vit.features import cached_features
+from vit.audit.verify import COPY_SCORE
+from vit.errors import UserPathError, WeightsUnavailableError
+from vit.features import blas_threads, cached_features, new_run_folder
 from vit.files import cache_dir, save_atomic
 
 FAIL_ON = ("leakage", "bad_files", "duplicates", "label_conflicts", "label_issues", "small_classes")
@@ -49,6 +54,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
         prog="vit audit", allow_abbrev=False,
         usage="vit audit --config CFG [--model.* ...] [--data.* ...] [--out DIR] [--fail_on WHAT,...] [--radius R] "
+        "[--min_score S] "
         "[--folds K] [--no_labels] [--cache_dir DIR] [--no_cache] [--device DEV] [--batch_size N] [--num_workers N]",
         description="Check a dataset before training: images per class and split, sizes, modes and formats, bad "
         "files, exact and near-duplicates (across splits: leakage), and label issues by confident learning on the "
@@ -63,8 +69,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--fail_on", default="",
                         help=f"exit with status 1 when any of these is found (comma-separated): {', '.join(FAIL_ON)}")
     parser.add_argument("--radius", type=int, default=DEFAULT_RADIUS,
-                        help="near-duplicates: at most this many of the 64 pHash bits differ (default: %(default)s; "
-                        "0 finds only identical hashes, 12 and more pairs look-alikes)")
+                        help="near-duplicate candidates: at most this many of the 64 pHash bits differ, between one "
+                        "image and the other or a zoomed window of it (default: %(default)s)")
+    parser.add_argument("--min_score", type=float, default=COPY_SCORE,
+                        help="near-duplicates: a candidate is a copy when its aligned colour correlation reaches "
+                        "this (default: %(default)s, calibrated in docs/audit.md; lower finds more look-alikes)")
     parser.add_argument("--folds", type=int, default=5, help="label issues: cross-validation folds (default: 5)")
     parser.add_argument("--C", type=float, default=1.0, dest="C",
                         help="label issues: inverse L2 strength of the logistic regression (default: %(default)s)")
@@ -84,9 +93,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     unknown = sorted(set(args.fail_on) - set(FAIL_ON))
     if unknown:
         parser.error(f"--fail_on: unknown {', '.join(unknown)}; choose from {', '.join(FAIL_ON)}")
-    if not 0 <= args.radius <= 32 or args.folds < 2 or args.C <= 0 or args.batch_size < 1:
-        parser.error(f"--radius must be in 0..32, --folds at least 2, --C positive and --batch_size at least 1; got "
-                     f"{args.radius}, {args.folds}, {args.C}, {args.batch_size}")
+    if not 0 <= args.radius <= 32 or args.folds < 2 or args.C <= 0 or args.batch_size < 1 \
+            or not -1 <= args.min_score <= 1:
+        parser.error(f"--radius must be in 0..32, --folds at least 2, --C positive, --batch_size at least 1 and "
+                     f"--min_score in -1..1; got {args.radius}, {args.folds}, {args.C}, {args.batch_size}, "
+                     f"{args.min_score}")
     return args, rest
 
 
@@ -114,8 +125,7 @@ def label_issues(module: Any, dataset: Any, records: list[ImageRecord], args: ar
     """Confident learning on the training images that read: the summary entry and the CSV rows."""
     from threadpoolctl import threadpool_limits
 
-    from vit.audit.labels import confident_learning, out_of_fold_probabilities
-    from vit.commands.probe import blas_threads
+    from vit.audit.labels import confident_learning, out_of_fold_probabilities, trust
 
     readable = [r for r in records if r.problem is None]
     counts = np.bincount([r.label for r in readable], minlength=len(class_names))
@@ -123,7 +133,7 @@ def label_issues(module: Any, dataset: Any, records: list[ImageRecord], args: ar
     good = [r for r in readable if counts[r.label] >= 2]
     left_out = [class_names[c] for c in range(len(class_names)) if 0 < counts[c] < 2]
     if len({r.label for r in good}) < 2:
-        return {"flagged": None, "note": "skipped: needs two or more classes with two or more training images"}, []
+        return {"flagged": None, "skipped": "needs two or more classes with two or more training images"}, []
     if len(good) < len(records):  # bad files would stop the loader: leave them out (this subset is not cached)
         dataset = torch.utils.data.Subset(dataset, [r.index for r in good])
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
@@ -135,16 +145,20 @@ def label_issues(module: Any, dataset: Any, records: list[ImageRecord], args: ar
     with threadpool_limits(blas_threads(*x.shape), user_api="blas"):
         probabilities = out_of_fold_probabilities(x, y, len(class_names), folds=args.folds, C=args.C)
     found = confident_learning(probabilities, y)
-    rows = [{"path": good[i].name, "split": "train", "given": class_names[y[i]],
+    trusted = trust(probabilities, y)
+    rows = [] if not trusted["trusted"] else [{"path": good[i].name, "split": "train", "given": class_names[y[i]],
              "suggested": class_names[found.suggested[i]], "score": round(float(found.self_confidence[i]), 6),
              "_record": good[i]} for i in found.ranked_flagged()]
     source = module.hparams.pretrained or "random initialisation (no pretrained weights: expect noise)"
     backbone = f"{module.model_name} ({source})"
     note = (f"Out-of-fold probabilities of a {args.folds}-fold logistic regression on the pooled features of "
-            f"{backbone}; score is the given label's probability, lowest first. The quality of this list depends "
-            "on the backbone: features that do not separate the classes flag hard images, not wrong labels."
+            f"{backbone}: {trusted['verdict'].split(':')[0]}; score is the given label's probability, lowest "
+            "first. The quality of this list depends on the backbone: features that do not separate the classes "
+            "flag hard images, not wrong labels."
             + (f" Left out: classes with a single training image ({', '.join(left_out)})." if left_out else ""))
-    summary = {"flagged": len(rows), "backbone": backbone, "folds": args.folds, "C": args.C, "features": how,
+    summary = {"flagged": len(rows) if trusted["trusted"] else None, **trusted,
+               "flagged_if_trusted": int(found.flagged.sum()),
+               "backbone": backbone, "folds": args.folds, "C": args.C, "features": how,
                "thresholds": {name: round(float(t), 4) for name, t in zip(class_names, found.thresholds)
                               if np.isfinite(t)}, "note": note}
     return summary, rows
@@ -168,12 +182,18 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
 
     Raises SystemExit(1) after writing everything when a finding named in ``--fail_on`` is there."""
     from vit.cli import build_model_and_data
-    from vit.commands.probe import new_run_folder
     from vit.data.folder import ImageFolder
 
     args, rest = parse_args(argv)
     started = time.perf_counter()
-    module, data, experiment = build_model_and_data(rest, "vit audit")
+    no_weights = None
+    try:
+        module, data, experiment = build_model_and_data(
+            [*rest, "--model.init_args.pretrained", "null"] if args.no_labels else rest, "vit audit")
+    except (WeightsUnavailableError, UserPathError) as e:
+        # The inventory, bad files and duplicates need no model: run them, and say why labels were not checked.
+        no_weights = f"the pretrained weights could not be loaded ({str(e).splitlines()[0]})"
+        module, data, experiment = build_model_and_data([*rest, "--model.init_args.pretrained", "null"], "vit audit")
     if isinstance(data, ImageFolder):
         data.check_images = False  # bad files are a finding here, not a reason to stop
     data.prepare_data()
@@ -186,18 +206,26 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     aspect = inv.pop("aspect_ratios")
     inv["aspect_ratio_range"] = [min(aspect), float(np.median(aspect)), max(aspect)] if aspect else []
     good = [r for r in records if r.problem is None]
-    pairs = describe_pairs(good, find_duplicates([r.content for r in good], [r.phash for r in good], args.radius),
-                           class_names)
+    thumbs = np.stack([r.thumb for r in good]) if good else np.zeros((0, 3, 32, 32), np.uint8)
+    found, candidates = find_duplicates([r.content for r in good], [r.phash for r in good], [r.windows for r in good],
+                                        thumbs, args.radius, args.min_score)
+    pairs = describe_pairs(good, found, class_names)
     cross = sum(p["split_a"] != p["split_b"] for p in pairs)
     exact = sum(p["kind"] == "exact" for p in pairs)
+    cross_exact = sum(p["split_a"] != p["split_b"] and p["kind"] == "exact" for p in pairs)
     summary: dict[str, Any] = {
         "data": str(getattr(data, "root", type(data).__name__)), "inventory": inv,
         "duplicates": {"exact": exact, "near": len(pairs) - exact, "cross_split": cross,
-                       "within_split": len(pairs) - cross, "radius": args.radius},
+                       "cross_split_exact": cross_exact, "cross_split_near": cross - cross_exact,
+                       "within_split": len(pairs) - cross, "radius": args.radius, "candidates": candidates,
+                       "rejected": candidates - (len(pairs) - exact), "min_score": args.min_score},
         "leakage": leakage(pairs), "label_conflicts": len(label_conflicts(pairs)), "label_issues": None,
     }
     issues: list[dict[str, Any]] = []
-    if not args.no_labels:
+    if no_weights:
+        summary["label_issues"] = {"flagged": None, "skipped": f"{no_weights}; pass weights that load "
+                                   "(--model.init_args.pretrained FILE), or --no_labels to skip it on purpose"}
+    elif not args.no_labels:
         train_records = [r for r in records if r.split == "train"]
         summary["label_issues"], issues = label_issues(module, datasets["train"], train_records, args, class_names)
     summary["seconds"] = {"scan": round(scanned - started, 2), "total": round(time.perf_counter() - started, 2)}
@@ -218,7 +246,9 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
           f"in {summary['seconds']['total']:.1f} s")
     found = {"leakage": bool(summary["leakage"]), "bad_files": bool(inv["bad_files"]), "duplicates": bool(pairs),
              "label_conflicts": bool(summary["label_conflicts"]), "small_classes": bool(inv["small_classes"]),
-             "label_issues": bool((summary["label_issues"] or {}).get("flagged"))}
+             # never on a list the report itself calls untrustworthy (or a check that was skipped)
+             "label_issues": bool((summary["label_issues"] or {}).get("trusted")
+                                  and (summary["label_issues"] or {}).get("flagged"))}
     failed = [what for what in args.fail_on if found[what]]
     if failed:
         print(f"vit audit: found {', '.join(failed)} (--fail_on): exit status 1")

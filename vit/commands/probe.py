@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from vit.checkpoint import classifier_checkpoint, save_checkpoint
-from vit.features import cached_features, weights_key
+from vit.features import blas_threads, cached_features, new_run_folder, weights_key
 from vit.files import cache_dir
 
 C_GRID = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
@@ -82,18 +82,6 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 # ---- where the run goes, and which splits are held out -------------------------------------------------
-def new_run_folder(folder: Path) -> Path:
-    """A new ``folder/version_N``, N one past the largest there (as Lightning's loggers number runs)."""
-    while True:
-        versions = [int(p.name[8:]) for p in folder.glob("version_*") if p.name[8:].isdigit()]
-        path = folder / f"version_{max(versions, default=-1) + 1}"
-        try:
-            path.mkdir(parents=True)
-            return path
-        except FileExistsError:  # another probe took it meanwhile
-            continue
-
-
 def test_split_hint(data: Any) -> str:
     """How to give this datamodule a held-out test split."""
     if getattr(data, "split_folders", False):
@@ -118,13 +106,6 @@ def split_features(
 def accuracy(predicted: np.ndarray, labels: np.ndarray) -> float:
     """Top-1: the fraction of labels predicted."""
     return float(np.mean(predicted == labels))
-
-
-def blas_threads(n: int, d: int) -> int:
-    """BLAS threads for scikit-learn on n x d features: one for small problems, where OpenBLAS's threads cost
-    far more than they save (the digits' logistic regression ran 50x slower with 2 threads on a busy 2-core
-    machine), else torch's thread count (the config's ``num_threads``)."""
-    return 1 if n * d < 1 << 22 else torch.get_num_threads()
 
 
 def fit_logistic(train: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np.ndarray], grid: Sequence[float]):
