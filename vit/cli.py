@@ -280,12 +280,13 @@ class TrainingCurves(Callback):
                 self.val.setdefault(name, []).append((trainer.global_step, float(value)))
 
     def on_fit_end(self, trainer: Trainer, pl_module: Any) -> None:
-        if not trainer.is_global_zero or trainer.log_dir is None or not (self.train_loss or self.val):
+        log_dir = trainer.log_dir  # on every rank: under DDP it is a broadcast, which rank 0 alone would hang in
+        if not trainer.is_global_zero or log_dir is None or not (self.train_loss or self.val):
             return
         from vit.reports import save_figure, training_curves_figure
 
         figure = training_curves_figure(self.train_loss, self.val, self.lr)
-        path = save_figure(figure, Path(trainer.log_dir) / "curves.png")
+        path = save_figure(figure, Path(log_dir) / "curves.png")
         print(f"training curves saved to {path} (loss, validation accuracy, learning rate)")
 
 
