@@ -1,4 +1,4 @@
-"""`vit translate --ckpt best.ckpt "a sentence" ...` or `--file lines.txt`: print one translation a line.
+"""`vit translate --ckpt CHECKPOINT "a sentence" ...` or `--file lines.txt`: print one translation a line.
 
 ``--alignment`` follows each translation with one line per output token: the source tokens its
 cross-attention weighs most (the last decoder layer's head mean), e.g. ``3 <- 3 (0.97)``.

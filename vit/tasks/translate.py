@@ -1,7 +1,7 @@
 """Translator: a LightningModule that trains and evaluates the text Transformer.
 
 The tokenizers built by the data module travel in the hyperparameters, so a checkpoint
-alone can translate: ``vit translate --ckpt best.ckpt "4 1 7"``.
+alone can translate: ``vit translate --ckpt logs/translate_reverse/checkpoints/last.ckpt "4 1 7"``.
 """
 
 from __future__ import annotations
