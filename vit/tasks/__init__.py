@@ -21,7 +21,7 @@ Task = TypeVar("Task", bound=LightningModule)
 
 
 def load_task(path: str | os.PathLike, task_class: type[Task], map_location: str | torch.device = "cpu") -> Task:
-    """Reload a task written by `vit fit`, e.g. ``load_task("logs/translate_reverse/checkpoints/last.ckpt", Translator)``, in eval mode.
+    """Reload a task written by `vit fit` (e.g. ``load_task(path, Translator)``) in eval mode.
 
     The one way both tasks come back from a checkpoint: Lightning's ``load_from_checkpoint``, after a
     check that the file is whole and holds ``task_class`` (an error says what it holds instead).
