@@ -29,20 +29,19 @@ from torch import Tensor
 from torchvision.transforms import v2
 
 from vit.checkpoint import Classifier, load_classifier
-from vit.commands.predict import (
+from vit.data.io import find_images
+from vit.errors import UserValueError
+from vit.explain.maps import collect_attention, gradient_rollout, rollout_streaming
+from vit.explain.plot import plot_attention, to_display_image
+from vit.image_files import (
     ImagePaths,
     Unreadable,
     UnreadableImageError,
     check_some_readable,
     describe_run,
     failures,
-    record,
-    top_k_entries,
 )
-from vit.data.io import find_images
-from vit.errors import UserValueError
-from vit.explain.maps import collect_attention, gradient_rollout, rollout_streaming
-from vit.explain.plot import plot_attention, to_display_image
+from vit.inference import record, top_k_entries
 from vit.nn.vision import VisionTransformer
 
 ROLLOUTS = ("mean", "max", "min", "grad", "none")
