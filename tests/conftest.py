@@ -10,6 +10,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 
 import contextlib
 import csv
+import logging
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,6 +48,18 @@ def _seed_and_workdir(tmp_path, monkeypatch):
     """Every test starts seeded, in a folder of its own: relative paths in recipes (logs/...) land there."""
     torch.manual_seed(0)
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def _logger_levels_restored() -> Iterator[None]:
+    """Logger levels a test (or a script's main() it runs) sets do not leak into later tests: the scripts quiet
+    lightning.pytorch and vit.weights for their own runs, which hid later tests' captured messages."""
+    loggers = logging.Logger.manager.loggerDict
+    before = {name: logger.level for name, logger in loggers.items() if isinstance(logger, logging.Logger)}
+    yield
+    for name, logger in list(loggers.items()):
+        if isinstance(logger, logging.Logger) and logger.level != before.get(name, logging.NOTSET):
+            logger.setLevel(before.get(name, logging.NOTSET))
 
 
 def quiet_run(root: Path, *configs: str) -> list[str]:
