@@ -35,20 +35,24 @@ def python3_kernel(tmp_path, monkeypatch):
     return "python3"
 
 
+def executed(path: Path, kernel: str, folder: Path, timeout: int = 300) -> tuple[nbformat.NotebookNode, list]:
+    """Run a notebook in ``folder`` (as Jupyter would, opened from there): the executed notebook and its code
+    cells' outputs. A failing cell raises CellExecutionError with its traceback; no output may be an error."""
+    notebook = nbformat.read(path, as_version=4)
+    resources = {"metadata": {"path": str(folder)}}
+    NotebookClient(notebook, kernel_name=kernel, timeout=timeout, resources=resources).execute()
+    outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
+    assert not [out for out in outputs if out.output_type == "error"]
+    return notebook, outputs
+
+
 @pytest.mark.slow
 def test_attention_notebook_executes_and_draws_its_figures(tmp_path, monkeypatch, python3_kernel):
     monkeypatch.setenv("VIT_NOTEBOOK_FAST", "1")  # fewer training steps; same code path
     monkeypatch.delenv("VIT_ATTENTION_CKPT", raising=False)
     work = tmp_path / "run"
     work.mkdir()
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    client = NotebookClient(
-        notebook, kernel_name=python3_kernel, timeout=300, resources={"metadata": {"path": str(work)}}
-    )
-    client.execute()  # raises CellExecutionError, with the cell and traceback, if any cell fails
-
-    outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
-    assert not [out for out in outputs if out.output_type == "error"]
+    _, outputs = executed(NOTEBOOK, python3_kernel, work)
     figures = [out for out in outputs if "image/png" in out.get("data", {})]
     # digit layers x heads, digit rollouts, 2 photo grids, random vs trained, distance, rollout by depth
     assert len(figures) >= 7, f"expected at least 7 figures, got {len(figures)}"
@@ -71,12 +75,7 @@ def test_attention_notebook_explains_a_digits_checkpoint_given_from_the_reposito
     shutil.copy(fitted / "ckpt" / "last.ckpt", repo / "logs" / "digits" / "last.ckpt")  # a tiny digits run's
     monkeypatch.setenv("VIT_NOTEBOOK_FAST", "1")
     monkeypatch.setenv("VIT_ATTENTION_CKPT", "logs/digits/last.ckpt")
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    client = NotebookClient(notebook, kernel_name=python3_kernel, timeout=300,
-                            resources={"metadata": {"path": str(repo / "notebooks")}})
-    client.execute()
-
-    outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
+    _, outputs = executed(NOTEBOOK, python3_kernel, repo / "notebooks")
     printed = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
     assert "test accuracy on 359 held-out digits" in printed  # vit.data.Digits' test split, at 16x16
     assert "attention weights: (1, 8, 2, 17, 17)" in printed  # the checkpoint's model: 1 layer, 2 heads, 4x4 grid

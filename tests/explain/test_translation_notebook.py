@@ -7,9 +7,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
-from tests.test_notebook import python3_kernel  # noqa: F401 - the kernel-spec fixture
+from tests.test_notebook import executed, python3_kernel  # noqa: F401 - the kernel-spec fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "translation_attention.ipynb"
@@ -30,14 +29,7 @@ def test_translation_notebook_executes_and_draws_its_figures(tmp_path, monkeypat
     monkeypatch.setenv("VIT_TRANSLATION_CKPT", str(FIXTURE))
     work = tmp_path / "run"
     work.mkdir()
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    client = NotebookClient(
-        notebook, kernel_name=python3_kernel, timeout=120, resources={"metadata": {"path": str(work)}}
-    )
-    client.execute()  # raises CellExecutionError, with the cell and traceback, if any cell fails
-
-    outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
-    assert not [out for out in outputs if out.output_type == "error"]
+    notebook, outputs = executed(NOTEBOOK, python3_kernel, work, timeout=120)
     figures = [out for out in outputs if "image/png" in out.get("data", {})]
     # alignment, top sources, three layers x heads grids, beam alignment, the explorer's static PNG
     assert len(figures) == 7, f"expected 7 figures, got {len(figures)}"
