@@ -7,6 +7,7 @@ import csv
 import io
 import itertools
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -296,6 +297,9 @@ def test_an_unreachable_object_store_fails_fast_with_a_clear_message(monkeypatch
 
 
 def _ddp_rank(rank: int, port: int, out: str, result: str) -> None:
+    # A rank that torchrun or Lightning starts is a fresh process whose loader workers fork. One started by
+    # torch.multiprocessing.spawn inherits "spawn", and each worker re-imported torch: 30 s an epoch here.
+    multiprocessing.set_start_method("fork", force=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     dm = ImageShards(out, num_workers=2, batch_size=4, img_size=16, auto_augment=None)
