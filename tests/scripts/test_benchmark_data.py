@@ -19,7 +19,9 @@ def test_benchmark_data_times_both_pipelines_and_sizes_the_loader(tmp_path):
     assert {"decode", "crop+resize", "augment", "normalise", "erase"} <= set(result["stages_ms"]["timm"])
     assert {"decode", "augment"} <= set(result["stages_ms"]["shards"]) & set(result["stages_ms"]["shards_320"])
     bound = result["bound"]  # what pre-resizing can give at most
-    assert 0.6 < bound["pixel_ratio"] < 0.8 and bound["decode_free"] > bound["decode_by_pixels"] > 1
+    # Which of the two bounds is larger is a timing (it flipped under load); their formulas are not.
+    assert 0.6 < bound["pixel_ratio"] < 0.8 and bound["decode_by_pixels"] > 1
+    assert bound["decode_free"] == pytest.approx(bound["folder_ms"] / bound["resized_rest_ms"])
 
 
 def test_benchmark_data_writes_imagenet_sized_jpegs_from_real_photos(tmp_path):
