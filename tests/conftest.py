@@ -10,9 +10,11 @@ os.environ.setdefault("WANDB_SILENT", "true")
 
 import contextlib
 import csv
+import fcntl
 import logging
+import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,9 @@ from PIL import Image
 from tests import CONFIGS
 
 DIGITS = str(CONFIGS / "digits.yaml")
+
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # the test processes share the cores instead of each taking all
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 def free_port() -> int:
@@ -87,14 +92,30 @@ def short_digits_run(root: Path, *extra: str, steps: int = 4) -> list[str]:
     ]
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder of a session fixture that ``build`` fills. Under pytest-xdist the test processes share it:
+    the first to ask builds it while the others wait on a lock, so a fit runs once per suite, not per worker."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        root = tmp_path_factory.mktemp(name)
+        build(root)
+        return root
+    root = tmp_path_factory.getbasetemp().parent / name  # the workers' basetemps share this parent
+    with open(f"{root}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / ".built").exists():
+            shutil.rmtree(root, ignore_errors=True)  # a half-built folder from a worker that crashed
+            root.mkdir()
+            build(root)
+            (root / ".built").touch()
+    return root
+
+
 @pytest.fixture(scope="session")
 def fitted(tmp_path_factory) -> Path:
     """One seconds-long `vit fit` of the digits recipe (a tiny model), for tests of the commands' plumbing."""
     from vit.commands import main
 
-    root = tmp_path_factory.mktemp("fit")
-    main(["fit", *short_digits_run(root)])
-    return root
+    return built_once(tmp_path_factory, "fit", lambda root: main(["fit", *short_digits_run(root)]))
 
 
 @dataclass
@@ -119,9 +140,9 @@ def digits_run(tmp_path_factory) -> DigitsRun:
     """
     from vit.commands import main
 
-    root = tmp_path_factory.mktemp("digits_run")
-    main(["fit", *quiet_run(root), "--trainer.max_epochs=15", "--model.init_args.warmup_epochs=1",
-          "--model.init_args.ema_decay=null"])
+    root = built_once(tmp_path_factory, "digits_run", lambda root: main([
+        "fit", *quiet_run(root), "--trainer.max_epochs=15", "--model.init_args.warmup_epochs=1",
+        "--model.init_args.ema_decay=null"]))
     metrics = list(csv.DictReader((root / "logs" / "digits" / "version_0" / "metrics.csv").open()))
     return DigitsRun(root, next((root / "ckpt").glob("best-*.ckpt")), root / "ckpt" / "last.ckpt", metrics)
 
@@ -163,14 +184,19 @@ def exported(fitted, tmp_path_factory) -> Exported:
 
     from vit.commands import main
 
-    root = tmp_path_factory.mktemp("exported")
     best = next((fitted / "ckpt").glob("best-*.ckpt"))
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        main(["export", "--ckpt", str(best), "--format", "onnx", "--out", str(root / "onnx"), "--quantize", "int8"])
-        main(["export", "--ckpt", str(best), "--format", "safetensors", "--out", str(root / "st")])
+
+    def export(root: Path) -> None:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            main(["export", "--ckpt", str(best), "--format", "onnx", "--out", str(root / "onnx"),
+                  "--quantize", "int8"])
+            main(["export", "--ckpt", str(best), "--format", "safetensors", "--out", str(root / "st")])
+        (root / "printed.txt").write_text(printed.getvalue())
+
+    root = built_once(tmp_path_factory, "exported", export)
     return Exported(best, root / "onnx" / "model.onnx", root / "onnx" / "model.int8.onnx", root / "st",
-                    printed.getvalue())
+                    (root / "printed.txt").read_text())
 
 
 @contextlib.contextmanager
