@@ -217,6 +217,7 @@ def timm_architecture(model_name: str, model: VisionTransformer) -> tuple[str, d
     import timm
 
     extras = [k for k in ("shifted_patches", "locality_attention") if getattr(model.config, k)]
+    extras += ["global_pool='token_avg'"] if model.config.global_pool == "token_avg" else []
     if extras:
         raise UserValueError(
             f"timm's VisionTransformer has no {' or '.join(extras)}, so these weights cannot be shipped as a "
