@@ -46,14 +46,13 @@ from vit.cli_parser import VitArgumentParser
 from vit.console import ModelReport, ProgressBar, quiet_dependencies
 from vit.data.base import no_test_reason
 from vit.errors import UserPathError, UserValueError
-from vit.preprocessing import DATA_KEYS, pretrained_preprocessing
+from vit.preprocessing import DATA_KEYS, PREPROCESSING_KEYS, pretrained_preprocessing
 from vit.training import AtomicCheckpointIO, BestCheckpoint, LastCheckpoint, RandomState, TrainingReport, VitTrainer
 
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
 # skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.
 LINKED_FROM_DATA: tuple[str, ...] = (
-    "num_classes", "class_names", "img_size", "in_chans", "mean", "std", "crop_pct", "interpolation",
-    "tokenizers",
+    "num_classes", "class_names", "img_size", "in_chans", *PREPROCESSING_KEYS, "tokenizers",
 )
 
 DESCRIPTION = (

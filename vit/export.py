@@ -33,12 +33,13 @@ from vit.errors import MissingPackageError, UserValueError
 from vit.files import save_atomic
 from vit.nn.configs import MODEL_CONFIGS, ViTConfig, named_config
 from vit.nn.vision import VisionTransformer
+from vit.preprocessing import PREPROCESSING_KEYS
 
 OPSET = 18  # SDPA decomposes to MatMul/Softmax, which onnxruntime fuses; opset 23's Attention op ran slower on CPU
 INPUT_NAME, OUTPUT_NAME = "images", "logits"
 ONNX_TOLERANCE = 1e-4  # max |logit difference| allowed between onnxruntime and PyTorch in fp32
 # What `vit predict model.onnx` reads back from the metadata (JSON strings).
-METADATA_KEYS = ("model_name", "class_names", "img_size", "in_chans", "mean", "std", "crop_pct", "interpolation")
+METADATA_KEYS = ("model_name", "class_names", "img_size", "in_chans", *PREPROCESSING_KEYS)
 # ViTConfig fields that are also timm's VisionTransformer arguments, and those timm has no argument for.
 TIMM_ARGS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
              "class_token", "reg_tokens", "no_embed_class", "pos_embed", "init_values", "act_layer", "pre_norm",
@@ -66,8 +67,7 @@ def preprocessing(classifier: Classifier) -> dict[str, Any]:
     """The classifier's name, classes and input preparation, as plain JSON-able values."""
     return {
         "model_name": classifier.model_name, "class_names": list(classifier.class_names),
-        "img_size": list(classifier.img_size), "in_chans": classifier.in_chans, "mean": list(classifier.mean),
-        "std": list(classifier.std), "crop_pct": classifier.crop_pct, "interpolation": classifier.interpolation,
+        "img_size": list(classifier.img_size), "in_chans": classifier.in_chans, **classifier.preprocessing.to_dict(),
     }
 
 
@@ -255,14 +255,11 @@ def timm_config(classifier: Classifier) -> dict[str, Any]:
     }
     if model_args:
         config["model_args"] = model_args
-    config["pretrained_cfg"] = {
+    config["pretrained_cfg"] = {  # timm's names; `vit.preprocessing` reads it back from a hub folder
         "input_size": [classifier.in_chans, *classifier.img_size],
         "fixed_input_size": not model.dynamic_img_size,
-        "interpolation": classifier.interpolation,
-        "crop_pct": classifier.crop_pct,
+        **classifier.preprocessing.to_dict(),  # interpolation, crop_pct, mean, std
         "crop_mode": "center",
-        "mean": list(classifier.mean),
-        "std": list(classifier.std),
         "num_classes": model.num_classes,
         "pool_size": None,
         "first_conv": "patch_embed.proj",

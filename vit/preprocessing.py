@@ -53,6 +53,33 @@ class Preprocessing:
         return cls(**{k: values[k] for k in PREPROCESSING_KEYS})
 
 
+class Prepared:
+    """The record's fields by name, read-only, on what holds one (``self.preprocessing``): the training task, a
+    checkpoint's classifier and its ONNX export's runner, so every reader says ``x.mean``, and only one owns it."""
+
+    preprocessing: Preprocessing
+
+    @property
+    def mean(self) -> tuple[float, ...]:
+        """Normalisation mean per channel."""
+        return self.preprocessing.mean
+
+    @property
+    def std(self) -> tuple[float, ...]:
+        """Normalisation standard deviation per channel."""
+        return self.preprocessing.std
+
+    @property
+    def crop_pct(self) -> float:
+        """Evaluation centre-crop fraction."""
+        return self.preprocessing.crop_pct
+
+    @property
+    def interpolation(self) -> str:
+        """Resize interpolation."""
+        return self.preprocessing.interpolation
+
+
 def pretrained_preprocessing(source: str, model_name: str | None = None) -> tuple[dict[str, Any], str] | None:
     """(the DataModule options a pretrained ``source`` implies, where they come from), or None when it says nothing.
 
