@@ -129,6 +129,18 @@ def test_every_timm_named_config_maps_to_its_timm_architecture_unchanged():
             k: v.shape for k, v in ours.state_dict().items()}, name
 
 
+def test_every_config_field_is_exported_or_named_as_training_only():
+    """A new ViTConfig option cannot drop silently out of the timm export: it is a timm argument, one timm lacks
+    (refused), or one that shapes training only (dropout rates; num_classes travels on its own)."""
+    import dataclasses
+
+    from vit.nn.configs import ViTConfig
+
+    training_only = {"num_classes", "drop_rate", "pos_drop_rate", "attn_drop_rate", "drop_path_rate"}
+    fields = {f.name for f in dataclasses.fields(ViTConfig)}
+    assert fields - training_only == set(export.TIMM_ARGS) | set(export.NOT_TIMM_ARGS)
+
+
 def test_avg_pool_model_round_trips_through_timm(tmp_path):
     """A non-default option (average pooling, another patch size) travels in model_args and gives the same logits."""
     from vit.checkpoint import Classifier
