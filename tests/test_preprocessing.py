@@ -124,3 +124,12 @@ def test_a_hub_folder_brings_its_config_and_the_checkpoint_carries_it(tmp_path, 
     classifier = load_classifier(tmp_path / "ckpt" / "last.ckpt")
     assert classifier.mean == (0.5, 0.5, 0.5) and classifier.std == (0.5, 0.5, 0.5)
     assert classifier.img_size == (32, 32) and classifier.interpolation == "bilinear" and classifier.crop_pct == 0.9
+
+    # `vit test --ckpt_path` (or a resume from a file): the data follows the checkpoint, the weights file gone.
+    from vit.cli import follow_the_weights
+
+    unset = dict.fromkeys(["img_size", "mean", "std", "crop_pct", "interpolation"])
+    config = {"ckpt_path": str(tmp_path / "ckpt" / "last.ckpt"), "data": {"init_args": unset},
+              "model": {"init_args": {"model": "vit_tiny_patch16_224", "pretrained": str(tmp_path / "gone")}}}
+    follow_the_weights(config)
+    assert unset == {"img_size": 32, "mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": 0.9, "interpolation": "bilinear"}
