@@ -54,11 +54,12 @@ def test_attention_notebook_executes_and_draws_its_figures(tmp_path, monkeypatch
     work.mkdir()
     _, outputs = executed(NOTEBOOK, python3_kernel, work)
     figures = [out for out in outputs if "image/png" in out.get("data", {})]
-    # digit layers x heads, digit rollouts, 2 photo grids, random vs trained, distance, rollout by depth
-    assert len(figures) >= 7, f"expected at least 7 figures, got {len(figures)}"
+    # digit layers x heads, digit rollouts, 2 photo grids, random vs trained, distance, rollout by depth, registers
+    assert len(figures) >= 8, f"expected at least 8 figures, got {len(figures)}"
     printed = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
     assert re.search(r"test accuracy on \d+ held-out digits: [\d.]+%", printed)
     assert "china.jpg: P(china)" in printed and "flower.jpg: P(china)" in printed
+    assert "plain: 1 prefix token(s)" in printed and "4 registers: 5 prefix token(s); maps (4, 2, 4, 12, 18)" in printed
     assert not list(work.iterdir()), "the notebook should not write files"
 
 

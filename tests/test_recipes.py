@@ -60,7 +60,10 @@ def image_data(config: dict, root: Path) -> list[str]:
                 "--data.init_args.img_size=32"]
     for split, per_class in (("train", 160), ("val", 16), ("test", 16)):  # 320 training JPEGs, 48x48, 2 classes
         write_class_folders(root / split, ["n01", "n02"], per_class=per_class, size=48, seed=len(split))
-    return [*args, "--data.init_args.img_size=32"]
+    from vit.nn.configs import MODEL_CONFIGS
+
+    patch = MODEL_CONFIGS[config["model"]["init_args"]["model"]].get("patch_size", 16)
+    return [*args, f"--data.init_args.img_size={2 * patch}"]  # 32, or 28 for DINOv2's 14 px patches
 
 
 SHRUNK = {"depth": 1, "embed_dim": 32, "num_heads": 2, "drop_path_rate": 0.1}

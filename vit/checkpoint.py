@@ -13,6 +13,7 @@ import re
 import warnings
 import zipfile
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from torch import Tensor, nn
 from vit.errors import UserPathError, UserValueError
 from vit.files import save_atomic
 from vit.nn.vision import VisionTransformer, build_model
+from vit.preprocessing import Prepared, Preprocessing
 
 META_KEY = "vit"  # checkpoint["vit"]: what the task wrote for loading without the training config
 # FSDP with state_dict_type "sharded" saves a checkpoint as a folder: torch.distributed.checkpoint files
@@ -221,7 +223,7 @@ def expect_task(checkpoint: dict[str, Any], task: str, path: str | os.PathLike) 
 
 
 # ---- a trained classifier, without Lightning --------------------------------------------------
-class Classifier(nn.Module):
+class Classifier(Prepared, nn.Module):
     """A trained ViT with what it takes to prepare its input and name its output.
 
     ``.model`` holds the evaluated weights (the EMA weights when training used EMA); ``.class_names``,
@@ -239,8 +241,7 @@ class Classifier(nn.Module):
         self.model = model
         self.model_name = model_name
         self.class_names = list(class_names)
-        self.mean, self.std = tuple(mean), tuple(std)
-        self.crop_pct, self.interpolation = float(crop_pct), interpolation
+        self.preprocessing = Preprocessing(mean, std, crop_pct, interpolation)  # read as .mean, .std, ...
 
     @property
     def img_size(self) -> tuple[int, int]:
@@ -281,8 +282,6 @@ def load_classifier(path: str | os.PathLike, map_location: str | torch.device = 
     meta = expect_task(checkpoint, "classify", path)
     model = build_model(meta["model_config"])
     model.load_state_dict(evaluated_weights(checkpoint["state_dict"], meta["ema"]))
-    classifier = Classifier(
-        model, model_name=meta["model_name"], class_names=meta["class_names"], mean=meta["mean"],
-        std=meta["std"], crop_pct=meta["crop_pct"], interpolation=meta["interpolation"],
-    )
+    classifier = Classifier(model, model_name=meta["model_name"], class_names=meta["class_names"],
+                            **asdict(Preprocessing.from_dict(meta)))
     return classifier.to(map_location).eval()

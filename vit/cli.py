@@ -31,7 +31,7 @@ from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import CheckpointIO
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from vit.checkpoint import (
     DamagedCheckpointError,
@@ -46,13 +46,13 @@ from vit.cli_parser import VitArgumentParser
 from vit.console import ModelReport, ProgressBar, quiet_dependencies
 from vit.data.base import no_test_reason
 from vit.errors import UserPathError, UserValueError
+from vit.preprocessing import DATA_KEYS, PREPROCESSING_KEYS, pretrained_preprocessing
 from vit.training import AtomicCheckpointIO, BestCheckpoint, LastCheckpoint, RandomState, TrainingReport, VitTrainer
 
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
 # skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.
 LINKED_FROM_DATA: tuple[str, ...] = (
-    "num_classes", "class_names", "img_size", "in_chans", "mean", "std", "crop_pct", "interpolation",
-    "tokenizers",
+    "num_classes", "class_names", "img_size", "in_chans", *PREPROCESSING_KEYS, "tokenizers",
 )
 
 DESCRIPTION = (
@@ -126,6 +126,7 @@ class VitCLI(LightningCLI):
 
             torch.set_num_threads(config["num_threads"])
         init_args = config.get("model", {}).get("init_args") or {}
+        follow_the_weights(config)  # before the pretrained source is dropped for a resume, below
         if config.get("ckpt_path") and init_args.get("pretrained"):
             init_args["pretrained"] = None  # the checkpoint holds the weights; the original file may be gone
         elif self.subcommand == "fit" and "pretrained" in init_args and not init_args.get("pretrained") and (
@@ -288,6 +289,31 @@ class TrainingCurves(Callback):
         figure = training_curves_figure(self.train_loss, self.val, self.lr)
         path = save_figure(figure, Path(log_dir) / "curves.png")
         print(f"training curves saved to {path} (loss, validation accuracy, learning rate)")
+
+
+def follow_the_weights(config: Any) -> None:
+    """The data follows the weights: each DataModule option of `vit.preprocessing.DATA_KEYS` the config leaves
+    unset (None) takes the value the pretrained weights were trained with (a resumed or evaluated checkpoint's,
+    else ``model.init_args.pretrained``'s: its timm tag, its file), and one line says which."""
+    data_args = (config.get("data") or {}).get("init_args") or {}
+    model_args = (config.get("model") or {}).get("init_args") or {}
+    unset = [k for k in DATA_KEYS if k in data_args and data_args[k] is None]
+    ckpt_path = config.get("ckpt_path")
+    source = ckpt_path if ckpt_path and Path(str(ckpt_path)).is_file() else model_args.get("pretrained")
+    if not unset or not source:
+        return
+    found = pretrained_preprocessing(str(source), model_args.get("model"))
+    if found is None:
+        rank_zero_info(f"preprocessing: {source} names no mean/std of its own: the DataModule's defaults; set "
+                       f"data.init_args.mean/std if those weights were trained otherwise")
+        return
+    values, origin = found
+    filled = [k for k in unset if k in values]
+    for k in filled:
+        data_args[k] = list(values[k]) if isinstance(values[k], tuple) else values[k]
+    given = [f"{k} {data_args[k]}" for k in DATA_KEYS if k in data_args and k not in filled]
+    rank_zero_info("preprocessing from " + origin + ": " + ", ".join(f"{k} {data_args[k]}" for k in filled)
+                   + (f" (the config sets {', '.join(given)})" if given else ""))
 
 
 def check_checkpoint_exists(config: Any) -> None:

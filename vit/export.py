@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,16 +33,19 @@ from vit.errors import MissingPackageError, UserValueError
 from vit.files import save_atomic
 from vit.nn.configs import MODEL_CONFIGS, ViTConfig, named_config
 from vit.nn.vision import VisionTransformer
+from vit.preprocessing import PREPROCESSING_KEYS
 
 OPSET = 18  # SDPA decomposes to MatMul/Softmax, which onnxruntime fuses; opset 23's Attention op ran slower on CPU
 INPUT_NAME, OUTPUT_NAME = "images", "logits"
 ONNX_TOLERANCE = 1e-4  # max |logit difference| allowed between onnxruntime and PyTorch in fp32
 # What `vit predict model.onnx` reads back from the metadata (JSON strings).
-METADATA_KEYS = ("model_name", "class_names", "img_size", "in_chans", "mean", "std", "crop_pct", "interpolation")
+METADATA_KEYS = ("model_name", "class_names", "img_size", "in_chans", *PREPROCESSING_KEYS)
 # ViTConfig fields that are also timm's VisionTransformer arguments, and those timm has no argument for.
 TIMM_ARGS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
              "class_token", "reg_tokens", "no_embed_class", "pos_embed", "init_values", "act_layer", "pre_norm",
              "global_pool", "final_norm", "fc_norm", "dynamic_img_size")
+# What timm's Eva (its DINOv3 class) takes of them; its state dict has DeiT III's gamma_1/2 and q_bias/v_bias.
+EVA_ARGS = {"img_size", "embed_dim", "depth", "num_heads", "mlp_ratio"}
 NOT_TIMM_ARGS = ("norm_eps", "distilled", "rope", "rope_temperature", "shifted_patches", "locality_attention")
 
 
@@ -63,8 +67,7 @@ def preprocessing(classifier: Classifier) -> dict[str, Any]:
     """The classifier's name, classes and input preparation, as plain JSON-able values."""
     return {
         "model_name": classifier.model_name, "class_names": list(classifier.class_names),
-        "img_size": list(classifier.img_size), "in_chans": classifier.in_chans, "mean": list(classifier.mean),
-        "std": list(classifier.std), "crop_pct": classifier.crop_pct, "interpolation": classifier.interpolation,
+        "img_size": list(classifier.img_size), "in_chans": classifier.in_chans, **classifier.preprocessing.to_dict(),
     }
 
 
@@ -214,6 +217,7 @@ def timm_architecture(model_name: str, model: VisionTransformer) -> tuple[str, d
     import timm
 
     extras = [k for k in ("shifted_patches", "locality_attention") if getattr(model.config, k)]
+    extras += ["global_pool='token_avg'"] if model.config.global_pool == "token_avg" else []
     if extras:
         raise UserValueError(
             f"timm's VisionTransformer has no {' or '.join(extras)}, so these weights cannot be shipped as a "
@@ -237,10 +241,11 @@ def timm_architecture(model_name: str, model: VisionTransformer) -> tuple[str, d
 def timm_config(classifier: Classifier) -> dict[str, Any]:
     """``config.json`` in timm's Hugging Face hub layout for the classifier's weights."""
     model = classifier.model
-    if model.config.rope is not None:
-        raise UserValueError("timm builds DINOv3 with its Eva class, whose weights are named differently "
-                             "(gamma_1/2, q_bias): export to ONNX instead (vit export --format onnx)")
     architecture, model_args = timm_architecture(classifier.model_name, model)
+    if model.config.rope is not None and (architecture != classifier.model_name or set(model_args) - EVA_ARGS):
+        raise UserValueError(f"timm builds DINOv3 with its Eva class, which takes {', '.join(sorted(EVA_ARGS))} "
+                             f"but not {', '.join(sorted(set(model_args) - EVA_ARGS)) or 'this model'}: export to "
+                             "ONNX instead (vit export --format onnx)")
     config: dict[str, Any] = {
         "architecture": architecture,
         "num_classes": model.num_classes,
@@ -250,14 +255,11 @@ def timm_config(classifier: Classifier) -> dict[str, Any]:
     }
     if model_args:
         config["model_args"] = model_args
-    config["pretrained_cfg"] = {
+    config["pretrained_cfg"] = {  # timm's names; `vit.preprocessing` reads it back from a hub folder
         "input_size": [classifier.in_chans, *classifier.img_size],
         "fixed_input_size": not model.dynamic_img_size,
-        "interpolation": classifier.interpolation,
-        "crop_pct": classifier.crop_pct,
+        **classifier.preprocessing.to_dict(),  # interpolation, crop_pct, mean, std
         "crop_mode": "center",
-        "mean": list(classifier.mean),
-        "std": list(classifier.std),
         "num_classes": model.num_classes,
         "pool_size": None,
         "first_conv": "patch_embed.proj",
@@ -271,8 +273,24 @@ def export_safetensors(classifier: Classifier, out_dir: str | os.PathLike) -> li
     from safetensors.torch import save
 
     out_dir = Path(out_dir)
+    config = json.dumps(timm_config(classifier), indent=2).encode()  # first: it refuses what timm cannot build
     state = {k: v.detach().cpu().contiguous() for k, v in classifier.model.state_dict().items()}
+    if classifier.model.config.rope is not None:
+        state = eva_names(state)
     data = save(state, metadata={"format": "pt"})
-    config = json.dumps(timm_config(classifier), indent=2).encode()
     weights = save_atomic(lambda f: f.write(data), out_dir / "model.safetensors")
     return [weights, save_atomic(lambda f: f.write(config), out_dir / "config.json")]
+
+
+def eva_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our DINOv3 weights in timm Eva's names: ``ls1/2.gamma`` -> ``gamma_1/2``; a ``qkv.bias`` (the ``_qkvb``
+    models) -> ``q_bias`` and ``v_bias``. Its key third is dropped, which is exact: a key bias adds q.b to all of a
+    query's scores alike, and softmax ignores that (the inverse of `vit.convert.convert_layer_scale`)."""
+    out = {}
+    for key, value in state.items():
+        if key.endswith("attn.qkv.bias"):
+            q, _, v = value.chunk(3)
+            out[key.replace("qkv.bias", "q_bias")], out[key.replace("qkv.bias", "v_bias")] = q, v
+            continue
+        out[re.sub(r"^(blocks\.\d+\.)ls([12])\.gamma$", r"\1gamma_\2", key)] = value
+    return out

@@ -24,12 +24,13 @@ from torch import Tensor
 
 from vit.checkpoint import Classifier, load_classifier
 from vit.errors import MissingPackageError, UserPathError, UserValueError
+from vit.preprocessing import Prepared, Preprocessing
 
 PRECISIONS = ("fp32", "bf16")
 ONNX_SUFFIX = ".onnx"
 
 
-class OnnxClassifier:
+class OnnxClassifier(Prepared):
     """An ONNX classifier from `vit export`, run by onnxruntime on the CPU; metadata says how to prepare images."""
 
     device = torch.device("cpu")
@@ -64,8 +65,7 @@ class OnnxClassifier:
         self.class_names: list[str] = list(values["class_names"])
         self.img_size: tuple[int, int] = tuple(values["img_size"])
         self.in_chans: int = int(values["in_chans"])
-        self.mean, self.std = tuple(values["mean"]), tuple(values["std"])
-        self.crop_pct, self.interpolation = float(values["crop_pct"]), values["interpolation"]
+        self.preprocessing = Preprocessing.from_dict(values)
         self.input_name = self.session.get_inputs()[0].name
 
     # the same transform as a checkpoint's, from the same attributes (read from the metadata above)

@@ -261,6 +261,37 @@ def test_probe_on_a_folder_caches_features_and_its_checkpoint_predicts_the_same(
     assert "val: 18 images, 32 features: extracted" in out and out.count("loaded from cache") == 2
 
 
+@pytest.mark.parametrize(("name", "pool"), [("deit_small_distilled_patch16_224", ""),
+                                          ("vit_base_patch16_siglip_224", ""),
+                                          ("vit_small_patch14_dinov2", ", global_pool: token_avg")])
+def test_probe_on_each_kind_of_head_saves_a_checkpoint_that_predicts_what_it_scored(name, pool, tmp_path):
+    """Two heads (DeiT distilled), no cls token (SigLIP's attention pool), and DINOv2's cls + mean patch features
+    (2 x width): the saved checkpoint's test accuracy, from the checkpoint alone, is the probe's."""
+    from vit.checkpoint import load_classifier
+    from vit.data import ImageFolder
+
+    root = noisy_colour_folder(tmp_path / "images", per_class=12)
+    args = tiny_probe_args(root, tmp_path)
+    args[args.index("vit_tiny_patch16_224")] = name
+    args[args.index("--model.init_args.model_kwargs") + 1] = f"{{depth: 1, embed_dim: 32, num_heads: 2, " \
+                                                             f"patch_size: 8{pool}}}"
+    result = run(args)
+    classifier = load_classifier(result["checkpoint"])
+    assert classifier.model.head.in_features == (64 if pool else 32)
+    data = ImageFolder(str(root), val_fraction=0.25, test_fraction=0.25, num_workers=0, img_size=32)
+    data.setup("fit")
+    images, labels = zip(*(data.eval_split("test")[i] for i in range(len(data.test_set))))
+    model, x = classifier.model, torch.stack(images)
+    with torch.no_grad():
+        logits, tokens = classifier(x), model.forward_features(x)
+        features = model.forward_head(tokens, pre_logits=True)  # what the probe was fit on
+    torch.testing.assert_close(logits, model.head(features))  # the logits are the probe's, both heads' included
+    if pool:  # DINOv2's linear evaluation features, by hand: the cls token, then the mean of the patch tokens
+        torch.testing.assert_close(features, torch.cat([tokens[:, 0], tokens[:, 1:].mean(1)], dim=-1))
+    accuracy = (logits.argmax(-1) == torch.tensor(labels)).float().mean().item()
+    assert accuracy == pytest.approx(result["logistic_test_acc"])
+
+
 def test_probe_checkpoint_is_a_fit_checkpoint_and_a_pretrained_source(tmp_path):
     import vit
     from vit.checkpoint import load_classifier, read_checkpoint

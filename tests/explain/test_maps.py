@@ -177,6 +177,12 @@ def test_average_pooled_model_maps_the_patch_rows():
     torch.testing.assert_close(maps.flatten(-2), weights[..., 1:, 1:].mean(dim=-2))
 
 
+def test_dinov2_cls_and_patch_mean_model_maps_the_cls_row():
+    weights = random_attention(1, 1, 2, 5)
+    maps = cls_attention_maps(weights, (2, 2), num_prefix_tokens=1, global_pool="token_avg")
+    torch.testing.assert_close(maps.flatten(-2), weights[..., 0, 1:])
+
+
 # --- rollout -------------------------------------------------------------------------------------------
 
 

@@ -48,6 +48,15 @@ def test_linear_probe_trains_the_head_only(tmp_path):
     assert changed(before, model) == {"head.weight", "head.bias"}
 
 
+def test_linear_probe_freezes_clips_norm_pre_and_the_register_tokens_too(tmp_path):
+    torch.manual_seed(0)
+    model = ImageClassifier(model="vit_digits_patch2_8", finetune="linear_probe", lr=0.01, model_kwargs={
+        "depth": 1, "embed_dim": 32, "num_heads": 2, "pre_norm": True, "reg_tokens": 2})
+    before = {k: v.clone() for k, v in model.model.state_dict().items()}
+    fit(model, 1, tmp_path)
+    assert changed(before, model) == {"head.weight", "head.bias"}
+
+
 def test_partial_freezes_the_embedding_and_the_first_blocks(tmp_path):
     model = tiny(finetune="partial", freeze_blocks=2)
     before = {k: v.clone() for k, v in model.model.state_dict().items()}

@@ -3,6 +3,13 @@
     vit probe --config configs/digits.yaml
     vit probe --config configs/imagenet_vit_small.yaml --data vit.data.ImageFolder --data.root photos/ \\
         --model.init_args.pretrained vit_small_patch16_224.augreg_in21k_ft_in1k
+    vit probe --config configs/finetune/folder_dinov2_small.yaml --data.init_args.root photos/ \\
+        --model.init_args.model_kwargs "{global_pool: token_avg}"   # DINOv2's own linear evaluation
+
+Any family works: the features are what its head reads (the cls token; the patch mean for DINOv3 and SigLIP gap;
+SigLIP's attention pool; DeiT distilled's two tokens' mean). ``global_pool: token_avg`` gives DINOv2's
+MODEL_CARD.md features instead: the cls token concatenated with the mean patch token (2 x width), and the
+saved checkpoint is built with that pooling, so it predicts with what the probe was fit on.
 
 The model and data come from the same config and flags as `vit fit` (the trainer's are ignored).
 The evaluated weights' pooled, pre-logits features of the train, val and test splits are extracted
@@ -204,6 +211,8 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     head = folded_head(scaler, clf, module.hparams.num_classes)
     path = args.out or new_run_folder(experiment / "probe") / CHECKPOINT_NAME
     weights = {**module.eval_model.state_dict(), "head.weight": head[0], "head.bias": head[1]}
+    if "head_dist.weight" in weights:  # DeiT distilled: the heads' mean, on the tokens' mean the probe was fit on
+        weights.update({"head_dist.weight": head[0], "head_dist.bias": head[1]})
     out = save_checkpoint(classifier_checkpoint(module.checkpoint_meta(), weights, probe=results), path)
     print(f"saved the backbone with the logistic-regression head to {out} (vit predict --ckpt {out} IMAGES)")
     return {**results, "checkpoint": str(out)}

@@ -40,16 +40,19 @@ class ImageDataModule(LightningDataModule):
     Args:
         batch_size: images per batch (per device).
         num_workers: DataLoader worker processes.
-        img_size: side of the square images the model sees.
-        mean: normalisation mean per channel.
-        std: normalisation standard deviation per channel.
+        img_size: side of the square images the model sees (224).
+        mean: normalisation mean per channel (ImageNet's).
+        std: normalisation standard deviation per channel (ImageNet's).
+        (These two, ``img_size``, ``crop_pct`` and ``interpolation``: None is "the pretrained weights' own":
+        under `vit fit`, the values of ``model.init_args.pretrained``'s timm tag or file (`vit.preprocessing`),
+        said in the run's first lines; else the default named here.)
         auto_augment: timm policy, e.g. "rand-m9-mstd0.5-inc1" (RandAugment) or "autoaug"; None = off.
         re_prob: random-erasing probability.
         hflip: horizontal flip probability.
         color_jitter: colour-jitter strength, 0 = off (timm skips it when auto_augment is set).
         scale: range of the random resized crop's area fraction.
-        crop_pct: evaluation centre crop: resize to img_size / crop_pct, then crop img_size.
-        interpolation: resize interpolation ("bicubic", "bilinear", ...).
+        crop_pct: evaluation centre crop: resize to img_size / crop_pct, then crop img_size (0.875).
+        interpolation: resize interpolation ("bicubic", "bilinear", ...; bicubic).
         seed: seed of any split this DataModule carves.
     """
 
@@ -60,19 +63,23 @@ class ImageDataModule(LightningDataModule):
         *,
         batch_size: int = 128,
         num_workers: int = 4,
-        img_size: int = 224,
-        mean: Sequence[float] = IMAGENET_MEAN,
-        std: Sequence[float] = IMAGENET_STD,
+        img_size: int | None = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
         re_prob: float = 0.25,
         hflip: float = 0.5,
         color_jitter: float = 0.4,
         scale: tuple[float, float] = (0.08, 1.0),
-        crop_pct: float = 0.875,
-        interpolation: str = "bicubic",
+        crop_pct: float | None = None,
+        interpolation: str | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__()
+        img_size = 224 if img_size is None else img_size
+        mean, std = IMAGENET_MEAN if mean is None else mean, IMAGENET_STD if std is None else std
+        crop_pct = 0.875 if crop_pct is None else crop_pct
+        interpolation = interpolation or "bicubic"
         if batch_size < 1:
             raise UserValueError(f"batch_size must be at least 1, got {batch_size}")
         if len(mean) != self.in_chans or len(std) != self.in_chans:

@@ -109,12 +109,13 @@ class CIFAR(ImageDataModule):
         download: fetch the dataset when it is missing (needs internet).
         val_size: training images held out for validation (0 = validate on the test set).
         batch_size: images per batch (per device).
-        img_size: side of the images the model sees (32 = CIFAR's own).
-        mean: normalisation mean per channel (CIFAR's).
-        std: normalisation standard deviation per channel (CIFAR's).
+        img_size: side of the images the model sees. None: the pretrained weights' under `vit fit` (see
+            ``ImageDataModule``), else 32, CIFAR's own.
+        mean: normalisation mean per channel. None: the pretrained weights', else CIFAR's.
+        std: normalisation standard deviation per channel. None: the pretrained weights', else CIFAR's.
         color_jitter: colour-jitter strength, 0 = off.
         scale: range of the random resized crop's area fraction.
-        crop_pct: evaluation centre crop (1.0: the whole image).
+        crop_pct: evaluation centre crop. None: the pretrained weights', else 1.0 (the whole image).
     """
 
     def __init__(
@@ -125,16 +126,18 @@ class CIFAR(ImageDataModule):
         val_size: int = 5000,
         *,
         batch_size: int = 128,
-        img_size: int = 32,
-        mean: Sequence[float] = CIFAR_MEAN,
-        std: Sequence[float] = CIFAR_STD,
+        img_size: int | None = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
         color_jitter: float = 0.0,
         scale: tuple[float, float] = (0.6, 1.0),
-        crop_pct: float = 1.0,
+        crop_pct: float | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(batch_size=batch_size, img_size=img_size, mean=mean, std=std, color_jitter=color_jitter,
-                         scale=scale, crop_pct=crop_pct, **kwargs)
+        super().__init__(batch_size=batch_size, img_size=32 if img_size is None else img_size,
+                         mean=CIFAR_MEAN if mean is None else mean, std=CIFAR_STD if std is None else std,
+                         color_jitter=color_jitter, scale=scale, crop_pct=1.0 if crop_pct is None else crop_pct,
+                         **kwargs)
         if variant not in (10, 100):
             raise UserValueError(f"CIFAR variant must be 10 or 100, got {variant}")
         self.root, self.variant, self.download, self.val_size = Path(root), variant, download, val_size

@@ -52,10 +52,11 @@ def _check_images(model: VisionTransformer, images: Tensor) -> tuple[int, int]:
 def _query_rows(attn: Tensor, num_prefix_tokens: int, global_pool: str) -> Tensor:
     """Rows (..., N, N) -> what the pooled token attends to over the patches (..., h*w).
 
-    A cls-token model reads the cls row. A model that averages its patch tokens never
-    uses the cls token, so its map is the mean of the patch rows.
+    A cls-token model reads the cls row (so does "token_avg", DINOv2's cls + patch mean: the cls row is the
+    map DINOv2 shows). A model that averages its patch tokens never uses the cls token, so its map is the
+    mean of the patch rows.
     """
-    if global_pool == "token":
+    if global_pool in ("token", "token_avg"):
         return attn[..., 0, num_prefix_tokens:]
     return attn[..., num_prefix_tokens:, num_prefix_tokens:].mean(dim=-2)
 

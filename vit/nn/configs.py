@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-POOLS = ("token", "avg", "map")
+POOLS = ("token", "avg", "map", "token_avg")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")
 
 
@@ -42,7 +42,9 @@ class ViTConfig:
     norm_eps: float = 1e-6  # every LayerNorm's eps (CLIP, DINOv3: 1e-5)
     pre_norm: bool = False  # `norm_pre` after the embedding, and a patch conv without bias (CLIP)
     # --- head ---
-    global_pool: str = "token"  # "token" (cls), "avg" (patch mean) or "map" (SigLIP's attention pool)
+    # "token" (cls), "avg" (patch mean), "map" (SigLIP's attention pool) or "token_avg": the cls token beside the
+    # patch mean, (B, 2D), DINOv2's linear evaluation (its MODEL_CARD.md); not in timm
+    global_pool: str = "token"
     final_norm: bool = True
     fc_norm: bool | None = None  # norm after pooling instead of before; None: on for "avg" (timm's rule)
     # --- training and input ---
@@ -57,8 +59,11 @@ class ViTConfig:
     def __post_init__(self) -> None:
         if self.global_pool not in POOLS:
             raise ValueError(f"global_pool must be one of {', '.join(POOLS)}, got {self.global_pool!r}")
-        if self.global_pool == "token" and not self.class_token:
-            raise ValueError("global_pool='token' reads the cls token: set class_token=True or pool 'avg'/'map'")
+        if self.global_pool in ("token", "token_avg") and not self.class_token:
+            raise ValueError(f"global_pool={self.global_pool!r} reads the cls token: set class_token=True or pool "
+                             "'avg'/'map'")
+        if self.global_pool == "token_avg" and self.fc_norm:
+            raise ValueError("global_pool='token_avg' joins two normalised tokens: it takes no fc_norm")
         if self.act_layer not in ACTIVATIONS:
             raise ValueError(f"act_layer must be one of {', '.join(ACTIVATIONS)}, got {self.act_layer!r}")
         if self.pos_embed not in ("learn", "none"):

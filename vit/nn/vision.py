@@ -6,7 +6,7 @@ image (B, 3, 224, 224)
   -> + pos_embed (patch rows), prepend prefix       (B, P + 196, C)   P = cls + dist + registers
      (prefix rows of pos_embed added to the prefix, unless no_embed_class), norm_pre (CLIP)
   -> EncoderBlock x depth (pre-norm, LayerScale)    (B, P + 196, C)   DINOv3: rotary q/k in every block
-  -> norm, pool (cls / patch mean / attention pool), fc_norm, Linear head    (B, num_classes)
+  -> norm, pool (cls / patch mean / attention pool / cls + mean), fc_norm, Linear head    (B, num_classes)
 
 Two options from "Vision Transformer for Small-Size Datasets" (Lee, Lee & Song, 2021), both off by
 default (off, the weights keep timm's names and the numerics timm's):
@@ -110,6 +110,7 @@ class VisionTransformer(nn.Module):
         c = self.config = (config or ViTConfig()).replace(**options)
         self.num_classes, self.global_pool = c.num_classes, c.global_pool
         self.embed_dim = self.num_features = c.embed_dim
+        self.head_hidden_size = c.embed_dim * (2 if c.global_pool == "token_avg" else 1)  # what the head reads
         self.dynamic_img_size, self.no_embed_class = c.dynamic_img_size, c.no_embed_class
         self.shifted_patches, self.locality_attention = c.shifted_patches, c.locality_attention
         self.num_prefix_tokens = c.num_prefix_tokens
@@ -147,7 +148,7 @@ class VisionTransformer(nn.Module):
                                         act_layer=act) if c.global_pool == "map" else None)
         self.fc_norm = layer_norm() if c.final_norm and c.use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(c.drop_rate)
-        self.head = nn.Linear(c.embed_dim, c.num_classes) if c.num_classes > 0 else nn.Identity()
+        self.head = nn.Linear(self.head_hidden_size, c.num_classes) if c.num_classes > 0 else nn.Identity()
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -188,7 +189,7 @@ class VisionTransformer(nn.Module):
     def _new_head(self, num_classes: int) -> nn.Module:
         if num_classes <= 0:
             return nn.Identity()
-        head = nn.Linear(self.embed_dim, num_classes)
+        head = nn.Linear(self.head_hidden_size, num_classes)
         nn.init.trunc_normal_(head.weight, std=0.02)
         nn.init.zeros_(head.bias)
         return head.to(self.patch_embed.proj.weight.device)
@@ -231,10 +232,12 @@ class VisionTransformer(nn.Module):
         return self.join_prefix(self.embed_patches(x))
 
     def pool(self, x: Tensor) -> Tensor:
-        """Tokens (B, N, D) -> (B, D): the cls token, the patch mean, or SigLIP's attention pool."""
+        """Tokens (B, N, D) -> (B, D): the cls token, the patch mean, or SigLIP's attention pool; (B, 2D): both."""
         if self.global_pool == "token":
             return x[:, 0]
         patches = x[:, self.num_prefix_tokens:]
+        if self.global_pool == "token_avg":
+            return torch.cat([x[:, 0], patches.mean(dim=1)], dim=-1)
         return patches.mean(dim=1) if self.global_pool == "avg" else self.attn_pool(patches)
 
     @property

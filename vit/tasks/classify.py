@@ -25,6 +25,7 @@ from vit.checkpoint import META_KEY
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vit.errors import UserValueError
 from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, ViTConfig, create_model
+from vit.preprocessing import Prepared, Preprocessing
 from vit.reports import save_confusion_matrix
 from vit.tasks.finetune import apply_freezing, check_strategy, frozen_modules, unfreeze_epoch
 from vit.tasks.losses import SoftTargetCrossEntropy
@@ -43,7 +44,7 @@ from vit.weights import load_pretrained
 log = logging.getLogger(__name__)
 
 
-class ImageClassifier(LightningModule):
+class ImageClassifier(Prepared, LightningModule):
     """A ViT classifier: label-smoothed CE (or mixup/cutmix soft targets), AdamW with layer decay,
     warm-up + cosine per step, optional EMA, torchmetrics accuracy and a test confusion matrix.
 
@@ -208,10 +209,7 @@ class ImageClassifier(LightningModule):
             std = IMAGENET_STD if chans == 3 else (0.5,) * chans
         if len(mean) != chans or len(std) != chans:
             raise UserValueError(f"mean {list(mean)} and std {list(std)} need one value per input channel ({chans})")
-        self.mean = tuple(float(m) for m in mean)
-        self.std = tuple(float(s) for s in std)
-        self.crop_pct = float(crop_pct)
-        self.interpolation = interpolation
+        self.preprocessing = Preprocessing(mean, std, crop_pct, interpolation)  # `mean` etc. read it
 
     def configure_losses(self, class_weights: Tensor | None = None) -> None:
         """Label-smoothed cross-entropy, or soft targets when mixup/cutmix is on; optionally class-weighted."""
@@ -436,10 +434,7 @@ class ImageClassifier(LightningModule):
             "model_name": self.model_name,
             "model_config": dict(self.model_config),
             "class_names": list(self.class_names),
-            "mean": list(self.mean),
-            "std": list(self.std),
-            "crop_pct": self.crop_pct,
-            "interpolation": self.interpolation,
+            **self.preprocessing.to_dict(),  # mean, std, crop_pct, interpolation
             "ema": self.model_ema is not None,
         }
 

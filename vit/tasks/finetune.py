@@ -37,9 +37,9 @@ def frozen_modules(model: VisionTransformer, finetune: str, freeze_blocks: int, 
     """The modules that do not train in ``epoch``; the cls token and position embedding follow the patch embedding."""
     blocks = list(model.blocks)
     if finetune == "linear_probe" or (finetune == "staged" and epoch < head_epochs):
-        return [model.patch_embed, *blocks, model.norm, model.fc_norm]
-    if finetune == "partial":
-        return [model.patch_embed, *blocks[:freeze_blocks]]
+        return [model.patch_embed, model.norm_pre, *blocks, model.norm, model.fc_norm]
+    if finetune == "partial":  # norm_pre (CLIP's) sits between the embedding and the first block
+        return [model.patch_embed, model.norm_pre, *blocks[:freeze_blocks]]
     return []
 
 

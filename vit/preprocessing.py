@@ -1,0 +1,154 @@
+"""How images are prepared for a model: one record, written once and carried by the checkpoint.
+
+``Preprocessing`` is the normalisation mean/std, the evaluation centre crop and the resize interpolation
+(the input size and channels are the model config's). `vit fit` writes it from the data into the checkpoint
+(``ImageClassifier.checkpoint_meta``), and everything that prepares an image afterwards reads it from there:
+`vit predict`, `vit attention`, `vit serve` (`vit.checkpoint.Classifier`), `vit export` (the ONNX metadata and
+timm's ``pretrained_cfg``) and the ONNX model's runner (`vit.inference.OnnxClassifier`).
+
+The data follows the weights: `pretrained_preprocessing` is what a pretrained source says its images went
+through, which `vit fit` uses for every DataModule option the config leaves unset (`vit.cli`):
+
+    >>> values, origin = pretrained_preprocessing("vit_small_patch14_dinov2.lvd142m")
+    >>> values["img_size"], values["mean"], values["crop_pct"]
+    (518, (0.485, 0.456, 0.406), 1.0)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# The checkpoint's (and the ONNX metadata's) names for the record's fields.
+PREPROCESSING_KEYS = ("mean", "std", "crop_pct", "interpolation")
+# The DataModule options a pretrained source can fill: the record and the input side.
+DATA_KEYS = ("img_size", *PREPROCESSING_KEYS)
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """Normalisation (one mean and std per channel), evaluation centre-crop fraction and resize interpolation."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop_pct: float = 1.0
+    interpolation: str = "bicubic"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
+        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
+        object.__setattr__(self, "crop_pct", float(self.crop_pct))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as plain data (lists, numbers, a string): what a checkpoint and the ONNX metadata hold."""
+        return {"mean": list(self.mean), "std": list(self.std), "crop_pct": self.crop_pct,
+                "interpolation": self.interpolation}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Preprocessing:
+        """The record from ``to_dict``'s keys (other keys, such as a checkpoint's model config, are ignored)."""
+        return cls(**{k: values[k] for k in PREPROCESSING_KEYS})
+
+
+class Prepared:
+    """The record's fields by name, read-only, on what holds one (``self.preprocessing``): the training task, a
+    checkpoint's classifier and its ONNX export's runner, so every reader says ``x.mean``, and only one owns it."""
+
+    preprocessing: Preprocessing
+
+    @property
+    def mean(self) -> tuple[float, ...]:
+        """Normalisation mean per channel."""
+        return self.preprocessing.mean
+
+    @property
+    def std(self) -> tuple[float, ...]:
+        """Normalisation standard deviation per channel."""
+        return self.preprocessing.std
+
+    @property
+    def crop_pct(self) -> float:
+        """Evaluation centre-crop fraction."""
+        return self.preprocessing.crop_pct
+
+    @property
+    def interpolation(self) -> str:
+        """Resize interpolation."""
+        return self.preprocessing.interpolation
+
+
+def pretrained_preprocessing(source: str, model_name: str | None = None) -> tuple[dict[str, Any], str] | None:
+    """(the DataModule options a pretrained ``source`` implies, where they come from), or None when it says nothing.
+
+    The options are ``DATA_KEYS``: ``img_size``, ``mean``, ``std``, ``crop_pct``, ``interpolation``. From:
+
+    * a timm pretrained tag (``vit_small_patch14_dinov2.lvd142m``): ``timm.models.get_pretrained_cfg``, a table in
+      timm (no download);
+    * a `vit fit` or `vit pretrain` checkpoint: what its run used;
+    * a timm hub folder, or a file inside one (the Hugging Face cache): its ``config.json``'s ``pretrained_cfg``;
+    * any other weights file (timm's names, DINOv2's, OpenAI CLIP's, ...): timm's default tag of ``model_name``,
+      the architecture the file is loaded into, as ``timm.data.resolve_data_config`` does for a model built by name.
+    """
+    path = Path(source)
+    if path.exists():
+        found = _from_vit_checkpoint(path) or _from_hub_config(path)
+        if found:
+            return found
+        default = _from_timm(model_name) if model_name else None
+        if default is None:
+            return None
+        values, origin = default
+        return values, f"{origin}, the default of the architecture {model_name} ({path.name} names none of its own)"
+    return _from_timm(source)
+
+
+def _values(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The DataModule options of a timm ``pretrained_cfg`` dict."""
+    return {"img_size": int(cfg["input_size"][-2]), "mean": tuple(float(m) for m in cfg["mean"]),
+            "std": tuple(float(s) for s in cfg["std"]), "crop_pct": float(cfg["crop_pct"]),
+            "interpolation": str(cfg["interpolation"])}
+
+
+def _from_timm(name: str) -> tuple[dict[str, Any], str] | None:
+    from timm.models import get_pretrained_cfg
+
+    try:
+        cfg = get_pretrained_cfg(name)
+    except RuntimeError:  # timm's "Invalid pretrained tag" for a known architecture
+        return None
+    if cfg is None:
+        return None
+    return _values(cfg.to_dict()), f"timm's pretrained_cfg of {name.split('.')[0]}.{cfg.tag}"
+
+
+def _from_vit_checkpoint(path: Path) -> tuple[dict[str, Any], str] | None:
+    """What a `vit fit`/`vit pretrain` checkpoint's run used (read with mmap: the tensors stay on disk)."""
+    if not path.is_file() or path.suffix.lower() not in (".ckpt", ".pt", ".pth"):
+        return None
+    import torch
+
+    try:
+        meta = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("vit")
+    except Exception:  # not a zip-format torch file, or no dict: not a vit checkpoint
+        return None
+    if not isinstance(meta, dict) or "mean" not in meta:
+        return None
+    values = {"mean": tuple(meta["mean"]), "std": tuple(meta["std"])}
+    values.update({k: meta[k] for k in ("crop_pct", "interpolation") if k in meta})
+    img_size = (meta.get("model_config") or {}).get("img_size")
+    if img_size:
+        values["img_size"] = int(img_size[0] if isinstance(img_size, Sequence) else img_size)
+    return values, f"the {meta.get('task', 'vit')} checkpoint {path.name}"
+
+
+def _from_hub_config(path: Path) -> tuple[dict[str, Any], str] | None:
+    """A timm hub folder's ``config.json`` ``pretrained_cfg`` (the folder, or a weights file in it)."""
+    config = (path if path.is_dir() else path.parent) / "config.json"
+    try:
+        cfg = json.loads(config.read_text()).get("pretrained_cfg")
+        return (_values(cfg), f"{config}'s pretrained_cfg") if cfg else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # no file, or not timm's layout
+        return None
