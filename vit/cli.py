@@ -20,6 +20,7 @@ back to the newest intact checkpoint); ``--test_after_fit`` and ``--num_threads`
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -308,12 +309,26 @@ def follow_the_weights(config: Any) -> None:
                        f"data.init_args.mean/std if those weights were trained otherwise")
         return
     values, origin = found
+    chans = getattr(data_class(config), "in_chans", None)
+    if isinstance(chans, int) and len(values.get("mean", ())) not in (0, chans):
+        # weights of other channels (a 1-channel digits checkpoint on a folder of photos): filling them in would
+        # fail as a DataModule error; left out, the checkpoint's own check names the mismatch when it loads
+        values = {k: v for k, v in values.items() if k not in ("mean", "std")}
     filled = [k for k in unset if k in values]
     for k in filled:
         data_args[k] = list(values[k]) if isinstance(values[k], tuple) else values[k]
     given = [f"{k} {data_args[k]}" for k in DATA_KEYS if k in data_args and k not in filled]
     rank_zero_info("preprocessing from " + origin + ": " + ", ".join(f"{k} {data_args[k]}" for k in filled)
                    + (f" (the config sets {', '.join(given)})" if given else ""))
+
+
+def data_class(config: Any) -> type | None:
+    """The DataModule class the config names (resolved to a full import path by the parser), if it imports."""
+    module, _, name = str((config.get("data") or {}).get("class_path") or "").rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError):
+        return None
 
 
 def check_checkpoint_exists(config: Any) -> None:
