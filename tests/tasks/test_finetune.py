@@ -194,6 +194,16 @@ def test_ddp_on_two_processes_passes_through_the_unfreeze(tmp_path):
         per_rank.setdefault(rank, {})[int(epoch)] = float(value)
     assert per_rank["0"] == per_rank["1"]
     assert per_rank["0"][-1] == per_rank["0"][0] != per_rank["0"][1]  # start, head-only epoch 0, epoch 1
-    done = subprocess.run([*common, "--trainer.strategy=ddp"], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path, env=env)
-    assert done.returncode != 0 and "ddp_find_unused_parameters_true" in done.stderr
+
+
+def test_plain_ddp_refuses_a_staged_finetune_and_names_the_strategy_that_runs_it(tmp_path, monkeypatch):
+    """The same check on a real DDP model of one rank, in this process (gloo; a 2-process run only to see an
+    error cost 15 s): freezing under DDP without find_unused_parameters is refused before the first step."""
+    from vit.cli import cli
+    from vit.errors import UserValueError
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    with pytest.raises(UserValueError, match=r"set trainer\.strategy: ddp_find_unused_parameters_true"):
+        cli(["fit", *short_digits_run(tmp_path, steps=2), "--trainer.strategy=ddp", "--trainer.devices=1",
+              "--model.init_args.finetune=staged", "--model.init_args.head_epochs=1", "--test_after_fit=false"])
