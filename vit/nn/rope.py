@@ -24,18 +24,18 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 class Rotary(NamedTuple):
-    """The sines and cosines for one patch grid, (h*w, head_dim) each, and how many leading tokens to skip."""
+    """The sines and cosines of each token, (prefix + h*w, head_dim) each. The prefix rows are sin 0, cos 1: they
+    leave the prefix tokens as they are (exactly), so one multiply-add turns the whole sequence with no slicing
+    and joining of prefix and patches, twice a block."""
 
     sin: Tensor
     cos: Tensor
-    skip: int
 
     def apply(self, x: Tensor) -> Tensor:
-        """Turn tokens ``x`` (B, heads, L, head_dim): token ``skip + n`` by patch n's angles; the prefix is kept."""
-        prefix, patches = x[:, :, :self.skip], x[:, :, self.skip:]
-        n = patches.shape[2]  # fewer than h*w when only the first queries are asked for
-        turned = patches * self.cos[:n] + rotate_half(patches) * self.sin[:n]  # fp32 sin/cos, as timm
-        return torch.cat([prefix, turned.to(x.dtype)], dim=2)
+        """Turn tokens ``x`` (B, heads, L, head_dim) by their angles, in fp32 as timm; L may be fewer than all
+        tokens (only the first queries asked for)."""
+        n = x.shape[2]
+        return (x * self.cos[:n] + rotate_half(x) * self.sin[:n]).to(x.dtype)
 
 
 class DinoV3Rope(nn.Module):
@@ -57,8 +57,10 @@ class DinoV3Rope(nn.Module):
         periods = self.periods.float()
         angles = 2 * math.pi * coords.to(periods.device)[:, :, None] / periods  # (h*w, 2, head_dim/4)
         angles = angles.flatten(1)  # (h*w, head_dim/2): y's frequencies, then x's
-        sin, cos = angles.sin(), angles.cos()
-        return Rotary(torch.cat([sin, sin], dim=-1), torch.cat([cos, cos], dim=-1), self.num_prefix_tokens)
+        sin, cos = torch.cat([angles.sin()] * 2, dim=-1), torch.cat([angles.cos()] * 2, dim=-1)
+        prefix = self.num_prefix_tokens
+        return Rotary(torch.cat([sin.new_zeros(prefix, self.head_dim), sin]),
+                      torch.cat([cos.new_ones(prefix, self.head_dim), cos]))
 
     def _apply(self, fn, *args, **kwargs):
         # `.half()` / `.to(bfloat16)` would round the periods: keep them fp32 (as timm does)
