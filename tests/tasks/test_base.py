@@ -63,3 +63,27 @@ def test_the_lr_scales_to_the_global_batch_with_gradient_accumulation(tmp_path):
     mae = tiny_mae(blr=1e-3)
     trainer(tmp_path, max_steps=1, accumulate_grad_batches=2).fit(mae, images())
     assert mae.trainer.optimizers[0].param_groups[0]["initial_lr"] == pytest.approx(1e-3 * 16 / 256)
+
+
+def test_the_checkpoints_task_names_are_the_tasks_own():
+    from vit.checkpoint import TASK_CLASSES
+    from vit.tasks import TASKS
+
+    # vit.checkpoint names the classes without importing Lightning: the names must stay the classes'
+    assert {task: cls.__name__ for task, cls in TASKS.items()} == {task: c for task, (c, _) in TASK_CLASSES.items()}
+
+
+def test_a_checkpoint_of_another_vit_is_refused_before_any_weight_is_copied():
+    ten, three = tiny_classifier(num_classes=10), tiny_classifier(num_classes=3)
+    three.on_load_checkpoint({"vit": three.checkpoint_meta()})  # its own: fine
+    with pytest.raises(ValueError, match=r"written for vit_digits_patch2_8 with 10 classes, this run builds vit_digits_"
+                                         r"patch2_8 with 3 classes; they differ in num_classes: checkpoint 10"):
+        three.on_load_checkpoint({"vit": ten.checkpoint_meta()})
+    deeper = MaskedAutoencoder(model="vit_digits_patch2_8", img_size=8, in_chans=1, model_kwargs={**TINY, "depth": 3},
+                               decoder_dim=16, decoder_depth=1, decoder_heads=2)
+    with pytest.raises(ValueError, match=r"written for vit_digits_patch2_8, this run builds vit_digits_patch2_8; "
+                                         r"they differ in depth: checkpoint 3, this model 2"):
+        tiny_mae().on_load_checkpoint({"vit": deeper.checkpoint_meta()})
+    with pytest.raises(ValueError, match=r"the checkpoint holds the ImageClassifier task \('classify'\), but the "
+                                         r"MaskedAutoencoder task \('pretrain'\) is needed here"):
+        tiny_mae().on_load_checkpoint({"vit": ten.checkpoint_meta()})
