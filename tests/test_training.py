@@ -252,10 +252,11 @@ def test_a_translator_checkpoint_given_to_an_image_recipe_is_a_clear_error(tmp_p
     trainer.fit(model, datamodule=data)
     translator = tmp_path / "translator.ckpt"
     trainer.save_checkpoint(translator)
-    with pytest.raises(ValueError, match=r"--ckpt_path .*translator\.ckpt holds a Translator checkpoint \(translate\), "
-                                         r"but the config's model is vit.tasks.ImageClassifier"):
+    with pytest.raises(ValueError, match=r"--ckpt_path .*translator\.ckpt holds the Translator task \('translate'\), "
+                                         r"but the ImageClassifier task \('classify'\) is needed here"):
         run_vit(["fit", *short_digits_run(tmp_path / "run"), "--ckpt_path", str(translator)])
-    with pytest.raises(ValueError, match="holds a 'translate' task, not an image classifier"):
+    with pytest.raises(ValueError, match=r"the checkpoint holds the Translator task \('translate'\), but the "
+                                         r"ImageClassifier task \('classify'\) is needed here"):
         ImageClassifier.load_from_checkpoint(translator, weights_only=True)
 
 

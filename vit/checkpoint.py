@@ -1,9 +1,9 @@
 """Checkpoint files: written atomically, read with clear errors, and a trained classifier rebuilt from one.
 
 Nothing here imports Lightning: `vit predict`, `vit attention` and `vit export` rebuild the evaluated
-model from a `vit fit` checkpoint alone. Both tasks write what that needs under ``checkpoint["vit"]``:
-the task ("classify" or "translate") and, for a classifier, the model config, class names and the
-image preparation (size, mean/std, crop_pct, interpolation).
+model from a `vit fit` checkpoint alone. Every task writes what that needs under ``checkpoint["vit"]``:
+the task ("classify", "pretrain" or "translate"; `expect_task` checks it) and, for a classifier, the model
+config, class names and the image preparation (size, mean/std, crop_pct, interpolation).
 """
 
 from __future__ import annotations
@@ -207,19 +207,39 @@ def read_sharded(path: str | os.PathLike) -> dict[str, Any]:
     return checkpoint
 
 
+# The tasks a checkpoint can hold: checkpoint["vit"]["task"] -> (its LightningModule in vit.tasks, the command
+# that writes it). Named here, not imported, since nothing in this module imports Lightning.
+TASK_CLASSES = {"classify": ("ImageClassifier", "vit fit"), "pretrain": ("MaskedAutoencoder", "vit pretrain"),
+                "translate": ("Translator", "vit fit")}
+
+
 def task_of(checkpoint: dict[str, Any]) -> str | None:
-    """The task a `vit fit` checkpoint was written by ("classify" or "translate"), or None."""
+    """The task a `vit` checkpoint was written by ("classify", "pretrain" or "translate"), or None."""
     meta = checkpoint.get(META_KEY)
     return meta.get("task") if isinstance(meta, dict) else None
 
 
-def expect_task(checkpoint: dict[str, Any], task: str, path: str | os.PathLike) -> dict[str, Any]:
-    """The checkpoint's ``vit`` entry, or an error saying which task the file holds instead."""
+def expect_task(checkpoint: dict[str, Any], task: str, where: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint's ``vit`` entry, or the error saying which task it holds instead.
+
+    The one check that a checkpoint belongs to a task: loading a classifier, `load_task`, ``--ckpt_path`` in the
+    CLI and each task's ``on_load_checkpoint`` all come here. ``where`` names the file for the message.
+    """
     found = task_of(checkpoint)
     if found != task:
-        what = f"a {found!r} checkpoint" if found else "not a checkpoint written by `vit fit`"
-        raise UserValueError(f"{path}: expected a {task!r} checkpoint from `vit fit`, but it is {what}")
+        raise UserValueError(f"{where} holds {describe_task(found)}, but {describe_task(task)} is needed here: "
+                             f"give a checkpoint that `{TASK_CLASSES[task][1]}` wrote with vit.tasks."
+                             f"{TASK_CLASSES[task][0]}")
     return checkpoint[META_KEY]
+
+
+def describe_task(task: str | None) -> str:
+    """A task in words: "the Translator task ('translate')"."""
+    if task is None:
+        return "no `vit` task (no checkpoint['vit'] entry of `vit fit` or `vit pretrain`)"
+    if task not in TASK_CLASSES:
+        return f"an unknown task {task!r}"
+    return f"the {TASK_CLASSES[task][0]} task ({task!r})"
 
 
 # ---- a trained classifier, without Lightning --------------------------------------------------

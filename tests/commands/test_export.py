@@ -211,7 +211,7 @@ def test_export_errors_name_the_problem(fitted, tmp_path, capsys):
         run(["export", "--ckpt", str(tmp_path / "missing.ckpt"), "--format", "safetensors", "--out", "x"])
     translator = tmp_path / "translator.ckpt"
     torch.save({"vit": {"task": "translate"}, "state_dict": {}}, translator)
-    with pytest.raises(ValueError, match=r"translator\.ckpt: expected a 'classify' checkpoint .* a 'translate'"):
+    with pytest.raises(ValueError, match=r"translator\.ckpt holds the Translator task .*, but the ImageClassifier"):
         run(["export", "--ckpt", str(translator), "--format", "onnx", "--out", str(tmp_path / "out")])
     with pytest.raises(SystemExit):
         run(["export", "--ckpt", best, "--format", "tflite", "--out", "x"])

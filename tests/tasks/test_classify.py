@@ -194,12 +194,16 @@ def test_checkpoint_alone_rebuilds_the_classifier(tmp_path):
     torch.testing.assert_close(loaded.model(x), model.eval().model(x))
 
     torch.save({"state_dict": {}}, tmp_path / "other.ckpt")
-    with pytest.raises(ValueError, match="expected a 'classify' checkpoint from `vit fit`, but it is not a checkpoint"):
+    with pytest.raises(ValueError, match=r"other\.ckpt holds no `vit` task .*, but the ImageClassifier task "
+                                         r"\('classify'\) is needed here"):
         load_classifier(tmp_path / "other.ckpt")
     torch.save({"state_dict": {}, "vit": {"task": "translate"}}, tmp_path / "translator.ckpt")
-    with pytest.raises(ValueError, match="but it is a 'translate' checkpoint"):
+    wrong_task = (r"translator\.ckpt holds the Translator task \('translate'\), but the ImageClassifier task "
+                  r"\('classify'\) is needed here: give a checkpoint that `vit fit` wrote with "
+                  r"vit\.tasks\.ImageClassifier")
+    with pytest.raises(ValueError, match=wrong_task):
         load_classifier(tmp_path / "translator.ckpt")
-    with pytest.raises(ValueError, match="of the ImageClassifier task, but it holds the Translator task"):
+    with pytest.raises(ValueError, match=wrong_task):
         load_task(tmp_path / "translator.ckpt", ImageClassifier)
     with pytest.raises(FileNotFoundError, match=r"missing\.ckpt"):
         load_classifier(tmp_path / "missing.ckpt")

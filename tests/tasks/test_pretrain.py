@@ -114,7 +114,7 @@ def test_the_wrong_task_is_a_clear_error(pretrained, capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(CONFIGS / "digits.yaml"), "--ckpt_path", str(root / "ckpt" / "last.ckpt")])
     err = capsys.readouterr().err
-    assert "holds a MaskedAutoencoder checkpoint" in err and "Traceback" not in err
+    assert "holds the MaskedAutoencoder task ('pretrain'), but the ImageClassifier" in err and "Traceback" not in err
 
 
 def test_vit_pretrain_under_ddp_on_two_cpu_processes(tmp_path):

@@ -6,18 +6,16 @@ import os
 from typing import Any, TypeVar
 
 import torch
-from lightning.pytorch import LightningModule
 
-from vit.checkpoint import read_checkpoint, task_of
-from vit.errors import UserValueError
+from vit.checkpoint import expect_task, read_checkpoint
+from vit.tasks.base import BaseTask, VisionTask
 from vit.tasks.classify import ImageClassifier
 from vit.tasks.pretrain import MaskedAutoencoder
 from vit.tasks.translate import Translator
 
-TASKS: dict[str, type[LightningModule]] = {
-    "classify": ImageClassifier, "pretrain": MaskedAutoencoder, "translate": Translator,
-}
-Task = TypeVar("Task", bound=LightningModule)
+# checkpoint["vit"]["task"] -> the class that writes it
+TASKS: dict[str, type[BaseTask]] = {cls.task: cls for cls in (ImageClassifier, MaskedAutoencoder, Translator)}
+Task = TypeVar("Task", bound=BaseTask)
 
 
 def load_task(path: str | os.PathLike, task_class: type[Task], map_location: str | torch.device = "cpu") -> Task:
@@ -27,13 +25,10 @@ def load_task(path: str | os.PathLike, task_class: type[Task], map_location: str
     check that the file is whole and holds ``task_class`` (an error says what it holds instead).
     Pretrained weights are not fetched again: the checkpoint holds the trained ones.
     """
-    found = task_of(read_checkpoint(path, mmap=True))
-    if TASKS.get(found) is not task_class:
-        what = f"the {TASKS[found].__name__} task" if found in TASKS else "no `vit fit` task"
-        raise UserValueError(f"{path}: expected a checkpoint of the {task_class.__name__} task, but it holds {what}")
+    expect_task(read_checkpoint(path, mmap=True), task_class.task, path)
     overrides: dict[str, Any] = {"pretrained": None} if task_class is ImageClassifier else {}
     task = task_class.load_from_checkpoint(path, map_location=map_location, weights_only=True, **overrides)
     return task.eval()
 
 
-__all__ = ["TASKS", "ImageClassifier", "MaskedAutoencoder", "Translator", "load_task"]
+__all__ = ["TASKS", "BaseTask", "ImageClassifier", "MaskedAutoencoder", "Translator", "VisionTask", "load_task"]

@@ -14,19 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from vit.checkpoint import META_KEY
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vit.errors import UserValueError
-from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, ViTConfig, create_model
+from vit.nn.vision import VisionTransformer
 from vit.preprocessing import Prepared, Preprocessing
 from vit.reports import save_confusion_matrix
+from vit.tasks.base import VisionTask
 from vit.tasks.finetune import apply_freezing, check_strategy, frozen_modules, unfreeze_epoch
 from vit.tasks.losses import SoftTargetCrossEntropy
 from vit.tasks.mistakes import ConfidentMistakes, log_figures, save_error_report
@@ -44,7 +43,7 @@ from vit.weights import load_pretrained
 log = logging.getLogger(__name__)
 
 
-class ImageClassifier(Prepared, LightningModule):
+class ImageClassifier(Prepared, VisionTask):
     """A ViT classifier: label-smoothed CE (or mixup/cutmix soft targets), AdamW with layer decay,
     warm-up + cosine per step, optional EMA, torchmetrics accuracy and a test confusion matrix.
 
@@ -93,6 +92,8 @@ class ImageClassifier(Prepared, LightningModule):
             Off by default: the first steps pay the compile, and on CPUs the gain is small; measure first.
     """
 
+    task = "classify"
+
     def __init__(
         self,
         model: str = "vit_digits_patch2_8",
@@ -128,9 +129,6 @@ class ImageClassifier(Prepared, LightningModule):
         grad_checkpointing: bool = False,
         compile: bool = False,
     ) -> None:
-        super().__init__()
-        if model not in MODEL_CONFIGS:
-            raise UserValueError(f"unknown model {model!r}; known models: {', '.join(sorted(MODEL_CONFIGS))}")
         if num_classes < 1:
             raise UserValueError(f"num_classes must be at least 1, got {num_classes}")
         if class_names is not None and len(class_names) != num_classes:
@@ -140,27 +138,16 @@ class ImageClassifier(Prepared, LightningModule):
         if schedule == "onecycle" and finetune == "staged":
             raise UserValueError("schedule: onecycle has one warm-up; finetune: staged needs a second one when the "
                                  "backbone starts training: use schedule: cosine")
-        self.save_hyperparameters()
-        self.build_models()
+        super().__init__()  # saves the arguments; configure_models, configure_losses, configure_metrics
         check_strategy(finetune, freeze_blocks, head_epochs, len(self.model.blocks))
         self.configure_preprocessing(class_names, mean, std, crop_pct, interpolation)
-        self.configure_losses()
-        self.configure_metrics()
 
     # --- set-up ----------------------------------------------------------------------------
-    def build_models(self) -> None:
+    def configure_models(self) -> None:
         """The ViT and its EMA copy, randomly initialised (Lightning's ``configure_model`` hook, below, loads
         the pretrained weights)."""
         hp = self.hparams
-        overrides = dict(hp.model_kwargs or {}, num_classes=hp.num_classes)
-        if hp.img_size is not None:
-            overrides["img_size"] = hp.img_size
-        if hp.in_chans is not None:
-            overrides["in_chans"] = hp.in_chans
-        self.model_name = hp.model
-        self.model: VisionTransformer = create_model(hp.model, **overrides)
-        # The full VisionTransformer config (vit.nn.configs.ViTConfig), so a checkpoint rebuilds the model on its own.
-        self.model_config: dict[str, Any] = self.model.config.to_dict()
+        self.model: VisionTransformer = self.create_vit(hp.num_classes)
         self.model.set_grad_checkpointing(hp.grad_checkpointing)
         # FSDP (use_orig_params) turns parameters into flat shards: the weight-decay rule needs their real ndim
         self.param_ndims = {name: p.ndim for name, p in self.model.named_parameters()}
@@ -265,9 +252,7 @@ class ImageClassifier(Prepared, LightningModule):
     # --- steps -----------------------------------------------------------------------------
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
-        if x.dtype == torch.uint8:  # an image DataModule's training batch that skipped its transfer hook
-            raise TypeError("training images arrived as uint8: they are normalised on the device by the "
-                            "DataModule's on_after_batch_transfer; pass datamodule=... to Trainer.fit")
+        self.check_images(x)
         if self.mixup is not None:
             if len(x) % 2:  # timm's Mixup pairs each sample with its mirror in the batch
                 x, y = x[:-1], y[:-1]
@@ -278,13 +263,7 @@ class ImageClassifier(Prepared, LightningModule):
             loss = self.train_loss(logits, y)
             self.train_metrics.update(logits, y)
             self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
-        if not torch.isfinite(loss):
-            # Stops before the optimiser step, so no checkpoint ever holds the broken weights.
-            raise FloatingPointError(
-                f"loss is {loss.item()} at step {self.global_step} (lr {self.optimizers().param_groups[-1]['lr']:.3g}, "
-                f"precision {self.trainer.precision}); lower the lr, clip gradients or check the inputs. "
-                "The last checkpoint holds the weights from before this step."
-            )
+        self.check_loss(loss)
         self.log("train_loss", loss, prog_bar=True)
         self.log("lr", self.optimizers().param_groups[-1]["lr"], prog_bar=False)
         return loss
@@ -370,31 +349,23 @@ class ImageClassifier(Prepared, LightningModule):
     def peak_lr(self) -> float:
         """``lr``, scaled to the global batch when ``lr_base_batch`` is set; said once, on rank 0."""
         hp = self.hparams
+        if hp.lr_base_batch is not None:
+            return self.scaled_lr(hp.lr, hp.lr_base_batch, "lr")
         images, parts = global_batch(self.trainer)
-        if hp.lr_base_batch is None:
-            rank_zero_info(f"effective lr {hp.lr:.4g} (as given: no lr_base_batch to scale it by); global batch "
-                           f"{images} = {parts}")
-            return hp.lr
-        lr = hp.lr * images / hp.lr_base_batch
-        rank_zero_info(f"effective lr {lr:.4g} = {hp.lr:g} x global batch {images} / lr_base_batch "
-                       f"{hp.lr_base_batch}; global batch {images} = {parts}")
-        return lr
+        rank_zero_info(f"effective lr {hp.lr:.4g} (as given: no lr_base_batch to scale it by); global batch "
+                       f"{images} = {parts}")
+        return hp.lr
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         lr = self.peak_lr()
         groups = param_groups(self.model, lr, hp.weight_decay, hp.layer_decay, ndims=self.param_ndims)
         optimizer = adamw(groups, lr=lr, betas=tuple(hp.betas))
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        if hp.warmup_steps is not None:
-            warmup = hp.warmup_steps
-        else:
-            warmup = round(hp.warmup_epochs * per_epoch_steps(self.trainer, total))
-        warmup = min(warmup, total)
+        warmup, total = self.schedule_steps()
         if hp.schedule == "onecycle" and total >= 3:  # (1-2 steps, e.g. fast_dev_run: the cosine lambda below)
             scheduler = one_cycle(optimizer, warmup, total)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-        min_ratio = min(1.0, hp.min_lr / lr) if lr > 0 else 0.0
+        min_ratio = self.min_lr_ratio(lr)
         schedule = lambda step: warmup_cosine(step, warmup, total, min_ratio)
         unfreeze = unfreeze_epoch(hp.finetune, hp.head_epochs)
         if unfreeze is None:
@@ -407,30 +378,11 @@ class ImageClassifier(Prepared, LightningModule):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    # --- checkpoint ------------------------------------------------------------------------
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Before any weight is copied: a checkpoint of another task, model or class count is a clear error."""
-        meta = checkpoint.get(META_KEY) or {}
-        if meta.get("task") != "classify":
-            found = f"a {meta['task']!r} task" if meta.get("task") else "no `vit fit` task"
-            raise UserValueError(f"this checkpoint holds {found}, not an image classifier")
-        theirs, ours = ViTConfig.from_dict(meta["model_config"]).to_dict(), self.model_config  # defaults filled in
-        differ = [f"{k}: checkpoint {theirs.get(k)!r}, this model {ours.get(k)!r}"
-                  for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
-        if meta["model_name"] != self.model_name or differ:
-            raise UserValueError(
-                f"the checkpoint was written for {meta['model_name']} with {theirs.get('num_classes')} classes, "
-                f"this run builds {self.model_name} with {ours.get('num_classes')} classes; they differ in "
-                f"{'; '.join(differ) or 'the model name'}"
-            )
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[META_KEY] = self.checkpoint_meta()
-
+    # --- checkpoint (checked on loading by VisionTask.on_load_checkpoint) ---------------------
     def checkpoint_meta(self) -> dict[str, Any]:
         """What `vit.checkpoint.load_classifier` needs besides the weights: task, model, classes, preparation."""
         return {
-            "task": "classify",
+            "task": self.task,
             "model_name": self.model_name,
             "model_config": dict(self.model_config),
             "class_names": list(self.class_names),

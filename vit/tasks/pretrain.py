@@ -18,11 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from vit.checkpoint import META_KEY
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vit.errors import UserValueError
 from vit.nn.mae import (
@@ -36,13 +33,14 @@ from vit.nn.mae import (
     sincos_pos_embed,
     unpatchify,
 )
-from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, ViTConfig, create_model
-from vit.tasks.optim import adamw, global_batch, per_epoch_steps, warmup_cosine
+from vit.nn.vision import VisionTransformer
+from vit.tasks.base import VisionTask
+from vit.tasks.optim import adamw, warmup_cosine
 
 FIGURE_SEED = 0  # the fixed masking of the figure's images, the same every epoch
 
 
-class MaskedAutoencoder(LightningModule):
+class MaskedAutoencoder(VisionTask):
     """MAE pre-training (He et al., 2021): a ViT encoder on the visible patches, a light decoder, the loss on
     the masked patches; AdamW with betas (0.9, 0.95), lr = blr x global batch / 256, warm-up then cosine.
 
@@ -69,6 +67,8 @@ class MaskedAutoencoder(LightningModule):
         figure_every_n_epochs: draw the figure every this many epochs (each takes about half a second).
     """
 
+    task = "pretrain"
+
     def __init__(
         self,
         model: str = "vit_base_patch16_224",
@@ -93,35 +93,7 @@ class MaskedAutoencoder(LightningModule):
         figure_images: int = 8,
         figure_every_n_epochs: int = 1,
     ) -> None:
-        super().__init__()
-        if model not in MODEL_CONFIGS:
-            raise UserValueError(f"unknown model {model!r}; known models: {', '.join(sorted(MODEL_CONFIGS))}")
-        self.save_hyperparameters()
-        overrides = dict(model_kwargs or {}, num_classes=0)  # an encoder: no head
-        if img_size is not None:
-            overrides["img_size"] = img_size
-        if in_chans is not None:
-            overrides["in_chans"] = in_chans
-        self.model_name = model
-        self.model: VisionTransformer = create_model(model, **overrides)
-        self.model_config: dict[str, Any] = self.model.config.to_dict()  # the one description (vit.nn.configs)
-        num_patches = self.model.patch_embed.num_patches
-        self.visible = num_visible(num_patches, mask_ratio)
-        if not 0 < self.visible < num_patches:
-            raise UserValueError(f"mask_ratio {mask_ratio} leaves {self.visible} of {num_patches} patches visible; "
-                                 "MAE needs some visible and some masked (the paper's 0.75)")
-        self.decoder = MAEDecoder(
-            embed_dim=self.model.embed_dim, grid_size=self.model.patch_embed.grid_size,
-            patch_size=self.model.patch_size, in_chans=self.model.in_chans, decoder_dim=decoder_dim,
-            decoder_depth=decoder_depth, decoder_heads=decoder_heads,
-        )
-        mae_init_(self.model)
-        mae_init_(self.decoder)
-        if fixed_pos_embed:
-            with torch.no_grad():
-                self.model.pos_embed.copy_(sincos_pos_embed(self.model.embed_dim, self.model.patch_embed.grid_size,
-                                                            self.model.pos_embed_prefix))
-            self.model.pos_embed.requires_grad_(False)
+        super().__init__()  # saves the arguments, then configure_models
         chans = self.model.in_chans
         self.mean = tuple(float(m) for m in (mean or (IMAGENET_MEAN if chans == 3 else (0.5,) * chans)))
         self.std = tuple(float(s) for s in (std or (IMAGENET_STD if chans == 3 else (0.5,) * chans)))
@@ -129,6 +101,29 @@ class MaskedAutoencoder(LightningModule):
             raise UserValueError(f"mean {list(self.mean)} and std {list(self.std)} need one value per input "
                                  f"channel ({chans})")
         self.figure_batch: Tensor | None = None
+
+    def configure_models(self) -> None:
+        """The encoder (a ViT without a head) and the decoder, both initialised as MAE's; the encoder's position
+        embedding fixed at 2-D sin-cos when ``fixed_pos_embed``."""
+        hp = self.hparams
+        self.model: VisionTransformer = self.create_vit(num_classes=0)
+        num_patches = self.model.patch_embed.num_patches
+        self.visible = num_visible(num_patches, hp.mask_ratio)
+        if not 0 < self.visible < num_patches:
+            raise UserValueError(f"mask_ratio {hp.mask_ratio} leaves {self.visible} of {num_patches} patches visible; "
+                                 "MAE needs some visible and some masked (the paper's 0.75)")
+        self.decoder = MAEDecoder(
+            embed_dim=self.model.embed_dim, grid_size=self.model.patch_embed.grid_size,
+            patch_size=self.model.patch_size, in_chans=self.model.in_chans, decoder_dim=hp.decoder_dim,
+            decoder_depth=hp.decoder_depth, decoder_heads=hp.decoder_heads,
+        )
+        mae_init_(self.model)
+        mae_init_(self.decoder)
+        if hp.fixed_pos_embed:
+            with torch.no_grad():
+                self.model.pos_embed.copy_(sincos_pos_embed(self.model.embed_dim, self.model.patch_embed.grid_size,
+                                                            self.model.pos_embed_prefix))
+            self.model.pos_embed.requires_grad_(False)
 
     # --- the method ----------------------------------------------------------------------------
     def forward(self, images: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -148,16 +143,9 @@ class MaskedAutoencoder(LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         images = self.images_of(batch)
-        if images.dtype == torch.uint8:
-            raise TypeError("training images arrived as uint8: they are normalised on the device by the "
-                            "DataModule's on_after_batch_transfer; pass datamodule=... to Trainer.fit")
+        self.check_images(images)
         loss = self(images)[0]
-        if not torch.isfinite(loss):  # before the optimiser step: no checkpoint holds broken weights
-            raise FloatingPointError(
-                f"loss is {loss.item()} at step {self.global_step} (lr {self.optimizers().param_groups[0]['lr']:.3g}, "
-                f"precision {self.trainer.precision}); lower blr, clip gradients or check the inputs. "
-                "The last checkpoint holds the weights from before this step."
-            )
+        self.check_loss(loss)
         self.log("train_loss", loss, prog_bar=True)
         return loss
 
@@ -207,12 +195,7 @@ class MaskedAutoencoder(LightningModule):
     def peak_lr(self) -> float:
         """``lr``, or ``blr`` x global batch (batch size x devices x nodes x accumulation) / 256."""
         hp = self.hparams
-        if hp.lr is not None:
-            return hp.lr
-        images, parts = global_batch(self.trainer)
-        lr = hp.blr * images / 256
-        rank_zero_info(f"lr = blr {hp.blr:g} x {images} / 256 = {lr:.3g} (global batch {images} = {parts})")
-        return lr
+        return hp.lr if hp.lr is not None else self.scaled_lr(hp.blr, 256, "blr")
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
@@ -224,33 +207,15 @@ class MaskedAutoencoder(LightningModule):
         groups = [{"params": decay, "weight_decay": hp.weight_decay, "name": "decay"},
                   {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
         optimizer = adamw(groups, lr=lr, betas=tuple(hp.betas))
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup = hp.warmup_steps if hp.warmup_steps is not None else round(
-            hp.warmup_epochs * per_epoch_steps(self.trainer, total))
-        warmup, min_ratio = min(warmup, total), (min(1.0, hp.min_lr / lr) if lr > 0 else 0.0)
+        warmup, total = self.schedule_steps()
+        min_ratio = self.min_lr_ratio(lr)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, warmup, total, min_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
-    # --- checkpoint ------------------------------------------------------------------------------
+    # --- checkpoint (checked on loading by VisionTask.on_load_checkpoint) -----------------------
     def checkpoint_meta(self) -> dict[str, Any]:
         """What the checkpoint says about itself: the task, and the encoder to build for its weights."""
         hp = self.hparams
-        return {"task": "pretrain", "model_name": self.model_name, "model_config": dict(self.model_config),
+        return {"task": self.task, "model_name": self.model_name, "model_config": dict(self.model_config),
                 "mean": list(self.mean), "std": list(self.std), "mask_ratio": hp.mask_ratio,
                 "decoder": [hp.decoder_dim, hp.decoder_depth, hp.decoder_heads], "norm_pix_loss": hp.norm_pix_loss}
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[META_KEY] = self.checkpoint_meta()
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Before any weight is copied: a checkpoint of another task or encoder is a clear error."""
-        meta = checkpoint.get(META_KEY) or {}
-        if meta.get("task") != "pretrain":
-            found = f"a {meta['task']!r} task" if meta.get("task") else "no `vit` task"
-            raise UserValueError(f"this checkpoint holds {found}, not MAE pre-training: --ckpt_path resumes a "
-                                 "`vit pretrain` run from its own checkpoint")
-        theirs, ours = ViTConfig.from_dict(meta["model_config"]).to_dict(), self.model_config  # defaults filled in
-        differ = [f"{k}: checkpoint {theirs.get(k)!r}, this model {ours.get(k)!r}"
-                  for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
-        if differ:
-            raise UserValueError(f"the checkpoint's encoder is not this run's: {'; '.join(differ)}")

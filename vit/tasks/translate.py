@@ -12,17 +12,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import LightningModule
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
 
-from vit.checkpoint import META_KEY
 from vit.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer, tokenizer_from_dict
 from vit.errors import UserValueError
 from vit.nn.text import Seq2SeqTransformer
+from vit.tasks.base import BaseTask
 from vit.tasks.optim import adamw
 
 log = logging.getLogger(__name__)
@@ -41,7 +40,7 @@ def inverse_sqrt_schedule(warmup_steps: int):
     return factor
 
 
-class Translator(LightningModule):
+class Translator(BaseTask):
     """Sequence-to-sequence training: label-smoothed cross-entropy, AdamW, inverse-√ warm-up.
 
     Validation and test report teacher-forced loss and token accuracy, and, on decoded
@@ -62,6 +61,8 @@ class Translator(LightningModule):
         model_kwargs: the Seq2SeqTransformer's arguments (embed_dim, num_heads, ...), given flat.
     """
 
+    task = "translate"  # its checkpoint["vit"] holds only this: the tokenizers travel in the hyperparameters
+
     def __init__(
         self,
         tokenizers: dict[str, Any] | None = None,
@@ -78,7 +79,6 @@ class Translator(LightningModule):
         max_decode_length: int | None = None,
         **model_kwargs: Any,
     ) -> None:
-        super().__init__()
         if tokenizers is None or not {"source", "target"} <= set(tokenizers):
             raise UserValueError(
                 "Translator needs tokenizers={'source': ..., 'target': ...} built from the training "
@@ -90,15 +90,18 @@ class Translator(LightningModule):
             raise UserValueError(f"model.lr_schedule must be 'inverse_sqrt' or 'constant', got {lr_schedule!r}")
         if model_kwargs.get("share_embeddings") and tokenizers["source"] != tokenizers["target"]:
             raise UserValueError("model.share_embeddings needs one vocabulary: set data.share_vocab")
-        self.save_hyperparameters()
-        self.source_tokenizer: Tokenizer = tokenizer_from_dict(tokenizers["source"])
-        self.target_tokenizer: Tokenizer = tokenizer_from_dict(tokenizers["target"])
-        # Built here, from **model_kwargs, so `vit fit --help` lists the model's own arguments.
+        super().__init__()  # saves the arguments; configure_models (the tokenizers), configure_metrics
+        # Built here, not in configure_models, from **model_kwargs: jsonargparse finds the model's own arguments
+        # in this call, so `vit fit --help` lists them and a config may set them.
         self.model = Seq2SeqTransformer(
             src_vocab_size=self.source_tokenizer.vocab_size, tgt_vocab_size=self.target_tokenizer.vocab_size,
             pad_id=PAD_ID, **model_kwargs,
         )
-        self.configure_metrics()
+
+    def configure_models(self) -> None:
+        """The tokenizers (the Seq2SeqTransformer, sized by their vocabularies, follows in ``__init__``)."""
+        self.source_tokenizer: Tokenizer = tokenizer_from_dict(self.hparams.tokenizers["source"])
+        self.target_tokenizer: Tokenizer = tokenizer_from_dict(self.hparams.tokenizers["target"])
 
     def configure_metrics(self) -> None:
         """One MetricCollection per stage: teacher-forced token accuracy, decoded exact match and SacreBLEU."""
@@ -163,12 +166,7 @@ class Translator(LightningModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         logits = self(batch["src"], batch["tgt_in"], batch["src_padding_mask"])
         loss = self._loss(logits, batch["tgt_out"])
-        if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"loss is {loss.item()} at step {self.global_step} (lr {self.optimizers().param_groups[0]['lr']:.3g}, "
-                f"precision {self.trainer.precision}); lower the lr or clip gradients. "
-                "The last checkpoint holds the weights from before this step."
-            )
+        self.check_loss(loss)
         self.log("train_loss", loss, prog_bar=True, batch_size=batch["src"].shape[0])
         return loss
 
@@ -206,15 +204,6 @@ class Translator(LightningModule):
             return {"optimizer": optimizer}
         scheduler = LambdaLR(optimizer, inverse_sqrt_schedule(hp.warmup_steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        found = (checkpoint.get(META_KEY) or {}).get("task")
-        if found != "translate":
-            raise UserValueError(f"this checkpoint holds {f'a {found!r} task' if found else 'no `vit fit` task'}, "
-                             "not a Translator")
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[META_KEY] = {"task": "translate"}  # the tokenizers travel in the hyperparameters
 
 
 __all__ = ["Translator", "inverse_sqrt_schedule"]
