@@ -108,13 +108,13 @@ class VisionTask(BaseTask):
                             "DataModule's on_after_batch_transfer; pass datamodule=... to Trainer.fit")
 
     # --- optimiser -------------------------------------------------------------------------------
-    def scaled_lr(self, base_lr: float, base_batch: int, name: str) -> float:
+    def scaled_lr(self, base_lr: float, base_batch: int, name: str, batch_name: str) -> float:
         """``base_lr`` x global batch (batch size x devices x nodes x gradient accumulation) / ``base_batch``,
-        said once, on rank 0; ``name`` is the argument ``base_lr`` came from."""
+        said once, on rank 0; ``name`` and ``batch_name`` say where the two numbers came from."""
         images, parts = global_batch(self.trainer)
         lr = base_lr * images / base_batch
-        rank_zero_info(f"effective lr {lr:.4g} = {name} {base_lr:g} x global batch {images} / {base_batch}, "
-                       f"the global batch being {parts}")
+        rank_zero_info(f"effective lr {lr:.4g} = {name} {base_lr:g} x global batch {images} / {batch_name} "
+                       f"{base_batch}, the global batch being {parts}")
         return lr
 
     def schedule_steps(self) -> tuple[int, int]:

@@ -350,7 +350,7 @@ class ImageClassifier(Prepared, VisionTask):
         """``lr``, scaled to the global batch when ``lr_base_batch`` is set; said once, on rank 0."""
         hp = self.hparams
         if hp.lr_base_batch is not None:
-            return self.scaled_lr(hp.lr, hp.lr_base_batch, "lr")
+            return self.scaled_lr(hp.lr, hp.lr_base_batch, "lr", "lr_base_batch")
         images, parts = global_batch(self.trainer)
         rank_zero_info(f"effective lr {hp.lr:.4g} (as given: no lr_base_batch to scale it by); global batch "
                        f"{images} = {parts}")

@@ -195,7 +195,7 @@ class MaskedAutoencoder(VisionTask):
     def peak_lr(self) -> float:
         """``lr``, or ``blr`` x global batch (batch size x devices x nodes x accumulation) / 256."""
         hp = self.hparams
-        return hp.lr if hp.lr is not None else self.scaled_lr(hp.blr, 256, "blr")
+        return hp.lr if hp.lr is not None else self.scaled_lr(hp.blr, 256, "blr", "MAE's base batch")
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
