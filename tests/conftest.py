@@ -55,6 +55,16 @@ def _seed_and_workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op thread for the test: on tiny tensors a second only adds synchronisation (10x slower on a
+    busy 2-core machine), and a loader worker runs with one. Modules use it with ``usefixtures``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def _logger_levels_restored() -> Iterator[None]:
     """Logger levels a test (or a script's main() it runs) sets do not leak into later tests: the scripts quiet

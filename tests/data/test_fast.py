@@ -32,14 +32,7 @@ def photos() -> list[Image.Image]:
     return [china, flower, china.resize((500, 375)), china.resize((240, 320)), flower.resize((300, 200))]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread, as in a loader worker: torch's threads on these small images only wait on a
-    busy machine (and took these tests from 1 s to 6 s)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ---- exact ops ------------------------------------------------------------------------------------

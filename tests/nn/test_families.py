@@ -34,12 +34,7 @@ FOLDER = tempfile.TemporaryDirectory()
 PREFIX = {"dinov2": 1, "dinov2_reg4": 5, "dinov3": 5, "clip": 1, "siglip": 0, "deit3": 1, "deit_distilled": 2}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def small(name: str) -> dict:

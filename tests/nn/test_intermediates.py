@@ -20,13 +20,7 @@ def flat(out) -> list[torch.Tensor]:
     return [out] if isinstance(out, torch.Tensor) else [t for part in out for t in flat(part)]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: a second thread only adds synchronisation (10x slower on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
