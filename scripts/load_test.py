@@ -240,7 +240,7 @@ def main() -> None:
     if args.batching:
         batched, single = start_server(args.ckpt, *args.server_options), start_server(
             args.ckpt, "--max_batch_size", "1", *args.server_options)
-        ratios = []
+        ratios, mean_batches = [], []
         try:
             asyncio.run(load(batched.url, images, 64, 16, 30))  # warm both up
             asyncio.run(load(single.url, images, 64, 16, 30))
@@ -248,12 +248,14 @@ def main() -> None:
                 a = asyncio.run(load(batched.url, images, args.requests, 16, args.time_cap))
                 b = asyncio.run(load(single.url, images, args.requests, 16, args.time_cap))
                 ratios.append(a.throughput / b.throughput)
+                mean_batches.append(a.mean_batch)
                 print(f"round {round_ + 1}: batched {a.throughput:.1f} req/s (mean batch {a.mean_batch:.2f}, "
                       f"{a.errors} errors), max_batch_size 1 {b.throughput:.1f} req/s ({b.errors} errors): "
                       f"{ratios[-1]:.2f}x")
         finally:
             batched.stop(), single.stop()
-        print(f"batching: median throughput ratio {statistics.median(ratios):.2f}x over 3 interleaved rounds")
+        print(f"batching: median throughput ratio {statistics.median(ratios):.2f}x, median mean batch "
+              f"{statistics.median(mean_batches):.2f}, over 3 interleaved rounds")
         return
 
     server = start_server(args.ckpt, *(["--max_queue", "32"] if args.backpressure else []), *args.server_options)
@@ -264,9 +266,9 @@ def main() -> None:
             forward = in_process_forward_ms(args.ckpt, images[0][1], threads)
             asyncio.run(load(server.url, images, 50, 1, 30))  # warm-up
             run = asyncio.run(load(server.url, images, args.requests, 1, args.time_cap))
+            wait = httpx.get(server.url + "/info").json()["limits"]["batch_timeout_ms"]  # the server's own
             print(f"latency: c=1 p50 {run.percentile(50):.1f} ms; in-process batch-1 forward ({threads} threads) "
-                  f"{forward:.2f} ms + "
-                  f"batch timeout 5 ms + 20 ms = {forward + 25:.1f} ms")
+                  f"{forward:.2f} ms + batch timeout {wait:g} ms + 20 ms = {forward + wait + 20:.1f} ms")
         elif args.backpressure:
             run = asyncio.run(load(server.url, images, 128, 128, args.time_cap))
             slowest = max(run.latencies)

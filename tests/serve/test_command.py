@@ -24,7 +24,7 @@ from vit.inference import load_model
 
 def test_defaults_are_the_documented_ones():
     args = parse_args(["--ckpt", "m.ckpt"])
-    assert (args.host, args.port, args.max_batch_size, args.batch_timeout_ms) == ("127.0.0.1", 8000, 8, 5.0)
+    assert (args.host, args.port, args.max_batch_size, args.batch_timeout_ms) == ("127.0.0.1", 8000, 8, 10.0)
     assert (args.max_queue, args.timeout_s, args.max_body_mb, args.max_pixels) == (64, 30.0, 10.0, 40e6)
     assert args.cors_origin is None and args.api_key_env is None and args.top_k == 5
     assert args.threads == max(1, len(os.sched_getaffinity(0)) // 2)  # half the cores: the rest parse and decode

@@ -55,7 +55,7 @@ class Limits:
     """What the service accepts and how much it holds (the `vit serve` options of the same names)."""
 
     max_batch_size: int = 8
-    batch_timeout_ms: float = 5.0
+    batch_timeout_ms: float = 10.0
     max_queue: int = 64  # requests admitted and not yet answered: decoding, waiting, or in a batch
     timeout_s: float = 30.0  # from admission to answer; then 504
     max_body_mb: float = 10.0
