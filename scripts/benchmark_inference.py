@@ -30,8 +30,9 @@ from torch import Tensor
 import vit
 from vit.checkpoint import Classifier, load_classifier
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from vit.export import INPUT_NAME, onnx_bytes, quantize_int8
+from vit.export import INPUT_NAME, onnx_bytes
 from vit.inference import autocast, cpu_has_native_bf16
+from vit.quantize import quantize_dynamic_int8 as quantize_int8
 
 Runner = Callable[[Tensor], Tensor]
 
