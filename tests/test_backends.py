@@ -227,3 +227,22 @@ def test_predict_and_export_take_the_new_options(trained, digit_pngs, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"--calibration .*nowhere: expected a folder"):
         run(["export", "--ckpt", str(trained["ckpt"]), "--format", "onnx", "--out", str(tmp_path), "--int8",
               "static", "--calibration", str(tmp_path / "nowhere")])
+
+
+def test_calibration_from_a_folder_is_a_random_draw_through_the_eval_transform(trained, digit_pngs, tmp_path):
+    from PIL import Image
+
+    from vit.quantize import calibration_images
+
+    files = digit_pngs[0][:30]
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    for f in files:
+        (tmp_path / "train" / "a" / f.name).symlink_to(f)
+    (tmp_path / "unrelated.png").symlink_to(digit_pngs[0][-1])  # outside train/: not drawn
+    transform = load_classifier(trained["ckpt"]).eval_transform()
+    drawn = calibration_images(tmp_path, transform, "L", count=12)
+    assert drawn.shape == (12, 1, 16, 16)
+    every = torch.stack([transform(Image.open(f).convert("L")) for f in files])
+    matches = [(every == image).flatten(1).all(1).nonzero().flatten().tolist() for image in drawn]
+    assert all(len(m) >= 1 for m in matches) and len({m[0] for m in matches}) == 12  # 12 different files
+    torch.testing.assert_close(calibration_images(tmp_path, transform, "L", count=12), drawn)  # seeded
