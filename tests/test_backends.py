@@ -246,3 +246,12 @@ def test_calibration_from_a_folder_is_a_random_draw_through_the_eval_transform(t
     matches = [(every == image).flatten(1).all(1).nonzero().flatten().tolist() for image in drawn]
     assert all(len(m) >= 1 for m in matches) and len({m[0] for m in matches}) == 12  # 12 different files
     torch.testing.assert_close(calibration_images(tmp_path, transform, "L", count=12), drawn)  # seeded
+
+
+def test_serve_takes_the_same_backends():
+    from vit.commands import serve
+
+    assert serve.parse_args(["--ckpt", "model.int8.onnx", "--backend", "openvino-int8"]).backend == "openvino-int8"
+    assert serve.parse_args(["--ckpt", "last.ckpt"]).backend is None  # torch for a checkpoint, as before
+    with pytest.raises(SystemExit):
+        serve.parse_args(["--ckpt", "last.ckpt", "--backend", "tensorrt"])
