@@ -1,13 +1,13 @@
 """Which engine runs a classifier (`vit predict --backend`, `vit serve --backend`), and whether this CPU can.
 
-    backend          reads                          runs
-    torch            checkpoint                     PyTorch eager, fp32 (``--precision bf16``: autocast, deprecated)
-    torch-bf16       checkpoint                     PyTorch with the weights cast to bf16 (AMX / AVX512-BF16 only)
-    torch-compile    checkpoint                     torch.compile, Inductor with frozen weights and max-autotune
-    onnx             checkpoint (exported in memory) or model.onnx        onnxruntime, attention fused
-    onnx-int8        model.int8.onnx (`vit export --int8 static|dynamic`)   onnxruntime
-    openvino         checkpoint or model.onnx        OpenVINO, fp32 kept (its bf16 default is turned off)
-    openvino-int8    model.int8.onnx (static: QDQ)   OpenVINO, int8
+    backend        reads                                runs
+    torch          checkpoint                           PyTorch eager, fp32 (``--precision bf16``: autocast)
+    torch-bf16     checkpoint                           PyTorch, the weights cast to bf16 (AMX / AVX512-BF16 only)
+    torch-compile  checkpoint                           torch.compile: Inductor, frozen weights, max-autotune
+    onnx           checkpoint (exported here) or .onnx  onnxruntime, attention fused (`vit.fusion`)
+    onnx-int8      model.int8.onnx (static or dynamic)  onnxruntime
+    openvino       checkpoint or .onnx                  OpenVINO, fp32 kept (its bf16 default turned off)
+    openvino-int8  model.int8.onnx (static: QDQ)        OpenVINO, int8
 
 The exact backends (torch, torch-compile, onnx, openvino) give eager fp32's logits within 1e-4. Every model
 returned has ``class_names``, ``img_size``, ``in_chans``, ``device``, ``eval_transform()``, ``backend`` and maps
