@@ -91,7 +91,8 @@ def build_runners(classifier: Classifier, calibration: Tensor, threads: int, nam
     if "torch-bf16" in names:
         runners["torch-bf16"] = Bf16Classifier(copy.deepcopy(classifier))
     if "torch-compile" in names:
-        runners["torch-compile"] = CompiledClassifier(copy.deepcopy(classifier))
+        # no padding: batch 1 gets its own graph here, as a service answering one image at a time would
+        runners["torch-compile"] = CompiledClassifier(copy.deepcopy(classifier), pad=False)
     if any(n.startswith(("onnx", "openvino")) for n in names):
         fp32 = onnx_bytes(classifier)
         static = quantize_static_int8(fp32, calibration, reduce_range=reduce_range_for())

@@ -94,6 +94,8 @@ def test_compiled_backend_gives_eager_logits():
     x = torch.randn(4, 1, 16, 16)
     compiled = backends.CompiledClassifier(classifier, mode="default")
     torch.testing.assert_close(compiled(x), classifier(x), atol=1e-4, rtol=0)
+    torch.testing.assert_close(compiled(x[:3]), classifier(x[:3]), atol=1e-4, rtol=0)  # a last, smaller batch
+    assert compiled.sizes == {4}  # padded to the compiled size: no second compile
     assert compiled.class_names == ["a", "b", "c"] and compiled.backend == "torch-compile"
 
 

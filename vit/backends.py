@@ -107,18 +107,23 @@ def compile_frozen(module: torch.nn.Module, mode: str = "max-autotune-no-cudagra
     the CPU's GEMM kernels (1.75x eager fp32 on ViT-S/16 with AMX; without freezing 1.09x on an AVX2 machine)."""
     from torch._inductor import list_mode_options  # torch.compile takes a mode or options, not both (torch 2.14)
 
-    return torch.compile(module, options={**list_mode_options(mode), "freezing": True})
+    # dynamic=False: a graph per batch size. With automatic dynamic shapes the second size seen recompiles for a
+    # symbolic batch, whose GEMMs max-autotune cannot specialise (ViT-S/16 fell from ~1.7x to 1.1x eager).
+    return torch.compile(module, dynamic=False, options={**list_mode_options(mode), "freezing": True})
 
 
 class CompiledClassifier(torch.nn.Module):
-    """A checkpoint's classifier compiled by `compile_frozen`; the first batch of each shape pays the compile."""
+    """A checkpoint's classifier compiled by `compile_frozen`. Each batch size pays a compile (about a minute for
+    ViT-S/16), so a smaller batch is padded to the smallest larger size compiled already: `vit predict`'s last,
+    partial batch reuses the first batch's graph."""
 
     backend = "torch-compile"
 
-    def __init__(self, classifier: Classifier, mode: str = "max-autotune-no-cudagraphs") -> None:
+    def __init__(self, classifier: Classifier, mode: str = "max-autotune-no-cudagraphs", pad: bool = True) -> None:
         super().__init__()
-        self.classifier = classifier.eval()
+        self.classifier, self.pad = classifier.eval(), pad
         self.compiled = compile_frozen(self.classifier.model, mode)
+        self.sizes: set[int] = set()  # batch sizes compiled so far
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -128,7 +133,12 @@ class CompiledClassifier(torch.nn.Module):
 
     @torch.no_grad()  # freezing applies to inference graphs only
     def forward(self, images: Tensor) -> Tensor:
-        return self.compiled(images)
+        n = len(images)
+        size = min((s for s in self.sizes if s >= n), default=n) if self.pad else n
+        self.sizes.add(size)
+        if size > n:  # (B, C, H, W) padded with zeros to a compiled size; their logits dropped
+            images = torch.cat([images, images.new_zeros(size - n, *images.shape[1:])])
+        return self.compiled(images)[:n]
 
 
 class OpenVinoClassifier(Prepared):
