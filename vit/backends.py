@@ -103,12 +103,13 @@ class Bf16Classifier(torch.nn.Module):
 
 
 def compile_frozen(module: torch.nn.Module, mode: str = "max-autotune-no-cudagraphs") -> Callable[[Tensor], Tensor]:
-    """torch.compile with Inductor's freezing: the weights become constants, so max-autotune prepacks them for
-    the CPU's GEMM kernels (1.75x eager fp32 on ViT-S/16 with AMX; without freezing 1.09x on an AVX2 machine)."""
+    """torch.compile with Inductor's freezing: the weights become constants, so max-autotune can prepack them for
+    the CPU's GEMM kernels. ViT-S/16 on the AMX machine, 2 threads: 1.75x eager fp32 in one session's
+    measurement, 1.0-1.1x in this module's benchmark runs (docs/inference.md): measure before choosing it."""
     from torch._inductor import list_mode_options  # torch.compile takes a mode or options, not both (torch 2.14)
 
-    # dynamic=False: a graph per batch size. With automatic dynamic shapes the second size seen recompiles for a
-    # symbolic batch, whose GEMMs max-autotune cannot specialise (ViT-S/16 fell from ~1.7x to 1.1x eager).
+    # dynamic=False: a graph per batch size, each with its own GEMM choices (automatic dynamic shapes would
+    # recompile the second size seen for a symbolic batch instead).
     return torch.compile(module, dynamic=False, options={**list_mode_options(mode), "freezing": True})
 
 
