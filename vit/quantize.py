@@ -4,9 +4,9 @@
   get QuantizeLinear/DequantizeLinear pairs on their input (uint8, asymmetric, range from MinMax
   calibration on a few hundred training images through the eval transform) and on their weight (int8,
   symmetric, per output channel). onnxruntime and OpenVINO run those MatMuls in int8.
-  What stays fp32, chosen by measurement on the digits checkpoint (`scripts/benchmark_inference.py
-  --int8_ablation`): the patch embedding (Conv), the head (Gemm), both attention products (MatMuls of two
-  activations) and Softmax, LayerNorm and GELU.
+  What stays fp32: the patch embedding (Conv), the head (Gemm), both attention products (MatMuls of two
+  activations) and Softmax, LayerNorm and GELU;
+  `scripts/benchmark_inference.py --int8_ablation` measures what quantising each of them costs and gains.
   ``reduce_range`` (7-bit weights) where the CPU lacks VNNI: see `vit.cpu.reduce_range_for`.
 * **dynamic** (`quantize_dynamic_int8`): the same Linear layers, weights int8 per channel, activations
   quantised per batch at run time: no calibration, slower (onnxruntime only, MatMulInteger).
