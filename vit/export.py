@@ -7,7 +7,8 @@ an image (size, channels, mean/std, crop_pct, interpolation).
 * ONNX (`export_onnx`): torch's ``torch.export``-based exporter (``dynamo=True``; it needs onnxscript),
   opset 18, a dynamic batch axis; the preparation goes into the model's ``metadata_props`` as JSON
   strings. Each file is run by onnxruntime against PyTorch on a sample batch before it is written.
-  ``quantize="int8"`` adds a copy whose Linear layers (MatMul with a weight) are quantised dynamically.
+  ``quantize="static"`` adds a calibrated QDQ int8 copy, ``"dynamic"`` a dynamically quantised one
+  (`vit.quantize`).
 * safetensors (`export_safetensors`): ``model.safetensors`` + ``config.json`` in timm's Hugging Face
   hub layout (architecture, num_classes, label_names, model_args, pretrained_cfg), loadable with
   ``timm.create_model("local-dir:DIR", pretrained=True)``.
@@ -18,10 +19,8 @@ Every file is written atomically (`vit.files.save_atomic`); nothing is written w
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,44 +118,14 @@ def set_metadata(proto: Any, values: dict[str, Any]) -> None:
         entry.key, entry.value = key, json.dumps(value)
 
 
-def quantize_int8(model: bytes) -> bytes:
-    """Dynamic int8 quantisation of the Linear layers (MatMul nodes with a weight initializer) by onnxruntime.
-
-    Weights become int8 per output channel; activations are quantised per batch at run time. The
-    attention products (both operands activations) and the head (Gemm) stay fp32. The metadata is kept.
-    """
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    proto = onnx.load_from_string(model)
-    weights = {init.name for init in proto.graph.initializer}
-    linear = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
-
-    def drop_hint(record: logging.LogRecord) -> bool:
-        # The quantizer logs (on the root logger) a hint to run shape-inference pre-processing first: that
-        # serves static quantisation, not dynamic quantisation of named nodes; export_onnx checks the result.
-        return "pre-processing before quantization" not in record.getMessage()
-
-    logging.getLogger().addFilter(drop_hint)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            source, target = Path(tmp, "fp32.onnx"), Path(tmp, "int8.onnx")
-            source.write_bytes(model)
-            quantize_dynamic(source, target, op_types_to_quantize=["MatMul"], nodes_to_quantize=linear,
-                             per_channel=True, weight_type=QuantType.QInt8)
-            quantized = onnx.load(target)
-    finally:
-        logging.getLogger().removeFilter(drop_hint)
-    set_metadata(quantized, {p.key: json.loads(p.value) for p in proto.metadata_props})
-    return quantized.SerializeToString()
-
-
-def check_onnx(model: bytes, classifier: Classifier, path: Path, batch_size: int = 8) -> OnnxCheck:
-    """Run ``model`` with onnxruntime and PyTorch on the same sample batch (not the traced batch size)."""
+def check_onnx(model: bytes, classifier: Classifier, path: Path, batch_size: int = 8,
+               images: torch.Tensor | None = None) -> OnnxCheck:
+    """Run ``model`` with onnxruntime and PyTorch on the same batch: ``images``, or a random sample batch
+    (not the traced batch size)."""
     import onnxruntime
 
     session = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
-    x = sample_batch(classifier, batch_size, seed=1)
+    x = sample_batch(classifier, batch_size, seed=1) if images is None else images.float()
     with torch.no_grad():
         expected = classifier(x).float()
     got = torch.from_numpy(session.run(None, {INPUT_NAME: x.numpy()})[0])
@@ -164,20 +133,37 @@ def check_onnx(model: bytes, classifier: Classifier, path: Path, batch_size: int
         raise ValueError(f"{path}: onnxruntime returned logits of shape {tuple(got.shape)}, "
                          f"PyTorch {tuple(expected.shape)}")
     same = (got.argmax(-1) == expected.argmax(-1)).float().mean().item()
-    return OnnxCheck(path, (got - expected).abs().max().item(), same, batch_size)
+    return OnnxCheck(path, (got - expected).abs().max().item(), same, len(x))
+
+
+def exact_onnx(classifier: Classifier, opset: int = OPSET) -> bytes:
+    """The classifier as fp32 ONNX bytes, checked by onnxruntime against PyTorch to `ONNX_TOLERANCE`."""
+    classifier = classifier.cpu().eval()
+    fp32 = onnx_bytes(classifier, opset)
+    check = check_onnx(fp32, classifier, Path("model.onnx"))
+    if not check.max_abs_diff <= ONNX_TOLERANCE:
+        raise ValueError(f"{check}: above the tolerance {ONNX_TOLERANCE}")
+    return fp32
 
 
 def export_onnx(
     classifier: Classifier, out_dir: str | os.PathLike, *, quantize: str | None = None, opset: int = OPSET,
-    name: str = "model",
+    name: str = "model", calibration: torch.Tensor | None = None, reduce_range: bool | None = None,
 ) -> list[OnnxCheck]:
-    """Write ``out_dir/model.onnx`` (and ``model.int8.onnx`` with ``quantize="int8"``), each checked first.
+    """Write ``out_dir/model.onnx`` (and ``model.int8.onnx`` with ``quantize``), each checked first.
 
-    Raises ``ValueError`` without writing anything if the fp32 export differs from PyTorch by more than
-    `ONNX_TOLERANCE`. The int8 file is checked and reported, not held to that tolerance.
+    ``quantize``: "static" (calibrated on ``calibration``, images (N, C, H, W) through the eval transform;
+    ``reduce_range`` None: chosen by this CPU, `vit.cpu.reduce_range_for`), "dynamic", or "int8" (the old
+    name of "dynamic"). Raises ``ValueError`` without writing anything if the fp32 export differs from
+    PyTorch by more than `ONNX_TOLERANCE`. The int8 file is checked and reported, not held to that tolerance;
+    a static one also on the calibration images (`OnnxCheck` of those).
     """
-    if quantize not in (None, "int8"):
-        raise UserValueError(f"quantize must be None or 'int8', got {quantize!r}")
+    from vit.quantize import quantize_dynamic_int8, quantize_static_int8
+
+    if quantize not in (None, "int8", "dynamic", "static"):
+        raise UserValueError(f"quantize must be None, 'static' or 'dynamic', got {quantize!r}")
+    if quantize == "static" and calibration is None:
+        raise UserValueError("static int8 needs calibration images (--calibration FOLDER or CONFIG)")
     classifier = classifier.cpu().eval()
     out_dir = Path(out_dir)
     fp32 = onnx_bytes(classifier, opset)
@@ -186,10 +172,16 @@ def export_onnx(
     if not check.max_abs_diff <= ONNX_TOLERANCE:
         raise ValueError(f"{check}: above the tolerance {ONNX_TOLERANCE}; nothing written")
     files = [(path, fp32, check)]
-    if quantize == "int8":
-        int8 = quantize_int8(fp32)
-        int8_path = out_dir / f"{name}.int8.onnx"
+    int8_path = out_dir / f"{name}.int8.onnx"
+    if quantize in ("int8", "dynamic"):
+        int8 = quantize_dynamic_int8(fp32)
         files.append((int8_path, int8, check_onnx(int8, classifier, int8_path)))
+    elif quantize == "static":
+        from vit.cpu import reduce_range_for
+
+        reduce_range = reduce_range_for() if reduce_range is None else reduce_range
+        int8 = quantize_static_int8(fp32, calibration, reduce_range=reduce_range)
+        files.append((int8_path, int8, check_onnx(int8, classifier, int8_path, images=calibration)))
     for target, data, _ in files:
         save_atomic(lambda f, data=data: f.write(data), target)
     return [c for _, _, c in files]

@@ -16,13 +16,14 @@ import json
 import os
 import warnings
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from vit.checkpoint import Classifier, load_classifier
+from vit.cpu import has_native_bf16
 from vit.errors import MissingPackageError, UserPathError, UserValueError
 from vit.preprocessing import Prepared, Preprocessing
 
@@ -35,12 +36,17 @@ class OnnxClassifier(Prepared):
 
     device = torch.device("cpu")
 
-    def __init__(self, path: str | os.PathLike, threads: int | None = None) -> None:
-        from vit.export import METADATA_KEYS
-
-        path = Path(path)
-        if not path.is_file():
-            raise UserPathError(f"ONNX model not found: {path}")
+    def __init__(self, model: str | os.PathLike | bytes, threads: int | None = None, *, name: str | None = None,
+                 fuse: bool = True) -> None:
+        """``model``: a ``.onnx`` file or its bytes (``name`` then names it in messages); ``fuse``: let onnxruntime
+        run our attention as its fused MultiHeadAttention kernel (`vit.fusion`)."""
+        if isinstance(model, bytes):
+            path, data = Path(name or "model.onnx"), model
+        else:
+            path = Path(model)
+            if not path.is_file():
+                raise UserPathError(f"ONNX model not found: {path}")
+            data = None
         try:
             import onnxruntime
         except ImportError as e:
@@ -48,19 +54,21 @@ class OnnxClassifier(Prepared):
         options = onnxruntime.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
+        proto = _load_proto(data if data is not None else path)
+        self.int8 = proto is not None and is_int8(proto)
+        self.backend = "onnx-int8" if self.int8 else "onnx"
+        self.fused: dict[str, int] = {}  # fusion name -> count (`vit.fusion.fuse_attention`)
+        if fuse and proto is not None:
+            from vit.fusion import fuse_attention, fusion_available
+
+            if fusion_available():
+                data, self.fused = fuse_attention(proto)
         try:
-            self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            self.session = onnxruntime.InferenceSession(data if data is not None else str(path), options,
+                                                        providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types for unreadable files
             raise UserValueError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from e
-        meta = self.session.get_modelmeta().custom_metadata_map
-        missing = [k for k in METADATA_KEYS if k not in meta]
-        if missing:
-            raise UserValueError(f"{path}: the ONNX metadata lacks {', '.join(missing)}; "
-                             "export the model with `vit export --format onnx`")
-        try:
-            values = {k: json.loads(meta[k]) for k in METADATA_KEYS}
-        except json.JSONDecodeError as e:
-            raise UserValueError(f"{path}: ONNX metadata that is not JSON ({e})") from e
+        values = onnx_metadata(self.session.get_modelmeta().custom_metadata_map, path)
         self.path, self.model_name = path, values["model_name"]
         self.class_names: list[str] = list(values["class_names"])
         self.img_size: tuple[int, int] = tuple(values["img_size"])
@@ -74,6 +82,35 @@ class OnnxClassifier(Prepared):
     def __call__(self, images: Tensor) -> Tensor:
         """Logits (B, num_classes) of images (B, C, H, W)."""
         return torch.from_numpy(self.session.run(None, {self.input_name: images.float().cpu().numpy()})[0])
+
+
+def _load_proto(model: Path | bytes) -> Any:
+    """An ONNX ModelProto from a file or bytes, or None when it is not one (onnxruntime then names the problem)."""
+    try:
+        import onnx
+
+        return onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model)
+    except Exception:  # (onnx raises DecodeError and others for a file that is not a model)
+        return None
+
+
+def is_int8(proto: Any) -> bool:
+    """Whether an ONNX ModelProto is quantised: QDQ nodes (static) or onnxruntime's integer MatMuls (dynamic)."""
+    return any(n.op_type in ("QuantizeLinear", "MatMulInteger", "DynamicQuantizeLinear") for n in proto.graph.node)
+
+
+def onnx_metadata(meta: dict[str, str], path: str | os.PathLike) -> dict:
+    """What `vit export` wrote into an ONNX model's metadata (`vit.export.METADATA_KEYS`), read back from JSON."""
+    from vit.export import METADATA_KEYS
+
+    missing = [k for k in METADATA_KEYS if k not in meta]
+    if missing:
+        raise UserValueError(f"{path}: the ONNX metadata lacks {', '.join(missing)}; "
+                             "export the model with `vit export --format onnx`")
+    try:
+        return {k: json.loads(meta[k]) for k in METADATA_KEYS}
+    except json.JSONDecodeError as e:
+        raise UserValueError(f"{path}: ONNX metadata that is not JSON ({e})") from e
 
 
 def load_model(
@@ -93,18 +130,12 @@ def load_model(
     return classifier
 
 
-@cache
 def cpu_has_native_bf16() -> bool | None:
     """Whether the CPU computes bf16 in hardware (AVX512-BF16, AMX, Arm BF16); None if unknown (no /proc/cpuinfo).
 
     Without it, torch emulates bf16 matmuls and autocast runs several times slower than fp32.
     """
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    flags = {flag for line in text.splitlines() if line.startswith(("flags", "Features")) for flag in line.split()}
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    return has_native_bf16()
 
 
 def autocast(precision: str, device: torch.device | str = "cpu") -> contextlib.AbstractContextManager:

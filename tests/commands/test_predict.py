@@ -150,7 +150,8 @@ def test_predict_bf16_runs_autocast_and_warns_where_the_cpu_emulates_it(exported
         assert by_name(a) == pytest.approx(by_name(b), abs=0.01)
     monkeypatch.setattr(vit.inference, "cpu_has_native_bf16", lambda: True)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error")  # no emulation warning (the deprecation is tests/test_backends.py's)
+        warnings.filterwarnings("ignore", "--precision bf16 is deprecated", FutureWarning)
         main([*args, "--precision", "bf16"])
     with pytest.raises(ValueError, match=r"model.onnx: precision 'bf16' is for checkpoints"):
         run(["predict", "--ckpt", str(exported.onnx), str(folder), "--precision", "bf16"])

@@ -1,7 +1,8 @@
 """`vit predict --ckpt model.ckpt|model.onnx IMAGE_OR_FOLDER... [--out preds.csv|preds.json] [--top_k 5]`.
 
-Classifies image files with a checkpoint from `vit fit`, or its ONNX export from `vit export` (run by
-onnxruntime); the file alone says how to prepare the images (size, channels, mean/std, crop) and what
+Classifies image files with a checkpoint from `vit fit`, or its ONNX export from `vit export`, on the
+engine ``--backend`` names (`vit.backends`: torch, torch-bf16, torch-compile, onnx, onnx-int8, openvino,
+openvino-int8); the file alone says how to prepare the images (size, channels, mean/std, crop) and what
 the classes are called. Folders are searched recursively for image files. Writes one record per file:
 
     {"path": "photos/cat.jpg", "top_k": [{"class": 3, "name": "cat", "probability": 0.91}, ...], "error": null}
@@ -16,12 +17,14 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
 
+from vit.backends import BACKENDS, load_backend
 from vit.checkpoint import Classifier
 from vit.data.io import find_images
 from vit.errors import UserValueError
@@ -33,7 +36,7 @@ from vit.image_files import (
     describe_run,
     failures,
 )
-from vit.inference import PRECISIONS, OnnxClassifier, autocast, load_model, ranked, record
+from vit.inference import PRECISIONS, OnnxClassifier, autocast, ranked, record
 from vit.progress import progress
 
 
@@ -50,7 +53,10 @@ def predict_files(
     """
     if precision != "fp32" and isinstance(classifier, OnnxClassifier):
         raise UserValueError(f"{classifier.path}: precision {precision!r} is for checkpoints (torch autocast); "
-                         "an ONNX export runs as exported (fp32, or int8 with `vit export --quantize int8`)")
+                             "an ONNX export runs as exported (fp32, or int8 with `vit export --int8 static`)")
+    if precision != "fp32" and not isinstance(classifier, Classifier):
+        raise UserValueError(f"--precision {precision} applies to --backend torch; --backend "
+                             f"{classifier.backend} runs in its own precision")
     top_k = min(top_k, len(classifier.class_names))
     mode = "L" if classifier.in_chans == 1 else "RGB"
     dataset = ImagePaths(files, classifier.eval_transform(crop_pct), mode)
@@ -107,22 +113,36 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--crop_pct", type=float, default=None,
                         help="centre-crop fraction (default: the one the checkpoint was evaluated with)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
+    add_backend_argument(parser)
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                        help="bf16: torch autocast (fast only where the CPU/GPU has bf16 units; default: fp32)")
+                        help="deprecated: bf16 runs torch autocast; --backend torch-bf16 is faster (default: fp32)")
     parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the checkpoint's model (pays a compile on the first batch)")
+                        help="torch.compile the checkpoint's model (pays a compile on the first batch); "
+                        "--backend torch-compile also freezes the weights, faster on a CPU")
     parser.add_argument("--strict", action="store_true",
                         help="stop at the first file that cannot be read, writing nothing")
     args = parser.parse_args(list(argv))
     if args.top_k < 1:
         parser.error(f"--top_k must be at least 1, got {args.top_k}")
+    if args.precision != "fp32":
+        warnings.warn("--precision bf16 is deprecated: --backend torch-bf16 casts the weights to bf16, faster than "
+                      "autocast on CPUs with bf16 units", FutureWarning, stacklevel=2)
     return args
+
+
+def add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    """``--backend`` as `vit predict` and `vit serve` take it."""
+    parser.add_argument("--backend", default=None, choices=BACKENDS,
+                        help="what runs the model: torch (eager fp32), torch-bf16 (AMX/AVX512-BF16 CPUs), "
+                        "torch-compile, onnx (onnxruntime), onnx-int8 and openvino-int8 (a model.int8.onnx from "
+                        "`vit export --int8 static`), openvino; scripts/benchmark_inference.py times them on "
+                        "this machine (default: torch for a checkpoint, onnx or onnx-int8 for a .onnx file)")
 
 
 def main(argv: Sequence[str]) -> list[dict]:
     """Run `vit predict --ckpt ...` with the given arguments (without the command name); returns the records."""
     args = parse_args(argv)
-    classifier = load_model(args.ckpt, args.device, compile=args.compile)
+    classifier = load_backend(args.ckpt, args.backend, args.device, compile=args.compile)
     found = find_images(args.inputs)
     for line in found.describe_skipped():
         print(line)

@@ -58,6 +58,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="largest width x height, read from the header before decoding (default: 40e6)")
     parser.add_argument("--top_k", type=int, default=5, help="classes per answer unless asked (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (checkpoints; default: %(default)s)")
+    from vit.commands.predict import add_backend_argument  # the same engines as `vit predict --backend`
+
+    add_backend_argument(parser)
     parser.add_argument("--threads", type=int, default=default_threads(),
                         help="CPU threads for the model (torch or onnxruntime; default: half the cores, at least 1, "
                         f"here {default_threads()}: the rest parse HTTP and decode images)")
@@ -119,7 +122,7 @@ def main(argv: Sequence[str]) -> None:
         raise MissingPackageError(f"vit serve needs {e.name}: pip install 'vit[serve]'") from e
     import torch
 
-    from vit.inference import load_model
+    from vit.backends import load_backend
     from vit.serve.core import Limits, Predictor, Service
 
     torch.set_num_threads(args.threads)  # before any thread starts: the model and decoding threads inherit it
@@ -128,7 +131,7 @@ def main(argv: Sequence[str]) -> None:
     limits = Limits(max_batch_size=args.max_batch_size, batch_timeout_ms=args.batch_timeout_ms,
                     max_queue=args.max_queue, timeout_s=args.timeout_s, max_body_mb=args.max_body_mb,
                     max_pixels=int(args.max_pixels), top_k=args.top_k)
-    service = Service(Predictor(load_model(args.ckpt, args.device, threads=args.threads)), limits)
+    service = Service(Predictor(load_backend(args.ckpt, args.backend, args.device, threads=args.threads)), limits)
     app = create_app(service, api_key=api_key, cors_origins=args.cors_origin,
                      model_path=str(args.ckpt))
     sock = bind(args.host, args.port)
