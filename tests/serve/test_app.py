@@ -304,6 +304,26 @@ def test_attention_overlay_for_a_checkpoint_and_422_for_onnx(predictor, onnx_pre
     run(go())
 
 
+def test_a_backend_engine_names_itself_and_refuses_attention_maps(checkpoint, digit_bytes):
+    """`vit serve --backend torch-bf16` (or compile, openvino): /info names the engine, and ?attention=1 is a 422
+    that says why (rollout reads the eager fp32 model), not an error from inside a bf16 model."""
+    from vit.backends import Bf16Classifier
+    from vit.inference import load_model
+    from vit.serve.core import Predictor
+
+    data = digit_bytes[0][1]
+
+    async def go():
+        async with client_of(make_app(Predictor(Bf16Classifier(load_model(checkpoint))))) as client:
+            info = (await client.get("/info")).json()
+            refused = await client.post("/predict", **multipart(data), params={"attention": "1"})
+            plain = await client.post("/predict", **multipart(data))
+        assert info["backend"] == "torch-bf16 (cpu)" and info["attention"] is False
+        assert refused.status_code == 422 and "--backend torch" in refused.json()["detail"]
+        assert "torch-bf16" in refused.json()["detail"] and plain.status_code == 200
+    run(go())
+
+
 def test_info_metrics_and_page(predictor):
     async def go():
         async with client_of(make_app(predictor, max_batch_size=4)) as client:

@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -128,16 +129,20 @@ class Answer:
 class Predictor:
     """A loaded model and what it takes to prepare its input; `run` is called on the model thread only."""
 
-    def __init__(self, classifier: Classifier | OnnxClassifier) -> None:
+    def __init__(self, classifier: Classifier | OnnxClassifier | Any) -> None:  # Any: a `vit.backends` engine
         self.classifier = classifier
         self.mode = "L" if classifier.in_chans == 1 else "RGB"  # as `vit predict` decodes
         self.transform = classifier.eval_transform()
-        self.attention = isinstance(classifier, Classifier)  # rollout needs the torch model's attention
+        # Rollout reads the eager fp32 model's attention: not an ONNX file's, nor a bf16, compiled or OpenVINO one's.
+        self.attention = isinstance(classifier, Classifier)
 
     @property
     def backend(self) -> str:
-        """"onnxruntime", or "torch (DEVICE)"."""
-        return "onnxruntime" if isinstance(self.classifier, OnnxClassifier) else f"torch ({self.classifier.device})"
+        """"onnxruntime", "torch (DEVICE)", or the `--backend` engine's name ("torch-bf16 (cpu)", "openvino")."""
+        if isinstance(self.classifier, OnnxClassifier):
+            return "onnxruntime"
+        name = getattr(self.classifier, "backend", "torch")
+        return f"{name} ({self.classifier.device})" if name.startswith("torch") else name
 
     def prepare(self, data: bytes, max_pixels: int) -> Tensor:
         """Check, decode and transform one upload: (C, H, W). Runs on a decoding thread."""
@@ -237,8 +242,8 @@ class Service:
             raise RequestError(503, "not_ready", "the model is still loading; retry shortly",
                                headers={"Retry-After": "1"})
         if attention and not self.predictor.attention:
-            raise RequestError(422, "attention_unavailable", "attention maps need a `vit fit` checkpoint; this "
-                               "server runs an ONNX export (serve the checkpoint to get them)")
+            raise RequestError(422, "attention_unavailable", "attention maps need a `vit fit` checkpoint served "
+                               f"with --backend torch; this server runs {self.predictor.backend}")
         arrived = time.perf_counter()
         with self._admission():
             try:
