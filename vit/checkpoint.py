@@ -99,6 +99,12 @@ def describe_checkpoints(folder: str | os.PathLike, exclude: str | os.PathLike |
     return lines
 
 
+def newest_checkpoint(folder: str | os.PathLike, which: str) -> Path | None:
+    """The newest best-*.ckpt (``which`` "best": the best of the latest run) or last*.ckpt in ``folder``, or None."""
+    found = [p for p in Path(folder).glob("best-*.ckpt" if which == "best" else "last*.ckpt") if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
 def damaged_message(path: str | os.PathLike, reason: str) -> str:
     """What to say about a damaged checkpoint: the file, why, and the checkpoints beside it."""
     others = describe_checkpoints(Path(path).parent, exclude=path)
