@@ -302,3 +302,37 @@ def test_predict_export_attention_and_probe_read_a_distilled_checkpoint(distille
     probed = load_classifier(result["checkpoint"])
     assert type(probed.model).__name__ == "DistilledVisionTransformer"
     assert result["logistic_val_acc"] > 0.1
+
+
+def test_a_convnet_teacher_trained_by_vit_is_read_back_with_its_own_normalisation(tmp_path):
+    from vit.tasks import ConvNetClassifier
+
+    convnet = ConvNetClassifier(model="resnet10t", model_kwargs={"channels": [8, 16, 32, 64], "stem_width": 8},
+                                num_classes=10, in_chans=1, img_size=8, class_names=DIGITS, mean=[0.2], std=[0.4])
+    t = trainer(tmp_path, max_steps=2)
+    t.fit(convnet, loader())
+    t.save_checkpoint(tmp_path / "convnet.ckpt")
+    assert type(load_classifier(tmp_path / "convnet.ckpt").model).__name__ == "ResNet"
+    model = student(teacher=str(tmp_path / "convnet.ckpt"), class_names=DIGITS, mean=[0.5], std=[0.25])
+    trainer(tmp_path, max_steps=1).fit(model, loader())
+    x = next(iter(loader()))[0]
+    with torch.no_grad():  # the student's images, normalised at 0.5/0.25, reach the teacher as 0.2/0.4 ones
+        expected = convnet.eval_model.eval()((x * 0.25 + 0.5 - 0.2) / 0.4)
+    torch.testing.assert_close(model.teacher(x), expected)
+    with pytest.raises(UserValueError, match="layer_decay must be None"):
+        ConvNetClassifier(layer_decay=0.75)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_the_teacher_runs_under_the_students_precision(tmp_path, teacher_ckpt, precision):
+    outputs, weights = [], []
+
+    class Spy(Callback):
+        def on_train_start(self, trainer, pl_module) -> None:
+            pl_module.teacher.register_forward_hook(lambda module, args, out: outputs.append(out.dtype))
+            weights.append(next(pl_module.teacher.network.parameters()).dtype)
+
+    model = student(teacher=str(teacher_ckpt), class_names=DIGITS)
+    trainer(tmp_path, max_steps=1, precision=precision, callbacks=[Spy()]).fit(model, loader())
+    assert outputs == [torch.bfloat16]  # autocast, or weights cast, as the student's
+    assert weights == [torch.bfloat16 if precision == "bf16-true" else torch.float32]

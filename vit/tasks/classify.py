@@ -156,7 +156,7 @@ class ImageClassifier(Prepared, VisionTask):
                                  "backbone starts training: use schedule: cosine")
         check_options(distillation, distill_alpha, distill_tau)
         super().__init__()  # saves the arguments; configure_models, configure_losses, configure_metrics
-        check_strategy(finetune, freeze_blocks, head_epochs, len(self.model.blocks))
+        check_strategy(finetune, freeze_blocks, head_epochs, len(getattr(self.model, "blocks", ())))
         self.configure_preprocessing(class_names, mean, std, crop_pct, interpolation)
 
     # --- set-up ----------------------------------------------------------------------------

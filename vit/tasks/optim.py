@@ -40,8 +40,8 @@ def param_groups(
     ``ndims``: each parameter's dimensions before FSDP wrapped the model (``use_orig_params`` leaves
     flat 1-D shards, which would all look like biases).
     """
-    depth = len(model.blocks)
-    skip = model.no_weight_decay()
+    depth = len(getattr(model, "blocks", ()))  # a convnet (`ConvNetClassifier`): one group, no layer decay
+    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
     groups: dict[tuple[int, bool], dict[str, Any]] = {}
     for name, p in model.named_parameters():
         name = original_name(name)
