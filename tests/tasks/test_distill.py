@@ -164,6 +164,10 @@ def test_the_teacher_is_frozen_unoptimised_and_not_saved(tmp_path, teacher_ckpt)
     assert all(k.startswith(("model.", "model_ema.")) for k in checkpoint["state_dict"])  # no teacher.*
     assert checkpoint["vit"]["teacher"] == str(teacher_ckpt)
     assert "teacher_ms" in t.callback_metrics  # its forward, timed
+    # a resumed run reads the student back and loads the teacher again, from its source
+    resumed = student(teacher=str(teacher_ckpt), class_names=DIGITS, ema_decay=0.9)
+    trainer(tmp_path, max_steps=3).fit(resumed, loader(), ckpt_path=tmp_path / "student.ckpt")
+    assert resumed.global_step == 3 and resumed.teacher is not None
     # the teacher follows the student's moves and casts (what Lightning does on every rank)
     model.double()
     assert next(teacher.parameters()).dtype == torch.float64 and not teacher.training
