@@ -155,7 +155,9 @@ def test_the_teacher_is_frozen_unoptimised_and_not_saved(tmp_path, teacher_ckpt)
     before = load_classifier(teacher_ckpt).model.state_dict()
     assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())  # unchanged
     assert watch.seen == [(False, False)] * 2  # eval mode and no gradient, at every step
-    optimised = {id(p) for group in t.optimizers[0].param_groups for p in group["params"]}
+    groups = {id(p): group["name"] for group in t.optimizers[0].param_groups for p in group["params"]}
+    assert groups[id(model.model.head_dist.weight)] == groups[id(model.model.head.weight)] == "head_decay"
+    optimised = set(groups)
     assert not optimised & {id(p) for p in teacher.parameters()}
     assert not any(id(p) in {id(q) for q in model.parameters()} for p in teacher.parameters())
     t.save_checkpoint(tmp_path / "student.ckpt")

@@ -47,7 +47,7 @@ def param_groups(
         name = original_name(name)
         no_decay = (p.ndim if ndims is None else ndims[name]) <= 1 or name in skip
         layer = layer_id(name, depth) if layer_decay is not None else depth + 1
-        head = name.startswith("head.")
+        head = name.startswith(("head.", "head_dist."))  # DeiT's second head is a head too
         scale = layer_decay ** (depth + 1 - layer) if layer_decay is not None else 1.0
         key = (depth + 2 if head else layer, no_decay)  # the head sorts last, after the final norm
         if key not in groups:
