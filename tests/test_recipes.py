@@ -62,11 +62,32 @@ def image_data(config: dict, root: Path) -> list[str]:
         write_class_folders(root / split, ["n01", "n02"], per_class=per_class, size=48, seed=len(split))
     from vit.nn.configs import MODEL_CONFIGS
 
-    patch = MODEL_CONFIGS[config["model"]["init_args"]["model"]].get("patch_size", 16)
+    patch = MODEL_CONFIGS.get(config["model"]["init_args"]["model"], {}).get("patch_size", 16)  # (a convnet: 16)
     return [*args, f"--data.init_args.img_size={2 * patch}"]  # 32, or 28 for DINOv2's 14 px patches
 
 
 SHRUNK = {"depth": 1, "embed_dim": 32, "num_heads": 2, "drop_path_rate": 0.1}
+SHRUNK_CONVNET = {"channels": [8, 16, 32, 64], "stem_width": 8, "output_stride": 16, "drop_path_rate": 0.05}
+
+
+def shrunk(config: dict) -> dict:
+    """The model_kwargs that shrink the recipe's network: a ViT's depth and width, a timm ResNet's channels."""
+    return SHRUNK_CONVNET if config["model"]["class_path"].endswith("ConvNetClassifier") else SHRUNK
+
+
+def teacher_folder(config: dict, folder: Path) -> list[str]:
+    """For a distillation recipe (``teacher: best``): a folder holding a best-*.ckpt of a tiny convnet teacher of
+    the synthetic data's classes, written as `vit fit` writes one, and the option that points the recipe at it."""
+    if config["model"]["init_args"].get("teacher") != "best":
+        return []
+    from vit.checkpoint import classifier_checkpoint, save_checkpoint
+    from vit.tasks import ConvNetClassifier
+
+    teacher = ConvNetClassifier(model="resnet10t", model_kwargs=SHRUNK_CONVNET, num_classes=2,
+                                class_names=["n01", "n02"], img_size=32, mean=[0.5] * 3, std=[0.5] * 3)
+    checkpoint = classifier_checkpoint(teacher.checkpoint_meta(), teacher.model.state_dict())
+    save_checkpoint(checkpoint, folder / "teacher" / "best-epoch=0-step=1.ckpt")
+    return [f"--model.init_args.teacher_dir={folder / 'teacher'}"]
 
 
 def pretrained_file(config: dict, folder: Path) -> list[str]:
@@ -90,8 +111,9 @@ def test_image_recipe_runs_its_whole_pipeline(path, tmp_path):
     config = recipe(path)
     run = cli([
         "fit", *quiet_run(tmp_path, str(path)), *image_data(config, tmp_path / "data"), *CPU, *cpu_strategy(config),
-        *pretrained_file(config, tmp_path), "--trainer.max_epochs=1", "--trainer.log_every_n_steps=1",
-        "--test_after_fit=true", f"--model.init_args.model_kwargs={SHRUNK}",
+        *pretrained_file(config, tmp_path), *teacher_folder(config, tmp_path), "--trainer.max_epochs=1",
+        "--trainer.log_every_n_steps=1", "--test_after_fit=true",
+        f"--model.init_args.model_kwargs={shrunk(config)}",
     ])
     trainer, model = run.trainer, run.model
     assert type(trainer.strategy).__name__ == ("DDPStrategy" if cpu_strategy(config) else "SingleDeviceStrategy")
@@ -114,6 +136,9 @@ def test_image_recipe_runs_its_whole_pipeline(path, tmp_path):
     assert classifier.img_size == (run.datamodule.img_size,) * 2
     assert classifier.class_names == run.datamodule.class_names
     assert logged(trainer, "test_acc")  # ... and the test ran on it
+    if init.get("distillation", "none") != "none":  # the student learnt from the teacher, which is not in its file
+        assert model.teacher.source.endswith("best-epoch=0-step=1.ckpt") and logged(trainer, "teacher_ms")
+        assert type(classifier.model).__name__ == "DistilledVisionTransformer"
 
 
 def test_translate_reverse_recipe_runs_its_whole_pipeline(tmp_path, capsys):

@@ -99,6 +99,12 @@ def describe_checkpoints(folder: str | os.PathLike, exclude: str | os.PathLike |
     return lines
 
 
+def newest_checkpoint(folder: str | os.PathLike, which: str) -> Path | None:
+    """The newest best-*.ckpt (``which`` "best": the best of the latest run) or last*.ckpt in ``folder``, or None."""
+    found = [p for p in Path(folder).glob("best-*.ckpt" if which == "best" else "last*.ckpt") if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
 def damaged_message(path: str | os.PathLike, reason: str) -> str:
     """What to say about a damaged checkpoint: the file, why, and the checkpoints beside it."""
     others = describe_checkpoints(Path(path).parent, exclude=path)
@@ -254,6 +260,7 @@ class Classifier(Prepared, nn.Module):
     def __init__(
         self, model: VisionTransformer, *, model_name: str, class_names: Sequence[str],
         mean: Sequence[float], std: Sequence[float], crop_pct: float, interpolation: str,
+        img_size: int | None = None,
     ) -> None:
         super().__init__()
         if len(class_names) != model.num_classes:
@@ -262,11 +269,12 @@ class Classifier(Prepared, nn.Module):
         self.model_name = model_name
         self.class_names = list(class_names)
         self.preprocessing = Preprocessing(mean, std, crop_pct, interpolation)  # read as .mean, .std, ...
+        self.input_size = (img_size, img_size) if img_size is not None else None  # a convnet's: it has no img_size
 
     @property
     def img_size(self) -> tuple[int, int]:
         """(height, width) the model expects."""
-        return self.model.img_size
+        return self.input_size or self.model.img_size
 
     @property
     def in_chans(self) -> int:
@@ -300,8 +308,14 @@ def load_classifier(path: str | os.PathLike, map_location: str | torch.device = 
     """Rebuild a trained classifier from a `vit fit` checkpoint alone, in eval mode."""
     checkpoint = read_checkpoint(path)
     meta = expect_task(checkpoint, "classify", path)
-    model = build_model(meta["model_config"])
+    if meta.get("model_source") == "timm":  # a convnet `vit fit` trained (vit.tasks.ConvNetClassifier)
+        import timm
+
+        model = timm.create_model(meta["model_name"], **meta["model_config"])
+        model.in_chans = meta["model_config"]["in_chans"]
+    else:
+        model = build_model(meta["model_config"])
     model.load_state_dict(evaluated_weights(checkpoint["state_dict"], meta["ema"]))
     classifier = Classifier(model, model_name=meta["model_name"], class_names=meta["class_names"],
-                            **asdict(Preprocessing.from_dict(meta)))
+                            img_size=meta.get("img_size"), **asdict(Preprocessing.from_dict(meta)))
     return classifier.to(map_location).eval()

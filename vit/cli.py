@@ -41,6 +41,7 @@ from vit.checkpoint import (
     expect_task,
     is_intact,
     missing_message,
+    newest_checkpoint,
     read_checkpoint,
 )
 from vit.cli_parser import VitArgumentParser
@@ -378,12 +379,11 @@ def checkpoint_by_name(config: Any, which: str) -> str:
     or last*.ckpt in the config's checkpoint folder, so a command need not name one run's file."""
     dirpath = (config.get("checkpoint") or {}).get("dirpath")
     folder = Path(dirpath) if dirpath else experiment_folder(config.get("trainer") or {}) / "checkpoints"
-    pattern = "best-*.ckpt" if which == "best" else "last*.ckpt"
-    found = [p for p in folder.glob(pattern) if p.is_file()]
-    if not found:
-        raise UserPathError(f"--ckpt_path {which}: no {pattern} in {folder}; run `vit fit` with this config first, "
-                            "set checkpoint.dirpath to the run's checkpoint folder, or pass --ckpt_path PATH")
-    return str(max(found, key=lambda p: p.stat().st_mtime))
+    found = newest_checkpoint(folder, which)
+    if found is None:
+        raise UserPathError(f"--ckpt_path {which}: no {which} checkpoint in {folder}; run `vit fit` with this config "
+                            "first, set checkpoint.dirpath to the run's checkpoint folder, or pass --ckpt_path PATH")
+    return str(found)
 
 
 def last_checkpoint(trainer: Trainer) -> str | None:

@@ -96,6 +96,7 @@ def test_every_image_recipe_is_soaked():
     names = {p.stem for p in image_recipes()}
     assert {"cifar10_vit", "cifar100_vit", "imagenet_vit_small", "imagenet_vit_base"} <= names
     assert {"shards_cpu", "imagenet_vit_base_stream", "mae_folder_vit_small", "mae_imagenet_vit_base"} <= names
+    assert {"scratch_small", "teacher_small", "distill_small"} <= names
 
 
 @pytest.mark.slow

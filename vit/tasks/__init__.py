@@ -10,6 +10,7 @@ import torch
 from vit.checkpoint import expect_task, read_checkpoint
 from vit.tasks.base import BaseTask, VisionTask
 from vit.tasks.classify import ImageClassifier
+from vit.tasks.convnet import ConvNetClassifier
 from vit.tasks.pretrain import MaskedAutoencoder
 from vit.tasks.translate import Translator
 
@@ -31,4 +32,5 @@ def load_task(path: str | os.PathLike, task_class: type[Task], map_location: str
     return task.eval()
 
 
-__all__ = ["TASKS", "BaseTask", "ImageClassifier", "MaskedAutoencoder", "Translator", "VisionTask", "load_task"]
+__all__ = ["TASKS", "BaseTask", "ConvNetClassifier", "ImageClassifier", "MaskedAutoencoder", "Translator", "VisionTask",
+           "load_task"]

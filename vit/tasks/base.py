@@ -85,13 +85,13 @@ class VisionTask(BaseTask):
     ``warmup_steps`` and ``min_lr``.
     """
 
-    def create_vit(self, num_classes: int) -> VisionTransformer:
-        """The named ViT with this run's sizes (``num_classes`` 0: an encoder, no head); sets ``model_name`` and
-        ``model_config``, the full config a checkpoint rebuilds the model from (`vit.nn.vision.ViTConfig`)."""
+    def create_vit(self, num_classes: int, **extra: Any) -> VisionTransformer:
+        """The named ViT with this run's sizes (``num_classes`` 0: an encoder, no head) and ``extra`` options; sets
+        ``model_name`` and ``model_config``, the full config a checkpoint rebuilds the model from (`ViTConfig`)."""
         hp = self.hparams
         if hp.model not in MODEL_CONFIGS:
             raise UserValueError(f"unknown model {hp.model!r}; known models: {', '.join(sorted(MODEL_CONFIGS))}")
-        overrides = dict(hp.model_kwargs or {}, num_classes=num_classes)
+        overrides = dict(hp.model_kwargs or {}, num_classes=num_classes, **extra)
         if hp.img_size is not None:
             overrides["img_size"] = hp.img_size
         if hp.in_chans is not None:

@@ -9,6 +9,7 @@ the training config, and without Lightning.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from vit.nn.vision import VisionTransformer
 from vit.preprocessing import Prepared, Preprocessing
 from vit.reports import save_confusion_matrix
 from vit.tasks.base import VisionTask
+from vit.tasks.distill import Teacher, check_options, hard_distillation, load_teacher, soft_distillation
 from vit.tasks.finetune import apply_freezing, check_strategy, frozen_modules, unfreeze_epoch
 from vit.tasks.losses import SoftTargetCrossEntropy
 from vit.tasks.mistakes import ConfidentMistakes, log_figures, save_error_report
@@ -90,6 +92,14 @@ class ImageClassifier(Prepared, VisionTask):
             more compute per step. Under FSDP, use the strategy's ``activation_checkpointing_policy`` instead.
         compile: ``torch.compile`` the trained model (in place: checkpoints keep the same state-dict keys).
             Off by default: the first steps pay the compile, and on CPUs the gain is small; measure first.
+        distillation: "hard" or "soft" (`vit.tasks.distill`): the student gets DeiT's dist token and second head,
+            which learns from ``teacher``; inference uses the mean of the two heads. "none": no teacher.
+        teacher: a `vit fit` checkpoint (any ViT family, or a timm convnet from configs/teacher_small.yaml), or "best"
+            / "last" of ``teacher_dir``; with ``teacher_weights``, a timm model name. Read when fitting starts.
+        teacher_weights: the weights of the timm model ``teacher`` names (.safetensors, .pth or a checkpoint).
+        teacher_dir: the teacher run's checkpoint folder, where ``teacher: best`` looks.
+        distill_alpha: the weight of the teacher's loss; 1 - alpha is the labels'.
+        distill_tau: the softmax temperature of soft distillation.
     """
 
     task = "classify"
@@ -128,6 +138,12 @@ class ImageClassifier(Prepared, VisionTask):
         class_weighting: bool = False,
         grad_checkpointing: bool = False,
         compile: bool = False,
+        distillation: str = "none",
+        teacher: str | None = None,
+        teacher_weights: str | None = None,
+        teacher_dir: str | None = None,
+        distill_alpha: float = 0.5,
+        distill_tau: float = 1.0,
     ) -> None:
         if num_classes < 1:
             raise UserValueError(f"num_classes must be at least 1, got {num_classes}")
@@ -138,8 +154,9 @@ class ImageClassifier(Prepared, VisionTask):
         if schedule == "onecycle" and finetune == "staged":
             raise UserValueError("schedule: onecycle has one warm-up; finetune: staged needs a second one when the "
                                  "backbone starts training: use schedule: cosine")
+        check_options(distillation, distill_alpha, distill_tau)
         super().__init__()  # saves the arguments; configure_models, configure_losses, configure_metrics
-        check_strategy(finetune, freeze_blocks, head_epochs, len(self.model.blocks))
+        check_strategy(finetune, freeze_blocks, head_epochs, len(getattr(self.model, "blocks", ())))
         self.configure_preprocessing(class_names, mean, std, crop_pct, interpolation)
 
     # --- set-up ----------------------------------------------------------------------------
@@ -147,7 +164,10 @@ class ImageClassifier(Prepared, VisionTask):
         """The ViT and its EMA copy, randomly initialised (Lightning's ``configure_model`` hook, below, loads
         the pretrained weights)."""
         hp = self.hparams
-        self.model: VisionTransformer = self.create_vit(hp.num_classes)
+        distilled = {"distilled": True} if hp.distillation != "none" else {}  # the dist token and head_dist
+        self.model: VisionTransformer = self.create_vit(hp.num_classes, **distilled)
+        self.model.distilled_training = bool(distilled)  # training returns both heads' logits
+        self.teacher: Teacher | None = None  # read in setup("fit")
         self.model.set_grad_checkpointing(hp.grad_checkpointing)
         # FSDP (use_orig_params) turns parameters into flat shards: the weight-decay rule needs their real ndim
         self.param_ndims = {name: p.ndim for name, p in self.model.named_parameters()}
@@ -215,7 +235,15 @@ class ImageClassifier(Prepared, VisionTask):
         self.eval_loss = nn.CrossEntropyLoss()
 
     def setup(self, stage: str) -> None:
-        if stage == "fit" and self.hparams.class_weighting:
+        hp = self.hparams
+        if stage == "fit" and hp.distillation != "none" and self.teacher is None:
+            # Here, before Lightning moves the module to its device: the teacher follows it there, on every rank.
+            self.teacher = load_teacher(hp.teacher, weights=hp.teacher_weights, folder=hp.teacher_dir,
+                                        num_classes=hp.num_classes, in_chans=self.model.in_chans,
+                                        class_names=self.class_names, mean=self.mean, std=self.std)
+            rank_zero_info(f"distillation: {hp.distillation} (alpha {hp.distill_alpha}, tau {hp.distill_tau}) "
+                           f"from the teacher {self.teacher.source}")
+        if stage == "fit" and hp.class_weighting:
             counts = torch.tensor(self.trainer.datamodule.class_counts("train"), dtype=torch.float32)
             if (counts == 0).any():
                 missing = [name for name, n in zip(self.class_names, counts.tolist()) if n == 0]
@@ -257,16 +285,38 @@ class ImageClassifier(Prepared, VisionTask):
             if len(x) % 2:  # timm's Mixup pairs each sample with its mirror in the batch
                 x, y = x[:-1], y[:-1]
             x_mixed, y_soft = self.mixup(x, y)
-            loss = self.train_loss(self.model(x_mixed), y_soft)
+            loss = self.distill_loss(x_mixed, y_soft)[0]  # the teacher sees the same mixed images
         else:
-            logits = self.model(x)
-            loss = self.train_loss(logits, y)
+            loss, logits = self.distill_loss(x, y)
             self.train_metrics.update(logits, y)
             self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         self.check_loss(loss)
         self.log("train_loss", loss, prog_bar=True)
         self.log("lr", self.optimizers().param_groups[-1]["lr"], prog_bar=False)
         return loss
+
+    def distill_loss(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """(loss, logits) of the student on ``x``: the labels' loss, and the teacher's when distilling."""
+        if self.teacher is None:
+            logits = self.model(x)
+            return self.train_loss(logits, y), logits
+        cls, dist = self.model(x)
+        base, teacher = self.train_loss(cls, y), self.teacher(x)
+        hp = self.hparams
+        if hp.distillation == "hard":
+            loss = hard_distillation(base, dist, teacher, hp.distill_alpha)
+        else:
+            loss = soft_distillation(base, dist, teacher, hp.distill_alpha, hp.distill_tau)
+        return loss, (cls + dist) / 2  # what inference answers
+
+    def on_train_epoch_start(self) -> None:
+        self.epoch_started = time.perf_counter()
+
+    def on_train_epoch_end(self) -> None:
+        if self.teacher is not None:  # the teacher's share of the epoch, and of a step (teacher_ms in the logs)
+            ms, line = self.teacher.report(time.perf_counter() - self.epoch_started)
+            self.log("teacher_ms", ms, sync_dist=True)
+            rank_zero_info(f"epoch {self.current_epoch}: {line}")
 
     # --- fine-tuning strategy ----------------------------------------------------------------
     def on_fit_start(self) -> None:
@@ -388,5 +438,6 @@ class ImageClassifier(Prepared, VisionTask):
             "class_names": list(self.class_names),
             **self.preprocessing.to_dict(),  # mean, std, crop_pct, interpolation
             "ema": self.model_ema is not None,
+            **({"teacher": self.teacher.source} if self.teacher is not None else {}),
         }
 

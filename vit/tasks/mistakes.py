@@ -69,9 +69,11 @@ def save_error_report(
     figures = {"class_accuracy": class_accuracy_figure(list(class_accuracy), list(class_names))}
     if len(mistakes):
         device = next(model.parameters()).device
-        rollout = collect_attention(model, mistakes.images.to(device)).rollout().cpu()  # (B, h, w)
         images = [to_display_image(x, mean, std, min_side=64) for x in mistakes.images]
-        overlays = [overlay(image, heat) for image, heat in zip(images, rollout)]
+        overlays = images  # a convnet (`ConvNetClassifier`) has no attention to roll out
+        if isinstance(model, VisionTransformer):
+            rollout = collect_attention(model, mistakes.images.to(device)).rollout().cpu()  # (B, h, w)
+            overlays = [overlay(image, heat) for image, heat in zip(images, rollout)]
         captions = [f"true {class_names[t]}, predicted {class_names[p]} ({c:.0%})" for t, p, c in
                     zip(mistakes.true.tolist(), mistakes.predicted.tolist(), mistakes.confidence.tolist())]
         figures["errors"] = error_grid_figure(images, overlays, captions)

@@ -40,14 +40,14 @@ def param_groups(
     ``ndims``: each parameter's dimensions before FSDP wrapped the model (``use_orig_params`` leaves
     flat 1-D shards, which would all look like biases).
     """
-    depth = len(model.blocks)
-    skip = model.no_weight_decay()
+    depth = len(getattr(model, "blocks", ()))  # a convnet (`ConvNetClassifier`): one group, no layer decay
+    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
     groups: dict[tuple[int, bool], dict[str, Any]] = {}
     for name, p in model.named_parameters():
         name = original_name(name)
         no_decay = (p.ndim if ndims is None else ndims[name]) <= 1 or name in skip
         layer = layer_id(name, depth) if layer_decay is not None else depth + 1
-        head = name.startswith("head.")
+        head = name.startswith(("head.", "head_dist."))  # DeiT's second head is a head too
         scale = layer_decay ** (depth + 1 - layer) if layer_decay is not None else 1.0
         key = (depth + 2 if head else layer, no_decay)  # the head sorts last, after the final norm
         if key not in groups:
