@@ -1,5 +1,5 @@
 """scripts/distill_demo.py: the student is at least 4x cheaper than the teacher, counted independently, and each
-arm's flags are ones `vit fit` accepts. (The figures themselves take minutes: docs/distillation.md.)"""
+arm's flags are ones `vit fit` accepts. (The figures take minutes: docs/small-folders.md.)"""
 
 from __future__ import annotations
 
