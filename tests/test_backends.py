@@ -162,7 +162,7 @@ def test_export_without_vnni_writes_7_bit_weights(trained, monkeypatch, tmp_path
     largest = {}
     for name, flags in (("no_vnni", NO_VNNI), ("vnni", VNNI)):
         monkeypatch.setattr(vit.cpu, "cpu_flags", lambda flags=flags: flags)
-        export_onnx(classifier, tmp_path / name, quantize="static", calibration=trained["images"][:64])
+        export_onnx(classifier, tmp_path / name, quantize="static", calibration=trained["images"][:16])
         proto = onnx.load(tmp_path / name / "model.int8.onnx")
         int8 = [numpy_helper.to_array(t) for t in proto.graph.initializer if t.data_type == onnx.TensorProto.INT8]
         largest[name] = max(int(np.abs(w.astype(np.int32)).max()) for w in int8)
