@@ -30,7 +30,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from parity import run_vit_fit  # noqa: E402  (the same "vit fit in its own process" as the parity table)
+from parity import run_vit_fit, summarize  # noqa: E402  (the parity table's own: a `vit fit` process, mean and spread)
 
 STUDENT = "{embed_dim: 48, depth: 3, num_heads: 2, drop_path_rate: 0.1, global_pool: %s}"
 ARMS = ("teacher", "student", "distilled")
@@ -98,11 +98,9 @@ def table(runs: dict[str, list[dict[str, Any]]], speed: dict[str, dict[str, floa
     names = {"teacher": "teacher: scratch_small (dim 96, depth 4)", "student": "student alone (dim 48, depth 3)",
              "distilled": "student distilled from the teacher (hard)"}
     for arm, results in runs.items():
-        accs = [r["acc"] for r in results]
-        s = speed[arm]
-        lines.append(f"| {names[arm]} | {statistics.mean(accs):.3f} ({max(accs) - min(accs):.3f}) | {len(accs)} | "
-                     f"{s['gflops']:.4f} | {s['img_s_b1']:.0f} | {s['img_s_b32']:.0f} | "
-                     f"{statistics.mean(r['seconds'] for r in results):.0f} s |")
+        acc, s = summarize(results), speed[arm]
+        lines.append(f"| {names[arm]} | {acc['mean']:.3f} ({acc['spread']:.3f}) | {len(results)} | "
+                     f"{s['gflops']:.4f} | {s['img_s_b1']:.0f} | {s['img_s_b32']:.0f} | {acc['seconds']:.0f} s |")
     return "\n".join(lines)
 
 
