@@ -196,18 +196,20 @@ def duplicate_figures(root: Path, out: Path, planted: list[dict]) -> dict:
             "missed": sorted(truth - found), "false": [(r["path_a"], r["path_b"], r["score"]) for r in false]}
 
 
-def duplicates_part(work: Path) -> dict:
-    """Each calibration folder, planted and clean."""
+def duplicates_part(work: Path, folders: list[str], seeds: list[int], clean: bool = True) -> dict:
+    """Each calibration folder, planted (once per seed: which images are copied, and how) and clean."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from audit_folders import FOLDERS, write_folder
 
     figures = {}
-    for name, build in FOLDERS.items():
-        items = build()
-        for planted_too in (True, False):
-            root = work / "duplicates" / f"{name}_{'planted' if planted_too else 'clean'}"
+    for name in folders:
+        items = FOLDERS[name]()
+        runs = [(True, seed) for seed in seeds] + ([(False, seeds[0])] if clean else [])
+        for planted_too, seed in runs:
+            tag = f"planted_seed{seed}" if planted_too and len(seeds) > 1 else "planted" if planted_too else "clean"
+            root = work / "duplicates" / f"{name}_{tag}"
             shutil.rmtree(root, ignore_errors=True)
-            planted = write_folder(root, items, plant=planted_too)
+            planted = write_folder(root, items, plant=planted_too, seed=seed)
             figures[root.name] = duplicate_figures(root, work / "duplicates" / f"audit_{root.name}", planted)
             print(root.name, {k: v for k, v in figures[root.name].items() if k not in ("missed", "false")}, flush=True)
     return figures
@@ -239,12 +241,17 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True, help="an empty folder for the data, runs and audits")
     parser.add_argument("--part", choices=("duplicates", "labels", "both"), default="both")
     parser.add_argument("--epochs", type=int, default=40, help="the trained backbone's epochs (default: %(default)s)")
+    parser.add_argument("--folders", default="digits,mnist,skimage,sample,objects",
+                        help="duplicates: the folders of audit_folders.py to audit (default: %(default)s)")
+    parser.add_argument("--seeds", default="0", help="duplicates: planting seeds, e.g. 0,1,2 (default: %(default)s)")
+    parser.add_argument("--no_clean", action="store_true", help="duplicates: skip the folders with nothing planted")
     args = parser.parse_args()
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     figures = {}
     if args.part in ("duplicates", "both"):
-        figures["duplicates"] = duplicates_part(work)
+        figures["duplicates"] = duplicates_part(work, args.folders.split(","),
+                                                [int(s) for s in args.seeds.split(",")], not args.no_clean)
     if args.part in ("labels", "both"):
         figures["labels"] = labels_part(work, args.epochs)
     (work / f"figures_{args.part}.json").write_text(json.dumps(figures, indent=1))

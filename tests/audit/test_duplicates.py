@@ -81,12 +81,13 @@ def test_find_duplicates_lists_exact_pairs_once_and_verifies_the_near_ones():
     rng = np.random.default_rng(0)
     picture = rng.integers(0, 256, (3, 32, 32), dtype=np.uint8)
     thumbs = np.stack([picture, rng.integers(0, 256, (3, 32, 32), dtype=np.uint8), picture, picture, picture])
-    pairs, candidates = find_duplicates(contents, hashes, [[h] for h in hashes], thumbs, radius=2)
+    # Each image's edited copy is itself: every bar is 1, a near copy must score 1 - SLACK.
+    pairs, candidates = find_duplicates(contents, hashes, [[h] for h in hashes], thumbs, thumbs, radius=2)
     # "b" is another picture: its candidate pairs (with "c", 2 bits) are rejected by the verification.
-    assert sorted((a, b, kind, d) for a, b, kind, d, _ in pairs) == [
+    assert sorted((a, b, kind, d) for a, b, kind, d, *_ in pairs) == [
         (0, 2, "exact", 0), (0, 3, "near", 1), (0, 4, "exact", 0), (2, 3, "near", 1), (2, 4, "exact", 0),
         (3, 4, "near", 1)]
-    assert candidates == 4 and all(score > 0.999 for *_, score in pairs)
+    assert candidates == 4 and all(score > 0.999 and needed >= 0.998 for *_, score, needed in pairs)
 
 
 def test_window_hashes_find_a_cropped_copy_the_plain_hash_misses():
@@ -104,3 +105,19 @@ def test_window_hashes_find_a_cropped_copy_the_plain_hash_misses():
         far.append((plain, windowed))
     assert sum(w <= DEFAULT_RADIUS for _, w in far) == len(far), far
     assert sum(p > DEFAULT_RADIUS for p, _ in far) >= 3, far  # the case the windows are for
+
+
+def test_the_search_in_processes_finds_the_same_pairs(monkeypatch):
+    import vit.audit.duplicates as duplicates
+
+    rng = np.random.default_rng(7)
+    centres = rng.integers(0, 2**63, 20, dtype=np.uint64)
+    hashes = centres[rng.integers(0, 20, 600)] ^ rng.integers(0, 2**16, 600, dtype=np.uint64)  # low bits vary
+    queries = np.concatenate([hashes, hashes ^ np.uint64(1 << 40)])  # a window query per image, one bit away
+    owners = np.concatenate([np.arange(600), np.arange(600)])
+    serial = near_pairs(hashes, 10, queries, owners)
+    monkeypatch.setattr(duplicates, "PARALLEL_QUERIES", 0)  # every search in processes
+    forked = near_pairs(hashes, 10, queries, owners)
+    assert len(serial[0]) > 100
+    for a, b in zip(serial, forked):
+        np.testing.assert_array_equal(a, b)

@@ -39,16 +39,17 @@ def inventory(records: Sequence[ImageRecord], class_names: Sequence[str]) -> dic
     }
 
 
-def describe_pairs(records: Sequence[ImageRecord], pairs: Sequence[tuple[int, int, str, int, float]],
+def describe_pairs(records: Sequence[ImageRecord], pairs: Sequence[tuple[int, int, str, int, float, float]],
                    class_names: Sequence[str]) -> list[dict[str, Any]]:
     """One row per duplicate pair, the earlier split first (train, val, test); cross-split pairs first,
     then exact before near, then by verification score (highest first)."""
     order = {s: i for i, s in enumerate(SPLITS)}
     rows = []
-    for i, j, kind, distance, score in pairs:
+    for i, j, kind, distance, score, needed in pairs:
         a, b = sorted((records[i], records[j]), key=lambda r: (order.get(r.split, 9), r.name))
         rows.append({"path_a": a.name, "split_a": a.split, "path_b": b.name, "split_b": b.split, "kind": kind,
-                     "distance": distance, "score": score, "label_a": class_names[a.label],
+                     "distance": distance, "score": score, "needed": needed,
+                     "label_a": class_names[a.label],
                      "label_b": class_names[b.label], "_a": a, "_b": b})
     rows.sort(key=lambda r: (r["split_a"] == r["split_b"], r["kind"] != "exact", -r["score"], r["path_a"]))
     return rows

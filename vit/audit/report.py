@@ -21,7 +21,7 @@ from PIL import Image
 
 from vit.files import save_atomic
 
-DUPLICATE_COLUMNS = ("path_a", "split_a", "path_b", "split_b", "kind", "distance", "score")
+DUPLICATE_COLUMNS = ("path_a", "split_a", "path_b", "split_b", "kind", "distance", "score", "needed")
 LABEL_COLUMNS = ("path", "split", "given", "suggested", "score")
 STYLE = """
 body{font-family:sans-serif;margin:1.5em;max-width:1200px;color:#222}
@@ -145,10 +145,13 @@ def render_html(summary: dict[str, Any], charts: dict[str, bytes], pairs: Sequen
     parts.append(f'<section id="duplicates"><h2>Duplicates across splits ({len(cross)} pairs)</h2>'
                  f'<p class="note">{dup["exact"]} exact pairs (same decoded pixels) and {dup["near"]} near pairs: '
                  f'{dup["candidates"]} candidates (pHash, or a zoomed window\'s, within {dup["radius"]} of 64 bits), '
-                 f'kept where the aligned colour correlation reaches {dup["min_score"]}; {dup["within_split"]} '
+                 f'kept where the aligned colour correlation reaches what an edited copy of the two images would '
+                 f'(and at least {dup["min_score"]}), and no other candidate of either is closer; '
+                 f'{dup["within_split"]} '
                  "pairs lie within a split (see duplicates.csv).</p><div class=\"grid\">")
     card = lambda p: (f'<div class="card"><div class="pair">{img(p["_a"])}{img(p["_b"])}</div>'
                       f'{e(p["kind"])}, hash distance {e(p["distance"])}, score {e(p["score"])}'
+                      f' (needed {e(p["needed"])})'
                       f'<br>{e(p["split_a"])}: {e(p["path_a"])} '
                       f'({e(p["label_a"])})<br>{e(p["split_b"])}: {e(p["path_b"])} ({e(p["label_b"])})</div>')
     parts += [card(p) for p in cross[:shown]]

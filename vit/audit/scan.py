@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 
 from vit.audit.duplicates import content_hash, phash, window_phashes
-from vit.audit.verify import thumbnail
+from vit.audit.verify import edited, thumbnail
 from vit.data.io import check_image_file
 from vit.errors import UserValueError
 from vit.progress import progress
@@ -97,3 +97,18 @@ def scan_split(dataset: Any, split: str, labels: Sequence[int], num_workers: int
     for record in records:
         record.split = split
     return records
+
+
+class EditedThumbnails:
+    """The thumbnails of ``records``' images through `vit.audit.verify.edited`, made when indexed by an array
+    of record indices: only the images of a pair that gets as far as its own bar are read a second time."""
+
+    def __init__(self, records: Sequence[ImageRecord], datasets: dict[str, Any]) -> None:
+        self.records, self.datasets = records, datasets
+
+    def __getitem__(self, indices: np.ndarray) -> np.ndarray:
+        found = []
+        for k in np.asarray(indices).tolist():
+            record = self.records[k]
+            found.append(thumbnail(edited(self.datasets[record.split].raw_image(record.index))))
+        return np.stack(found) if found else np.zeros((0, 3, 32, 32), np.uint8)

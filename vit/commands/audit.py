@@ -40,8 +40,8 @@ from vit.audit.report import (
     write_csv,
     write_json,
 )
-from vit.audit.scan import ImageRecord, scan_split
-from vit.audit.verify import COPY_SCORE
+from vit.audit.scan import EditedThumbnails, ImageRecord, scan_split
+from vit.audit.verify import MIN_SCORE
 from vit.errors import UserPathError, WeightsUnavailableError
 from vit.features import blas_threads, cached_features, new_run_folder
 from vit.files import cache_dir, save_atomic
@@ -71,9 +71,9 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--radius", type=int, default=DEFAULT_RADIUS,
                         help="near-duplicate candidates: at most this many of the 64 pHash bits differ, between one "
                         "image and the other or a zoomed window of it (default: %(default)s)")
-    parser.add_argument("--min_score", type=float, default=COPY_SCORE,
-                        help="near-duplicates: a candidate is a copy when its aligned colour correlation reaches "
-                        "this (default: %(default)s, calibrated in docs/audit.md; lower finds more look-alikes)")
+    parser.add_argument("--min_score", type=float, default=MIN_SCORE,
+                        help="near-duplicates: no candidate whose aligned colour correlation is below this is a "
+                        "copy, whatever its images' own bars (default: %(default)s; docs/audit.md)")
     parser.add_argument("--folds", type=int, default=5, help="label issues: cross-validation folds (default: 5)")
     parser.add_argument("--C", type=float, default=1.0, dest="C",
                         help="label issues: inverse L2 strength of the logistic regression (default: %(default)s)")
@@ -208,7 +208,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     good = [r for r in records if r.problem is None]
     thumbs = np.stack([r.thumb for r in good]) if good else np.zeros((0, 3, 32, 32), np.uint8)
     found, candidates = find_duplicates([r.content for r in good], [r.phash for r in good], [r.windows for r in good],
-                                        thumbs, args.radius, args.min_score)
+                                        thumbs, EditedThumbnails(good, datasets), args.radius, args.min_score)
     pairs = describe_pairs(good, found, class_names)
     cross = sum(p["split_a"] != p["split_b"] for p in pairs)
     exact = sum(p["kind"] == "exact" for p in pairs)
