@@ -107,7 +107,7 @@ def test_window_hashes_find_a_cropped_copy_the_plain_hash_misses():
     assert sum(p > DEFAULT_RADIUS for p, _ in far) >= 3, far  # the case the windows are for
 
 
-def test_the_search_in_processes_finds_the_same_pairs(monkeypatch):
+def test_the_search_in_processes_and_in_blocks_finds_the_same_pairs(monkeypatch):
     import vit.audit.duplicates as duplicates
 
     rng = np.random.default_rng(7)
@@ -116,8 +116,11 @@ def test_the_search_in_processes_finds_the_same_pairs(monkeypatch):
     queries = np.concatenate([hashes, hashes ^ np.uint64(1 << 40)])  # a window query per image, one bit away
     owners = np.concatenate([np.arange(600), np.arange(600)])
     serial = near_pairs(hashes, 10, queries, owners)
+    monkeypatch.setattr(duplicates, "BLOCK_CANDIDATES", 1)  # 54 probes a block: 12 blocks
+    blocks = near_pairs(hashes, 10, queries, owners)
     monkeypatch.setattr(duplicates, "PARALLEL_QUERIES", 0)  # every search in processes
     forked = near_pairs(hashes, 10, queries, owners)
     assert len(serial[0]) > 100
-    for a, b in zip(serial, forked):
+    for a, b, c in zip(serial, forked, blocks):
         np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)

@@ -39,6 +39,7 @@ from vit.data.io import to_rgb
 
 DEFAULT_RADIUS = 10  # differing pHash bits, of 64, that still make a candidate (docs/audit.md)
 CHUNKS, CHUNK_BITS = 4, 16
+BLOCK_CANDIDATES = 16_000_000  # flattened candidates a step of the search holds at most, about (`_search_chunk`)
 PARALLEL_QUERIES = 500_000  # searches with this many queries run their chunks in processes (`near_pairs`)
 _SEARCH: Any = None  # (hashes, queries, owners, radius) of the search under way, inherited by forked workers
 WINDOW_EXTENTS = (0.95, 0.89, 0.83)  # zooms of `window_phashes`: what a 0.85-0.95x resize and a 1-4 px crop leave
@@ -159,25 +160,30 @@ def _search_chunk(c: int, flips: int) -> tuple[np.ndarray, np.ndarray]:
     starts_of = np.cumsum(counts_of, dtype=np.int64) - counts_of
     probes = ((hashes >> shift) & low16).astype(np.int32)
     keys, distances = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-    for mask in _masks(CHUNK_BITS, flips):
-        wanted = probes ^ np.int32(mask)
-        counts = counts_of[wanted]
-        ends = np.cumsum(counts, dtype=np.int64)
-        total = int(ends[-1]) if len(ends) else 0
-        if total == 0:
-            continue
-        # Every (image h, query at table position starts_of[wanted[h]] + k) for k < counts[h], flattened: each
-        # image's run of positions, shifted from where its run lies in the output to where it lies in the table.
-        # Most candidates are far: compare all 64 bits first, find their images only for the close ones.
-        position = np.repeat(starts_of[wanted] - (ends - counts), counts) + np.arange(total)
-        close = np.flatnonzero(_bits(np.repeat(hashes, counts) ^ table[position]) <= radius)
-        h = np.searchsorted(ends, close, side="right")  # the image each close candidate was probed by
-        q = order[position[close]]
-        a, b = owners[q], h
-        mine = a != b  # an image's own hash (and its windows against it) is no pair
-        a, b, q = a[mine], b[mine], q[mine]
-        keys.append(np.minimum(a, b) * n + np.maximum(a, b))
-        distances.append(popcount(queries[q] ^ hashes[b]))
+    # A probe meets len(queries) / 65536 random queries a mask: blocks of probes bound the flattened candidates
+    # (ImageNet's 1.28 M images make 36 M queries: 700 M candidates a mask for all probes at once).
+    block = max(1, BLOCK_CANDIDATES * (1 << CHUNK_BITS) // max(1, len(queries)))
+    for first in range(0, n, block):
+        mine_probes, mine_hashes = probes[first:first + block], hashes[first:first + block]
+        for mask in _masks(CHUNK_BITS, flips):
+            wanted = mine_probes ^ np.int32(mask)
+            counts = counts_of[wanted]
+            ends = np.cumsum(counts, dtype=np.int64)
+            total = int(ends[-1]) if len(ends) else 0
+            if total == 0:
+                continue
+            # Every (image h, query at table position starts_of[wanted[h]] + k) for k < counts[h], flattened:
+            # each image's run of positions, shifted from where its run lies in the output to where it lies in
+            # the table. Most candidates are far: compare all 64 bits first, find their images only for the close.
+            position = np.repeat(starts_of[wanted] - (ends - counts), counts) + np.arange(total)
+            close = np.flatnonzero(_bits(np.repeat(mine_hashes, counts) ^ table[position]) <= radius)
+            h = first + np.searchsorted(ends, close, side="right")  # the image each close candidate was probed by
+            q = order[position[close]]
+            a, b = owners[q], h
+            other = a != b  # an image's own hash (and its windows against it) is no pair
+            a, b, q = a[other], b[other], q[other]
+            keys.append(np.minimum(a, b) * n + np.maximum(a, b))
+            distances.append(popcount(queries[q] ^ hashes[b]))
     return np.concatenate(keys), np.concatenate(distances)
 
 
