@@ -298,7 +298,8 @@ def test_an_unreachable_object_store_fails_fast_with_a_clear_message(monkeypatch
 
 def _ddp_rank(rank: int, port: int, out: str, result: str) -> None:
     # A rank that torchrun or Lightning starts is a fresh process whose loader workers fork. One started by
-    # torch.multiprocessing.spawn inherits "spawn", and each worker re-imported torch: 30 s an epoch here.
+    # torch.multiprocessing.spawn inherits "spawn", and each worker re-imported torch: 30 s an epoch here. (The
+    # test now forks its ranks too; this keeps the workers' start method whichever way a rank was started.)
     multiprocessing.set_start_method("fork", force=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -317,7 +318,8 @@ def test_ddp_ranks_see_every_sample_once_per_epoch_in_equal_batch_counts(tmp_pat
     for split, n in (("train", 35), ("val", 1)):
         write_class_folders(folder / split, [f"c{i:02d}" for i in range(n)], per_class=1, size=16)
     write_shards(folder, tmp_path / "out", num_workers=1)
-    torch.multiprocessing.spawn(_ddp_rank, args=(free_port(), str(tmp_path / "out"), str(tmp_path)), nprocs=2)
+    torch.multiprocessing.start_processes(_ddp_rank, args=(free_port(), str(tmp_path / "out"), str(tmp_path)),
+                                          nprocs=2, start_method="fork")  # a spawned rank re-imports torch: seconds
     ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
     orders = []
     for epoch in range(2):
