@@ -123,7 +123,9 @@ def test_under_ddp_each_rank_checks_its_shard_of_headers_and_all_get_every_bad_f
     shards = [paths[0::2], paths[1::2]]
     assert all(any(path in shard for path, _ in expected) for shard in shards)  # no rank sees them all alone
     port = free_port()
-    mp.spawn(check_headers_on_a_rank, args=(2, port, str(root), str(tmp_path)), nprocs=2)
+    # forked, not spawned: a spawned rank re-imports torch and vit (seconds each); the check is the same
+    mp.start_processes(check_headers_on_a_rank, args=(2, port, str(root), str(tmp_path)), nprocs=2,
+                       start_method="fork")
     for rank, shard in enumerate(shards):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert seen["checked"] == shard  # its own share of the files, not all of them

@@ -61,9 +61,14 @@ def phash(img: Image.Image) -> int:
 
 
 def _phash_of(gray: np.ndarray) -> int:
-    low = dctn(gray, type=2)[:8, :8]  # (8, 8) lowest frequencies of the (32, 32) image
-    bits = (low > np.median(low)).reshape(-1)
-    return int(np.packbits(bits).view(">u8")[0])
+    return _phashes_of(gray[None])[0]
+
+
+def _phashes_of(grays: np.ndarray) -> list[int]:
+    """The pHash of each (32, 32) image of a stack, in one DCT call (27 calls cost 4x one call on 27 images)."""
+    low = dctn(grays, type=2, axes=(1, 2))[:, :8, :8].reshape(len(grays), 64)  # the lowest frequencies
+    bits = low > np.median(low, axis=1, keepdims=True)
+    return [int(h) for h in np.packbits(bits, axis=1).view(">u8")[:, 0]]
 
 
 def window_phashes(img: Image.Image) -> list[int]:
@@ -71,14 +76,13 @@ def window_phashes(img: Image.Image) -> list[int]:
     each axis, at the start, middle and end of the room left (a crop of a few pixels on each side, resized)."""
     gray = to_rgb(img).convert("L")
     gray = gray.resize((128, 128), Image.Resampling.BILINEAR, reducing_gap=3.0)  # one costly resize, not 18
-    found = []
+    windows = []
     for extent in WINDOW_EXTENTS:
         room = 128 * (1 - extent)
         for top, left in product((0.0, room / 2, room), repeat=2):
-            window = gray.resize((32, 32), Image.Resampling.LANCZOS, box=(left, top, left + 128 * extent,
-                                                                          top + 128 * extent))
-            found.append(_phash_of(np.asarray(window, dtype=np.float64)))
-    return found
+            windows.append(np.asarray(gray.resize((32, 32), Image.Resampling.LANCZOS, box=(
+                left, top, left + 128 * extent, top + 128 * extent)), dtype=np.float64))
+    return _phashes_of(np.stack(windows))
 
 
 def popcount(x: np.ndarray) -> np.ndarray:
