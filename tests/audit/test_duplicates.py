@@ -124,3 +124,17 @@ def test_the_search_in_processes_and_in_blocks_finds_the_same_pairs(monkeypatch)
     for a, b, c in zip(serial, forked, blocks):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
+
+
+def test_edited_thumbnails_of_a_file_gone_since_the_scan_fall_back_to_the_strictest_bar():
+    from vit.audit.scan import EditedThumbnails, ImageRecord
+
+    class Gone:
+        def raw_image(self, index):
+            raise FileNotFoundError(index)
+
+    rng = np.random.default_rng(0)
+    thumb = rng.integers(0, 256, (3, 32, 32), dtype=np.uint8)
+    table = EditedThumbnails([ImageRecord(split="train", index=0, name="a.png", label=0, thumb=thumb)],
+                             {"train": Gone()})
+    np.testing.assert_array_equal(table[np.array([0])], thumb[None])  # the image itself: its own bar is 1
