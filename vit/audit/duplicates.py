@@ -130,9 +130,9 @@ def near_pairs(hashes: np.ndarray, radius: int = DEFAULT_RADIUS, queries: np.nda
     n = len(hashes)
     global _SEARCH
     _SEARCH = (hashes, queries, owners, radius)
-    workers = min(CHUNKS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    workers = min(CHUNKS, len(os.sched_getaffinity(0)))
     try:
-        if workers > 1 and len(queries) >= PARALLEL_QUERIES and "fork" in multiprocessing.get_all_start_methods():
+        if workers > 1 and len(queries) >= PARALLEL_QUERIES:
             with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
                 found = list(pool.map(_search_chunk, range(CHUNKS), flips_per_chunk(radius)))
         else:
@@ -209,7 +209,7 @@ def find_duplicates(
     Exact: the same content hash (distance 0, score 1). Near: a candidate of the hash search (one image's pHash,
     or the pHash of one of its `window_phashes`, within ``radius`` bits of the other's pHash) that
     `vit.audit.verify` confirms: its `copy_scores` reaches ``min_score`` and the score its two images' own bars
-    ask for (`needed_shortfall`), and no other candidate of either image scores higher (`closest`). ``edited``
+    ask for (`needed_shortfall`), and the two are each other's closest candidates (`closest`). ``edited``
     gives the thumbnails of the images through `vit.audit.verify.edited`, indexed by an array of image indices
     (a lazy table: only the images of a pair that gets this far are edited). Pairs already exact are not listed
     again."""
@@ -229,9 +229,8 @@ def find_duplicates(
     bars = np.ones(n)
     if len(used):
         bars[used] = own_bars(thumbs[used], edited[used])
-    for k in hopeful.tolist():
-        a, b, score = int(i[k]), int(j[k]), float(scores[k])
-        needed = 1 - float(needed_shortfall(bars[a], bars[b]))
-        if score >= needed:
-            pairs.append((a, b, "near", int(d[k]), round(score, 4), round(min(needed, 1.0), 4)))
+    needed = 1 - needed_shortfall(bars[i[hopeful]], bars[j[hopeful]])
+    for k, need in zip(hopeful.tolist(), needed.tolist()):
+        if scores[k] >= need:
+            pairs.append((int(i[k]), int(j[k]), "near", int(d[k]), round(float(scores[k]), 4), round(need, 4)))
     return pairs, len(i)

@@ -22,7 +22,8 @@ serves both (issue 26). So each image carries its own bar, the score of its own 
 copy when it falls short of 1 by at most ``TOLERANCE`` times its images' shortfall. Thin strokes (handwritten
 1s) lose so much in the edit that a different 1 still passes its bar; but a 1 has dozens of such look-alikes
 about as close, where a copy is closer to its original than anything else: `closest` keeps only pairs that
-are each image's best. The constants are calibrated on real folders with planted edits (docs/audit.md).
+are each other's best (or an original and two copies of it). The constants are calibrated on real folders
+with planted edits (docs/audit.md).
 """
 
 from __future__ import annotations
@@ -94,13 +95,16 @@ def closest(i: np.ndarray, j: np.ndarray, scores: np.ndarray) -> np.ndarray:
     in a triangle of pairs that are each among both their images' two closest: an original and two copies of it.
     Two different handwritten 1s correlate like a copy and its original; but a 1 has dozens of look-alikes about
     as close, where a copy is closer to its original than anything else. Ties are kept."""
+    i, j = np.asarray(i), np.asarray(j)
     first, second = reciprocal(i, j, scores, 1), reciprocal(i, j, scores, 2)
     near: dict[int, set[int]] = {}
-    for a, b in zip(np.asarray(i)[second].tolist(), np.asarray(j)[second].tolist()):
+    for a, b in zip(i[second].tolist(), j[second].tolist()):
         near.setdefault(a, set()).add(b)
         near.setdefault(b, set()).add(a)
-    triangle = np.array([bool(near.get(a, set()) & near.get(b, set())) for a, b in zip(i, j)], dtype=bool)
-    return first | (second & triangle)
+    kept = first.copy()
+    for k in np.flatnonzero(second & ~first).tolist():  # the few second-closest pairs: in a triangle?
+        kept[k] = bool(near[int(i[k])] & near[int(j[k])])
+    return kept
 
 
 def reciprocal(i: np.ndarray, j: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
