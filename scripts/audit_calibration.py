@@ -246,6 +246,14 @@ def main() -> None:
     parser.add_argument("--seeds", default="0", help="duplicates: planting seeds, e.g. 0,1,2 (default: %(default)s)")
     parser.add_argument("--no_clean", action="store_true", help="duplicates: skip the folders with nothing planted")
     args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from audit_folders import FOLDERS
+
+    unknown = sorted(set(args.folders.split(",")) - set(FOLDERS))
+    if unknown:
+        parser.error(f"--folders: no folder named {', '.join(unknown)}; choose from {', '.join(FOLDERS)}")
+    if not all(s.strip().isdigit() for s in args.seeds.split(",")):
+        parser.error(f"--seeds: comma-separated whole numbers, e.g. 0,1,2; got {args.seeds!r}")
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     figures = {}
