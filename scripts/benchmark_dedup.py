@@ -4,12 +4,14 @@
     python scripts/benchmark_dedup.py --hashes 1000000 --radius 8
 
 Each generated image has a random 64-bit pHash and 27 window hashes (its zoomed windows: each its pHash with
-8 to 16 bits flipped, as they are on real images). 2% of the images are planted as copies of others: their
-pHash is one of the original's window hashes with 0 to ``radius`` bits flipped, and their thumbnail is the
-original's, zoomed into a window, brightened and with noise added. The timed step is the whole of
-`vit.audit.duplicates.find_duplicates`: the multi-index search of 28 queries an image, and the verification of
-every candidate. Then the neighbours of ``--check`` random queries are counted by brute force against all the
-hashes and must be exactly the pairs the index found for them, and 95% of the planted copies must be verified.
+8 to 16 bits flipped, as they are on real images), and a random 64-bit luma hash. 2% of the images are planted
+as copies of others: their pHash is one of the original's window hashes with 0 to ``radius`` bits flipped, their
+luma hash the original's with 0 to ``LUMA_RADIUS`` bits flipped, and their thumbnail is the original's, zoomed
+into a window, brightened and with noise added. The timed step is the whole of
+`vit.audit.duplicates.find_duplicates`: the multi-index searches (28 pHash queries an image, and the luma
+hashes), and the verification of every candidate. Then the neighbours of ``--check`` random queries are counted
+by brute force against all the hashes and must be exactly the pairs the index found for them, and 95% of the
+planted copies must be verified.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 
 import numpy as np
 
-from vit.audit.duplicates import find_duplicates, near_pairs, popcount
+from vit.audit.duplicates import LUMA_RADIUS, find_duplicates, near_pairs, popcount
 from vit.audit.verify import EDIT_CROP, resampler
 
 WINDOWS = 27
@@ -48,14 +50,16 @@ def edit(base: np.ndarray, rng: np.random.Generator, window: tuple[float, float]
 
 
 def generated(n: int, radius: int, seed: int = 0):
-    """(hashes (n,), windows (n, 27), thumbnails of the planted pairs' images and their edited copies, planted
-    (copy, original) pairs)."""
+    """(hashes (n,), windows (n, 27), luma hashes (n,), thumbnails of the planted pairs' images and their edited
+    copies, planted (copy, original) pairs)."""
     rng = np.random.default_rng(seed)
     hashes = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
     windows = flip(np.repeat(hashes[:, None], WINDOWS, axis=1), 8, 16, rng)  # (n, 27)
     copies = rng.choice(np.arange(n // 2, n), n // 50, replace=False)
     originals = rng.integers(0, n // 2, len(copies))
     hashes[copies] = flip(windows[originals, rng.integers(0, WINDOWS, len(copies))], 0, radius, rng)
+    lumas = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+    lumas[copies] = flip(lumas[originals], 0, LUMA_RADIUS, rng)
     drawn, edited = {}, {}
     for c, o in zip(copies.tolist(), originals.tolist()):
         base = drawn.setdefault(o, np.clip(rng.normal(128, 40, (3, 8, 8)).repeat(4, 1).repeat(4, 2), 0, 255))
@@ -63,7 +67,7 @@ def generated(n: int, radius: int, seed: int = 0):
     left, _, right, _ = EDIT_CROP
     for k, picture in drawn.items():  # what `vit.audit.verify.edited` makes of each drawn image: its fixed crop
         edited[k] = edit(picture, rng, (left, 1 - left - right))
-    return hashes, windows, drawn, edited, list(zip(copies.tolist(), originals.tolist()))
+    return hashes, windows, lumas, drawn, edited, list(zip(copies.tolist(), originals.tolist()))
 
 
 class Thumbnails:
@@ -96,10 +100,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--check", type=int, default=1_000, help="queries whose neighbours brute force recounts")
     args = parser.parse_args(argv)
     n = args.hashes
-    hashes, windows, drawn, edited, planted = generated(n, args.radius)
+    hashes, windows, lumas, drawn, edited, planted = generated(n, args.radius)
     started = time.perf_counter()
-    pairs, candidates = find_duplicates([str(k) for k in range(n)], hashes.tolist(), windows, Thumbnails(drawn, n),
-                                        Thumbnails(edited, n), args.radius)
+    pairs, candidates = find_duplicates([str(k) for k in range(n)], hashes.tolist(), windows, lumas.tolist(),
+                                        Thumbnails(drawn, n), Thumbnails(edited, n), args.radius)
     seconds = time.perf_counter() - started
     verified = {(a, b) for a, b, kind, *_ in pairs if kind == "near"}
     truth = {(min(c, o), max(c, o)) for c, o in planted}

@@ -17,7 +17,7 @@ import skimage.data
 from PIL import Image
 
 from tests import load_script
-from vit.audit.duplicates import find_duplicates
+from vit.audit.duplicates import find_duplicates, luma_hashes
 from vit.audit.verify import (
     MIN_SCORE,
     closest,
@@ -132,8 +132,9 @@ def test_find_duplicates_keeps_the_copies_and_drops_the_look_alikes(fixture):
 
     pictures, copies = fixture
     images = pictures + copies + [pictures[0]]  # and an exact copy of the first coin
+    thumbs = np.stack([thumbnail(i) for i in images])
     pairs, candidates = find_duplicates([content_hash(i) for i in images], [phash(i) for i in images],
-                                        [window_phashes(i) for i in images], np.stack([thumbnail(i) for i in images]),
+                                        [window_phashes(i) for i in images], luma_hashes(thumbs), thumbs,
                                         np.stack([thumbnail(edited(i)) for i in images]))
     n = len(pictures)
     found = {(a, b): (kind, score) for a, b, kind, _, score, _ in pairs}
@@ -141,7 +142,6 @@ def test_find_duplicates_keeps_the_copies_and_drops_the_look_alikes(fixture):
     near = {(a, b) for (a, b), (kind, _) in found.items() if kind == "near"}
     expected = {(k, k + n) for k in range(n)} | {(k + n, 2 * n) for k in (0,)}  # the first coin's copy twice
     assert len(near & expected) >= 0.95 * len(expected)  # the hash step's recall, here on 41 pairs
-    thumbs = [thumbnail(i) for i in images]
     wrong = [(a, b) for a, b in near - expected if b < 32 or plain_correlation(thumbs[a], thumbs[b]) < 0.9]
     assert not wrong  # every candidate that is no copy was rejected, but for digits that are all but the same
     assert all(score >= needed for *_, score, needed in pairs)

@@ -3,6 +3,7 @@
     content_hash(img)            the same pixels (saved twice, under two names, in two formats) -> the same hash
     phash(img)                   64 bits from the low frequencies of the 32x32 grayscale image's DCT
     window_phashes(img)          the pHashes of 27 zoomed windows of the image (what a crop of it may show)
+    luma_hashes(thumbs)          64 bits a thumbnail: the signs of random projections of its 8x8 luminance
     near_pairs(hashes, radius)   every pair within ``radius`` differing bits, through a multi-index hash table
     find_duplicates(...)         exact pairs, and the near candidates that `vit.audit.verify` confirms
 
@@ -13,6 +14,13 @@ image moves 10 to 24 of them, as far as the distance between unrelated look-alik
 only proposes candidates: a pair is a candidate when one image's pHash, or the pHash of one of its zoomed
 windows (the crops a copy of it may be), lies within ``DEFAULT_RADIUS`` bits of the other's pHash; and
 `vit.audit.verify` then decides, on the pixels, whether it is a copy (docs/audit.md has the calibration).
+
+pHash's bits compare each coefficient with the median of the 64. On a fine texture (a 48-px tile of foliage or
+fabric) the low coefficients all sit near that median, so JPEG flips a dozen of them and no window comes within
+the radius. A second hash proposes the rest: SimHash (Charikar, 2002) of the thumbnail's 8x8 luminance, one bit
+per random direction, whose distance estimates the angle between the two patterns (a copy correlates 0.93-0.99
+there: 1-7 bits of 64). Look-alike smooth images (digits, objects on plain backgrounds) have dozens of such
+neighbours, so each image keeps only its ``LUMA_NEIGHBOURS`` best-correlating ones as candidates.
 
 The search is multi-index hashing (Norouzi et al., 2012): split the 64 bits into 4 chunks of 16. Two hashes
 within r bits agree within r // 4 bits on at least one chunk (pigeonhole), so each chunk's table is probed
@@ -34,7 +42,7 @@ import numpy as np
 from PIL import Image
 from scipy.fft import dctn
 
-from vit.audit.verify import MIN_SCORE, closest, copy_scores, needed_shortfall, own_bars
+from vit.audit.verify import MIN_SCORE, closest, copy_scores, kth_best, luma_features, needed_shortfall, own_bars
 from vit.data.io import to_rgb
 
 DEFAULT_RADIUS = 10  # differing pHash bits, of 64, that still make a candidate (docs/audit.md)
@@ -43,6 +51,10 @@ BLOCK_CANDIDATES = 16_000_000  # flattened candidates a step of the search holds
 PARALLEL_QUERIES = 500_000  # searches with this many queries run their chunks in processes (`near_pairs`)
 _SEARCH: Any = None  # (hashes, queries, owners, radius) of the search under way, inherited by forked workers
 WINDOW_EXTENTS = (0.95, 0.89, 0.83)  # zooms of `window_phashes`: what a 0.85-0.95x resize and a 1-4 px crop leave
+LUMA_RADIUS = 10  # differing `luma_hashes` bits that make a candidate: copies differ in 1-7 (docs/audit.md)
+LUMA_NEIGHBOURS = 2  # of those, the best-correlating candidates an image keeps
+# SimHash's random directions, fixed (a seed, float64): the same image gets the same hash on every machine.
+_DIRECTIONS = np.random.default_rng(0).standard_normal((64, 64))
 
 
 def content_hash(img: Image.Image) -> str:
@@ -83,6 +95,13 @@ def window_phashes(img: Image.Image) -> list[int]:
             windows.append(np.asarray(gray.resize((32, 32), Image.Resampling.LANCZOS, box=(
                 left, top, left + 128 * extent, top + 128 * extent)), dtype=np.float64))
     return _phashes_of(np.stack(windows))
+
+
+def luma_hashes(thumbs: np.ndarray) -> list[int]:
+    """The 64-bit SimHash of each (3, 32, 32) thumbnail (`vit.audit.verify.thumbnail`): bit k says on which side
+    of the k-th fixed random direction its standardised 8x8 luminance lies (a flat image: every bit 0)."""
+    bits = luma_features(thumbs).astype(np.float64) @ _DIRECTIONS > 0
+    return [int(h) for h in np.packbits(bits, axis=1).view(">u8")[:, 0]]
 
 
 def popcount(x: np.ndarray) -> np.ndarray:
@@ -200,15 +219,16 @@ def exact_groups(contents: list[str]) -> list[list[int]]:
 
 
 def find_duplicates(
-    contents: Sequence[str], hashes: Sequence[int], windows: Sequence[Sequence[int]], thumbs: np.ndarray,
-    edited: Any, radius: int = DEFAULT_RADIUS, min_score: float = MIN_SCORE,
+    contents: Sequence[str], hashes: Sequence[int], windows: Sequence[Sequence[int]], lumas: Sequence[int],
+    thumbs: np.ndarray, edited: Any, radius: int = DEFAULT_RADIUS, min_score: float = MIN_SCORE,
 ) -> tuple[list[tuple[int, int, str, int, float, float]], int]:
     """(i, j, "exact" | "near", distance in pHash bits, verification score, score needed) for every duplicate
     pair i < j, and how many near candidates were checked.
 
-    Exact: the same content hash (distance 0, score 1). Near: a candidate of the hash search (one image's pHash,
-    or the pHash of one of its `window_phashes`, within ``radius`` bits of the other's pHash) that
-    `vit.audit.verify` confirms: its `copy_scores` reaches ``min_score`` and the score its two images' own bars
+    Exact: the same content hash (distance 0, score 1). Near: a candidate (`candidates`: one image's pHash, or
+    the pHash of one of its `window_phashes`, within ``radius`` bits of the other's pHash; or their
+    `luma_hashes` within ``LUMA_RADIUS`` bits, kept for the ``LUMA_NEIGHBOURS`` best-correlating of either image)
+    that `vit.audit.verify` confirms: its `copy_scores` reaches ``min_score`` and the score its two images' own bars
     ask for (`needed_shortfall`), and the two are each other's closest candidates (`closest`). ``edited``
     gives the thumbnails of the images through `vit.audit.verify.edited`, indexed by an array of image indices
     (a lazy table: only the images of a pair that gets this far are edited). Pairs already exact are not listed
@@ -216,11 +236,7 @@ def find_duplicates(
     pairs = [(a, b, "exact", 0, 1.0, 1.0) for group in exact_groups(list(contents)) for a, b in combinations(group, 2)]
     exact = {(a, b) for a, b, *_ in pairs}
     n = len(hashes)
-    whole = np.array(hashes, dtype=np.uint64)
-    zoomed = np.array(windows, dtype=np.uint64).reshape(n, -1)
-    queries = np.concatenate([whole, zoomed.reshape(-1)])
-    owners = np.concatenate([np.arange(n), np.repeat(np.arange(n), zoomed.shape[1])])
-    i, j, d = near_pairs(whole, radius, queries, owners)
+    i, j, d = candidates(hashes, windows, lumas, thumbs, radius)
     fresh = np.array([(int(a), int(b)) not in exact for a, b in zip(i, j)], dtype=bool)
     i, j, d = i[fresh], j[fresh], d[fresh]
     scores = copy_scores(thumbs, i, j)
@@ -234,3 +250,30 @@ def find_duplicates(
         if scores[k] >= need:
             pairs.append((int(i[k]), int(j[k]), "near", int(d[k]), round(float(scores[k]), 4), round(need, 4)))
     return pairs, len(i)
+
+
+def candidates(hashes: Sequence[int], windows: Sequence[Sequence[int]], lumas: Sequence[int], thumbs: np.ndarray,
+               radius: int = DEFAULT_RADIUS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(i, j, pHash distance) of the near-duplicate candidates i < j, sorted by (i, j): the pHash search (an
+    image's pHash or window pHashes within ``radius`` bits of the other's pHash), and the `luma_hashes` search
+    (within ``LUMA_RADIUS`` bits, among the ``LUMA_NEIGHBOURS`` best-correlating pairs of either image; their
+    distance is the two whole pHashes')."""
+    n = len(hashes)
+    whole = np.array(hashes, dtype=np.uint64)
+    zoomed = np.array(windows, dtype=np.uint64).reshape(n, -1)
+    queries = np.concatenate([whole, zoomed.reshape(-1)])
+    owners = np.concatenate([np.arange(n), np.repeat(np.arange(n), zoomed.shape[1])])
+    i, j, d = near_pairs(whole, radius, queries, owners)
+    li, lj, _ = near_pairs(np.array(lumas, dtype=np.uint64), LUMA_RADIUS)
+    if len(li):
+        used, inverse = np.unique(np.concatenate([li, lj]), return_inverse=True)  # only these: a lazy table
+        features = luma_features(thumbs[used])
+        a, b = inverse[:len(li)], inverse[len(li):]
+        correlation = (features[a] * features[b]).sum(axis=1)
+        kth = kth_best(a, b, correlation, LUMA_NEIGHBOURS)
+        best = (correlation >= kth[a]) & (correlation >= kth[b])
+        li, lj = li[best], lj[best]
+    keys = np.concatenate([i * n + j, li * n + lj])
+    distances = np.concatenate([d, popcount(whole[li] ^ whole[lj])])
+    keys, first = np.unique(keys, return_index=True)  # a pair both searches found keeps its pHash search distance
+    return keys // n, keys % n, distances[first]

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from vit.audit.duplicates import content_hash, phash, window_phashes
+from vit.audit.duplicates import content_hash, luma_hashes, phash, window_phashes
 from vit.audit.verify import edited, thumbnail
 from vit.data.io import check_image_file
 from vit.errors import UserValueError
@@ -45,6 +45,7 @@ class ImageRecord:
     phash: int = 0
     windows: list[int] = field(default_factory=list)  # `window_phashes`: queries of the near-duplicate search
     thumb: np.ndarray | None = None  # `vit.audit.verify.thumbnail`: what verifies a near-duplicate
+    luma: int = 0  # `luma_hashes` of the thumbnail: the other query of the near-duplicate search
     problem: str | None = None
 
 
@@ -66,6 +67,7 @@ def _describe(index: int, label: int) -> ImageRecord:
         record.mode, record.format = img.mode, img.format or "in memory"
         record.content, record.phash = content_hash(img), phash(img)
         record.windows, record.thumb = window_phashes(img), thumbnail(img)
+        record.luma = luma_hashes(record.thumb[None])[0]
     except Exception as e:  # a file that only decoding finds bad (truncated, damaged)
         record.problem = f"cannot decode ({type(e).__name__}: {e})"
     return record

@@ -111,17 +111,24 @@ def reciprocal(i: np.ndarray, j: np.ndarray, scores: np.ndarray, k: int) -> np.n
     """Which pairs (i[p], j[p]) are among the ``k`` best-scoring pairs of both their images (k-reciprocal
     nearest neighbours; ties are kept)."""
     i, j, scores = np.asarray(i, np.int64), np.asarray(j, np.int64), np.asarray(scores, np.float64)
+    kth = kth_best(i, j, scores, k)
+    return (scores >= kth[i]) & (scores >= kth[j])
+
+
+def kth_best(i: np.ndarray, j: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
+    """Each image's ``k``-th best score among the pairs (i[p], j[p]) it is in (-inf with fewer pairs)."""
+    i, j, scores = np.asarray(i, np.int64), np.asarray(j, np.int64), np.asarray(scores, np.float64)
     if len(i) == 0:
-        return np.zeros(0, bool)
+        return np.zeros(0)
     owner, value = np.concatenate([i, j]), np.concatenate([scores, scores])
     order = np.lexsort((-value, owner))  # each image's pairs, best first
     owner, value = owner[order], value[order]
     start = np.r_[0, np.flatnonzero(owner[1:] != owner[:-1]) + 1]
     rank = np.arange(len(owner)) - np.repeat(start, np.diff(np.r_[start, len(owner)]))
-    kth = np.full(int(owner.max()) + 1, -np.inf)  # each image's k-th best score (-inf with fewer pairs)
+    kth = np.full(int(owner.max()) + 1, -np.inf)
     at = rank == k - 1
     kth[owner[at]] = value[at]
-    return (scores >= kth[i]) & (scores >= kth[j])
+    return kth
 
 
 def windows() -> list[tuple[float, float]]:
@@ -155,6 +162,13 @@ def _luma(colour: np.ndarray, side: int) -> np.ndarray:
     gray = np.tensordot(colour, LUMA, axes=([1], [0]))  # (N, s, s)
     k = gray.shape[-1] // side
     return gray.reshape(len(gray), side, k, side, k).mean(axis=(2, 4))
+
+
+def luma_features(thumbs: np.ndarray, side: int = 8) -> np.ndarray:
+    """(N, side * side) float32: each thumbnail's luminance, blurred as for the scores, averaged down to
+    ``side`` x ``side``, zero mean and unit norm: the dot product of two is their plain NCC at that size."""
+    gray = _luma(_blurred(np.asarray(thumbs)), side)
+    return _standardise(gray).reshape(len(gray), side * side)
 
 
 def _standardise(x: np.ndarray, axes: tuple[int, ...] = (-2, -1)) -> np.ndarray:

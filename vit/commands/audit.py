@@ -208,7 +208,8 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     good = [r for r in records if r.problem is None]
     thumbs = np.stack([r.thumb for r in good]) if good else np.zeros((0, 3, 32, 32), np.uint8)
     found, candidates = find_duplicates([r.content for r in good], [r.phash for r in good], [r.windows for r in good],
-                                        thumbs, EditedThumbnails(good, datasets), args.radius, args.min_score)
+                                        [r.luma for r in good], thumbs, EditedThumbnails(good, datasets),
+                                        args.radius, args.min_score)
     pairs = describe_pairs(good, found, class_names)
     cross = sum(p["split_a"] != p["split_b"] for p in pairs)
     exact = sum(p["kind"] == "exact" for p in pairs)
