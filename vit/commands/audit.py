@@ -6,15 +6,15 @@
 Model and data come from the same config and flags as `vit fit` and `vit probe`. Every image of every split
 is read once (`vit.audit.scan`): the inventory (images per class and split, sizes, aspect ratios, modes,
 formats, bad files), exact duplicates (the same decoded pixels) and near-duplicates (pHash candidates within
-``--radius`` bits, through a multi-index hash table, each verified on the pixels: `vit.audit.verify`), across
-splits (leakage) and classes (label conflicts). Label issues come from confident learning on out-of-fold
-probabilities of a k-fold logistic regression on the backbone's pooled features of the training images (cached
-like `vit probe`'s), with that classifier's accuracy beside chance; a list from a classifier too close to chance
-is reported as untrustworthy, not as wrong labels. Weights that cannot be loaded (no network, a missing file)
-skip the label check, and say why; the other checks need no model. Writes summary.json,
-duplicates.csv, label_issues.csv and a self-contained report.html to ``--out`` (default: a run folder beside
-`vit fit`'s, ``<logger save_dir>/<name>/audit/version_N``). The exit status is 0, or 1 when something named
-in ``--fail_on`` is found.
+``--radius`` bits and luminance-SimHash candidates, through multi-index hash tables, each verified on the
+pixels: `vit.audit.verify`), across splits (leakage) and classes (label conflicts). Label issues come from
+confident learning on out-of-fold probabilities of a k-fold logistic regression on the backbone's pooled
+features of the training images (cached like `vit probe`'s), with that classifier's accuracy beside chance; a
+list from a classifier too close to chance is reported as untrustworthy, not as wrong labels. Weights that
+cannot be loaded (no network, a missing file) skip the label check, and say why; the other checks need no
+model. Writes summary.json, duplicates.csv, label_issues.csv and a self-contained report.html to ``--out``
+(default: a run folder beside `vit fit`'s, ``<logger save_dir>/<name>/audit/version_N``). The exit status is
+0, or 1 when something named in ``--fail_on`` is found.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                         help=f"exit with status 1 when any of these is found (comma-separated): {', '.join(FAIL_ON)}")
     parser.add_argument("--radius", type=int, default=DEFAULT_RADIUS,
                         help="near-duplicate candidates: at most this many of the 64 pHash bits differ, between one "
-                        "image and the other or a zoomed window of it (default: %(default)s)")
+                        "image and the other or a zoomed window of it (default: %(default)s); a second hash, of "
+                        "the 8x8 luminance, proposes the textures pHash misses")
     parser.add_argument("--min_score", type=float, default=MIN_SCORE,
                         help="near-duplicates: no candidate whose aligned colour correlation is below this is a "
                         "copy, whatever its images' own bars (default: %(default)s; docs/audit.md)")
