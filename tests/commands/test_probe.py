@@ -292,6 +292,23 @@ def test_probe_on_each_kind_of_head_saves_a_checkpoint_that_predicts_what_it_sco
     assert accuracy == pytest.approx(result["logistic_test_acc"])
 
 
+def test_a_feature_that_barely_varies_keeps_the_float32_head_exact():
+    """A random model's cls token hardly varies between images (std 1e-5 against 1 for the rest): standardised,
+    its weight in the folded float32 head became 1e5, and the head's logits lost 0.01-0.05 to cancellation, so
+    the checkpoint and the probe disagreed on near-ties (seen on an AMD CPU). The logits must stay the probe's."""
+    from vit.commands.probe import fit_logistic
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(0.0, 1.0, (60, 8))
+    x[:, 0] = 2.5 + rng.normal(0, 1e-6, 60)  # the near-constant feature, far from 0
+    y = (x[:, 1] + x[:, 2] > 0).astype(int) + (x[:, 3] > 1)
+    scaler, clf, _, _ = fit_logistic((x[:40], y[:40]), (x[40:], y[40:]), [1.0])
+    weight, bias = folded_head(scaler, clf, 3)
+    logits = torch.tensor(x, dtype=torch.float32) @ weight.T + bias
+    expected = clf.decision_function(scaler.transform(x))  # float64, the probe's own scores
+    assert (logits.double() - torch.tensor(expected)).abs().max() < 1e-3
+
+
 def test_probe_checkpoint_is_a_fit_checkpoint_and_a_pretrained_source(tmp_path):
     import vit
     from vit.checkpoint import load_classifier, read_checkpoint

@@ -123,6 +123,12 @@ def fit_logistic(train: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np
     from sklearn.preprocessing import StandardScaler
 
     scaler = StandardScaler().fit(train[0])
+    # A feature that barely varies (a random model's cls token: std 1e-5 where the others' is 1) would be
+    # scaled up 1e5x, and so would its weight in the float32 head `folded_head` writes, whose logits then
+    # lose their last digits to cancellation (W f and W mean, both ~1e5): the checkpoint disagreed with the
+    # probe on near-ties, on one CPU and not another. Such a feature is scaled as if it varied 1e-3 as much as
+    # the median feature: it still counts, with a weight the float32 head computes to 1e-4.
+    scaler.scale_ = np.maximum(scaler.scale_, 1e-3 * np.median(scaler.scale_))
     x_train, x_val = scaler.transform(train[0]), scaler.transform(val[0])
     best = None
     clf = LogisticRegression(max_iter=2000, warm_start=True)  # along the path: each C starts from the last
