@@ -40,7 +40,13 @@ from vit.cpu import describe_cpu, has_native_bf16, reduce_range_for
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vit.export import onnx_bytes
 from vit.inference import OnnxClassifier, autocast
-from vit.quantize import CALIBRATION_IMAGES, KEEP_FP32, quantize_dynamic_int8, quantize_static_int8
+from vit.quantize import (
+    CALIBRATION_IMAGES,
+    KEEP_FP32,
+    config_split_images,
+    quantize_dynamic_int8,
+    quantize_static_int8,
+)
 
 Runner = Callable[[Tensor], Tensor]
 REFERENCE = "torch"
@@ -50,21 +56,13 @@ BACKENDS = ("torch", "torch autocast bf16", "torch-bf16", "torch-compile", "onnx
 EXACT = ("torch", "torch-compile", "onnx", "openvino")
 
 
-def config_splits(config: str, root: str | None, count: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(test images, test labels, ``count`` training images) from a `vit fit` config's DataModule, all through
-    its eval transform (the calibration images drawn at random with seed 0, as `vit.quantize` draws them)."""
-    from vit.cli import build_model_and_data
-
-    argv = ["--config", config, "--model.init_args.pretrained", "null"]
-    _, data, _ = build_model_and_data(argv + (["--data.init_args.root", root] if root else []), "benchmark")
-    data.prepare_data()
-    data.setup("fit")
-    data.setup("test")
-    test = data.eval_split("test")
-    images, labels = zip(*(test[i] for i in range(len(test))))
-    train = data.eval_split("train")
-    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:count]
-    return torch.stack(images), torch.as_tensor(labels), torch.stack([train[i][0] for i in order.tolist()])
+def config_splits(config: str, root: str | None, count: int, classifier: Classifier) -> tuple[Tensor, Tensor, Tensor]:
+    """(test images, test labels, ``count`` training images) of a `vit fit` config's DataModule, each decoded as
+    stored and prepared by the checkpoint's eval transform, as `vit predict` prepares a file (the calibration
+    images drawn at random with seed 0, as `vit export --int8 static --calibration CONFIG` draws them)."""
+    transform, mode = classifier.eval_transform(), "L" if classifier.in_chans == 1 else "RGB"
+    images, labels = config_split_images(config, "test", transform, mode, root=root)
+    return images, labels, config_split_images(config, "train", transform, mode, count, seed=0, root=root)[0]
 
 
 def random_classifier(name: str, num_classes: int) -> Classifier:
@@ -228,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     if args.ckpt:
         classifier = load_classifier(args.ckpt)
-        images, labels, calibration = config_splits(args.config, args.root, CALIBRATION_IMAGES)
+        images, labels, calibration = config_splits(args.config, args.root, CALIBRATION_IMAGES, classifier)
     else:
         classifier = random_classifier(args.model, args.num_classes)
         generator = torch.Generator().manual_seed(0)

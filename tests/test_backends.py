@@ -250,6 +250,23 @@ def test_calibration_from_a_folder_is_a_random_draw_through_the_eval_transform(t
     torch.testing.assert_close(calibration_images(tmp_path, transform, "L", count=12), drawn)  # seeded
 
 
+def test_calibration_from_a_config_goes_through_the_checkpoints_transform_not_the_datamodules():
+    """A config's DataModule, built without its pretrained weights, normalises as the architecture's default would
+    (ImageNet's mean and std for a fine-tuning recipe whose checkpoint was trained on augreg's 0.5): the images
+    must be decoded as stored and prepared by the transform given, the checkpoint's, as `vit predict` does."""
+    from vit.quantize import calibration_images, config_split_images
+
+    def brightness(image):  # a transform of our own: (1, 1, 1), the image's mean pixel value
+        return torch.tensor(np.asarray(image), dtype=torch.float32).mean().reshape(1, 1, 1)
+
+    drawn = calibration_images(CONFIG, brightness, "L", count=8)
+    every, labels = config_split_images(CONFIG, "train", brightness, "L")  # all, in order
+    assert drawn.shape == (8, 1, 1, 1) and len(every) == len(labels) > 1000
+    assert all((every == value).any() for value in drawn)
+    images, labels = config_split_images(CONFIG, "test", brightness, "L")
+    assert images.shape[1:] == (1, 1, 1) and len(images) == len(labels) > 300 and set(labels.tolist()) == set(range(10))
+
+
 def test_serve_takes_the_same_backends():
     from vit.commands import serve
 

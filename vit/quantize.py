@@ -142,7 +142,7 @@ def calibration_images(source: str | os.PathLike, transform: Callable, mode: str
     """
     source = Path(source)
     if source.suffix.lower() in (".yaml", ".yml"):
-        return _config_images(source, count, seed)
+        return config_split_images(source, "train", transform, mode, count, seed)[0]
     if not source.is_dir():
         raise UserPathError(f"--calibration {source}: expected a folder of training images or a `vit fit` config "
                             "(.yaml), and found neither")
@@ -162,16 +162,31 @@ def calibration_images(source: str | os.PathLike, transform: Callable, mode: str
     return torch.stack(images)
 
 
-def _config_images(config: Path, count: int, seed: int) -> Tensor:
-    """The training split of the DataModule a `vit fit` config builds, through its eval transform."""
+def config_split_images(config: str | os.PathLike, split: str, transform: Callable, mode: str,
+                        count: int | None = None, seed: int = 0, root: str | None = None) -> tuple[Tensor, Tensor]:
+    """(images (N, C, H, W), labels (N,)) of a split of the DataModule a `vit fit` config builds (``root``: its
+    data folder),
+    a random ``count`` of them by ``seed`` (``None``: all, in order), each decoded as stored and prepared by
+    ``transform``: the checkpoint's eval transform, not the DataModule's. Built without the config's pretrained
+    weights, the DataModule normalises as the architecture's default would (ImageNet's mean and std), while a
+    checkpoint fine-tuned from an augreg tag was trained on 0.5/0.5 (`vit.preprocessing`)."""
+    config = Path(config)
     if not config.is_file():
         raise UserPathError(f"--calibration {config}: no such config")
     from vit.cli import build_model_and_data
 
-    _, data, _ = build_model_and_data(["--config", str(config), "--model.init_args.pretrained", "null"],
+    argv = ["--config", str(config), "--model.init_args.pretrained", "null"]
+    _, data, _ = build_model_and_data(argv + (["--data.init_args.root", root] if root else []),
                                       "vit export --calibration")
     data.prepare_data()
     data.setup("fit")
-    train = data.eval_split("train")
-    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:count]
-    return torch.stack([train[i][0] for i in order.tolist()])
+    if split == "test":
+        data.setup("test")
+    dataset = {"train": data.train_set, "val": data.val_set, "test": data.test_set}[split]
+    if not hasattr(dataset, "raw_image"):
+        raise UserValueError(f"--calibration {config}: its {type(dataset).__name__} gives no decoded images to "
+                             "prepare the checkpoint's way; pass a folder of training images instead")
+    indices = list(range(len(dataset))) if count is None else \
+        torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:count].tolist()
+    images = torch.stack([transform(dataset.raw_image(i).convert(mode)) for i in indices])
+    return images, torch.tensor([int(dataset.labels[i]) for i in indices])
