@@ -20,7 +20,8 @@ fabric) the low coefficients all sit near that median, so JPEG flips a dozen of 
 the radius. A second hash proposes the rest: SimHash (Charikar, 2002) of the thumbnail's 8x8 luminance, one bit
 per random direction, whose distance estimates the angle between the two patterns (a copy correlates 0.93-0.99
 there: 1-7 bits of 64). Look-alike smooth images (digits, objects on plain backgrounds) have dozens of such
-neighbours, so each image keeps only its ``LUMA_NEIGHBOURS`` best-correlating ones as candidates.
+neighbours, so a luma pair is a candidate only when it is among the ``LUMA_NEIGHBOURS`` best-correlating luma
+pairs of both its images.
 
 The search is multi-index hashing (Norouzi et al., 2012): split the 64 bits into 4 chunks of 16. Two hashes
 within r bits agree within r // 4 bits on at least one chunk (pigeonhole), so each chunk's table is probed
@@ -52,7 +53,7 @@ PARALLEL_QUERIES = 500_000  # searches with this many queries run their chunks i
 _SEARCH: Any = None  # (hashes, queries, owners, radius) of the search under way, inherited by forked workers
 WINDOW_EXTENTS = (0.95, 0.89, 0.83)  # zooms of `window_phashes`: what a 0.85-0.95x resize and a 1-4 px crop leave
 LUMA_RADIUS = 10  # differing `luma_hashes` bits that make a candidate: copies differ in 1-7 (docs/audit.md)
-LUMA_NEIGHBOURS = 2  # of those, the best-correlating candidates an image keeps
+LUMA_NEIGHBOURS = 2  # of those, a pair must be among the best-correlating of both its images
 # SimHash's random directions, fixed (a seed, float64): the same image gets the same hash on every machine.
 _DIRECTIONS = np.random.default_rng(0).standard_normal((64, 64))
 
@@ -227,7 +228,7 @@ def find_duplicates(
 
     Exact: the same content hash (distance 0, score 1). Near: a candidate (`candidates`: one image's pHash, or
     the pHash of one of its `window_phashes`, within ``radius`` bits of the other's pHash; or their
-    `luma_hashes` within ``LUMA_RADIUS`` bits, kept for the ``LUMA_NEIGHBOURS`` best-correlating of either image)
+    `luma_hashes` within ``LUMA_RADIUS`` bits, among the ``LUMA_NEIGHBOURS`` best-correlating of both images)
     that `vit.audit.verify` confirms: its `copy_scores` reaches ``min_score`` and the score its two images' own bars
     ask for (`needed_shortfall`), and the two are each other's closest candidates (`closest`). ``edited``
     gives the thumbnails of the images through `vit.audit.verify.edited`, indexed by an array of image indices
@@ -256,8 +257,8 @@ def candidates(hashes: Sequence[int], windows: Sequence[Sequence[int]], lumas: S
                radius: int = DEFAULT_RADIUS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(i, j, pHash distance) of the near-duplicate candidates i < j, sorted by (i, j): the pHash search (an
     image's pHash or window pHashes within ``radius`` bits of the other's pHash), and the `luma_hashes` search
-    (within ``LUMA_RADIUS`` bits, among the ``LUMA_NEIGHBOURS`` best-correlating pairs of either image; their
-    distance is the two whole pHashes')."""
+    (within ``LUMA_RADIUS`` bits, among the ``LUMA_NEIGHBOURS`` best-correlating luma pairs of both images: a
+    look-alike digit has dozens; their distance is the two whole pHashes')."""
     n = len(hashes)
     whole = np.array(hashes, dtype=np.uint64)
     zoomed = np.array(windows, dtype=np.uint64).reshape(n, -1)
