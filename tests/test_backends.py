@@ -261,10 +261,8 @@ def test_calibration_from_a_config_goes_through_the_checkpoints_transform_not_th
 
     drawn = calibration_images(CONFIG, brightness, "L", count=8)
     every, labels = config_split_images(CONFIG, "train", brightness, "L")  # all, in order
-    assert drawn.shape == (8, 1, 1, 1) and len(every) == len(labels) > 1000
-    assert all((every == value).any() for value in drawn)
-    images, labels = config_split_images(CONFIG, "test", brightness, "L")
-    assert images.shape[1:] == (1, 1, 1) and len(images) == len(labels) > 300 and set(labels.tolist()) == set(range(10))
+    assert drawn.shape == (8, 1, 1, 1) and len(every) == len(labels) > 1000 and set(labels.tolist()) == set(range(10))
+    assert all((every == value).any() for value in drawn)  # (the test split: scripts/benchmark_inference.py's test)
 
 
 def test_serve_takes_the_same_backends():
