@@ -165,11 +165,10 @@ def calibration_images(source: str | os.PathLike, transform: Callable, mode: str
 def config_split_images(config: str | os.PathLike, split: str, transform: Callable, mode: str,
                         count: int | None = None, seed: int = 0, root: str | None = None) -> tuple[Tensor, Tensor]:
     """(images (N, C, H, W), labels (N,)) of a split of the DataModule a `vit fit` config builds (``root``: its
-    data folder),
-    a random ``count`` of them by ``seed`` (``None``: all, in order), each decoded as stored and prepared by
-    ``transform``: the checkpoint's eval transform, not the DataModule's. Built without the config's pretrained
-    weights, the DataModule normalises as the architecture's default would (ImageNet's mean and std), while a
-    checkpoint fine-tuned from an augreg tag was trained on 0.5/0.5 (`vit.preprocessing`)."""
+    data folder), a random ``count`` of them by ``seed`` (``None``: all, in order), each decoded as stored and
+    prepared by ``transform``: the checkpoint's eval transform, not the DataModule's. Built without the config's
+    pretrained weights, the DataModule normalises as the architecture's default would (ImageNet's mean and
+    std), while a checkpoint fine-tuned from an augreg tag was trained on 0.5/0.5 (`vit.preprocessing`)."""
     config = Path(config)
     if not config.is_file():
         raise UserPathError(f"--calibration {config}: no such config")
@@ -183,6 +182,8 @@ def config_split_images(config: str | os.PathLike, split: str, transform: Callab
     if split == "test":
         data.setup("test")
     dataset = {"train": data.train_set, "val": data.val_set, "test": data.test_set}[split]
+    if dataset is None:
+        raise UserValueError(f"{config}: its {type(data).__name__} has no {split} split")
     if not hasattr(dataset, "raw_image"):
         raise UserValueError(f"--calibration {config}: its {type(dataset).__name__} gives no decoded images to "
                              "prepare the checkpoint's way; pass a folder of training images instead")
