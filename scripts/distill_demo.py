@@ -8,8 +8,9 @@ its accuracy. Three arms, each a `vit fit` process as a user runs it:
 
     teacher    configs/scratch_small.yaml as written (ViT dim 96, depth 4, 4 heads, 32 px in 8x8 patches)
     student    the same recipe with the student's ViT (dim 48, depth 3, 2 heads: FLOPs counted below), no teacher
-    distilled  configs/distill_small.yaml with the same student ViT, hard distillation from the teacher's best
-               checkpoint of the same seed (--model.init_args.teacher best --model.init_args.teacher_dir ...)
+    distilled  configs/distill_small.yaml as written (soft distillation, 70 epochs) with the same student ViT,
+               taught by the teacher's best checkpoint of the same seed (--model.init_args.teacher best
+               --model.init_args.teacher_dir ...)
 
 Then, in this process and side by side: FLOPs per image (torch's FlopCounterMode on one forward) and CPU img/s of
 each checkpoint at batch 1 and batch 32 (``--threads`` threads, interleaved rounds, the median). Test top-1 is
@@ -96,7 +97,7 @@ def table(runs: dict[str, list[dict[str, Any]]], speed: dict[str, dict[str, floa
     lines = ["| model | test top-1, mean (spread) | seeds | GFLOPs an image | img/s, batch 1 | img/s, batch 32 | "
              "wall time a run |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     names = {"teacher": "teacher: scratch_small (dim 96, depth 4)", "student": "student alone (dim 48, depth 3)",
-             "distilled": "student distilled from the teacher (hard)"}
+             "distilled": "student distilled from the teacher (distill_small)"}
     for arm, results in runs.items():
         acc, s = summarize(results), speed[arm]
         lines.append(f"| {names[arm]} | {acc['mean']:.3f} ({acc['spread']:.3f}) | {len(results)} | "

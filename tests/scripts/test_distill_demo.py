@@ -36,6 +36,25 @@ def test_the_student_costs_at_least_4x_fewer_flops_than_the_teacher():
     assert torch.is_grad_enabled()  # the counter's no_grad does not leak
 
 
+def test_the_distilled_students_last_block_computes_only_its_two_head_tokens():
+    """Why the distilled student counts fewer FLOPs than the same ViT alone, though it carries one more token: its
+    heads read the cls and dist tokens only, so the last block projects keys and values for all 18 tokens but
+    queries, proj and MLP for those 2 (`vit.nn.attention`: queries from a subset of the keys' tokens)."""
+    import torch
+
+    from vit.nn.vision import create_model
+
+    demo = load_script("distill_demo")
+    D, depth, tokens, heads = 48, 3, 18, 2  # 16 patches + cls + dist; 2 of them read by the heads
+    kwargs = {**yaml.safe_load(demo.STUDENT % "token"), "distilled": True}
+    student = create_model("vit_scratch_patch8_32", num_classes=10, **kwargs).eval()
+    full = _hand_flops(D, depth - 1, tokens, classes=0) - 2 * (tokens - 1) * 8 * 8 * 3 * D  # blocks only
+    last = 2 * 2 * tokens * D**2 + 2 * heads * (1 + 1 + 8) * D**2 + 2 * 2 * heads * tokens * D  # kv; q, proj, MLP
+    embed = 2 * (tokens - 2) * 8 * 8 * 3 * D
+    assert demo.flops_per_image(student, (3, 32, 32)) == full + last + embed + 2 * 2 * D * 10  # two heads
+    assert torch.is_grad_enabled()
+
+
 def test_each_arm_is_the_recipe_with_the_student_and_the_teacher_of_its_seed(tmp_path):
     from vit.cli import build_model_and_data
 
@@ -52,4 +71,4 @@ def test_each_arm_is_the_recipe_with_the_student_and_the_teacher_of_its_seed(tmp
     for arm in demo.ARMS:
         module, data, _ = build_model_and_data(demo.arm_args(arm, folder, 0, tmp_path, 1, 1, 0, []), "fit")
         assert module.model.embed_dim == (96 if arm == "teacher" else 48) and data.root == folder
-        assert module.hparams.distillation == ("hard" if arm == "distilled" else "none")
+        assert module.hparams.distillation == ("soft" if arm == "distilled" else "none")  # the recipe's own

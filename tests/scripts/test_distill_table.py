@@ -32,21 +32,27 @@ def test_the_students_read_their_seeds_teacher_and_the_table_adds_up(tmp_path, m
     results = script.main([str(tmp_path / "digits"), "--seeds", "2", "--epochs", "1", "--recipe_args",
                            "--data.init_args.hflip 0"])
     assert [Path(a[a.index("--config") + 1]).stem for a, _ in calls] == [
-        "scratch_small", "teacher_small", "distill_small", "distill_small"] * 2
+        "scratch_small", "teacher_small", "distill_small", "distill_small", "distill_small"] * 2
     for seed in (0, 1):
-        (_, teacher_work), *students = calls[4 * seed + 1:4 * seed + 4]
+        (_, teacher_work), *students = calls[5 * seed + 1:5 * seed + 4]
+        alone = calls[5 * seed + 4][0]  # the student's recipe without a teacher: the control
+        assert alone[alone.index("--model.init_args.distillation") + 1] == "none"
+        assert "--model.init_args.teacher" not in alone
         for args, _ in students:
             assert args[args.index("--model.init_args.teacher_dir") + 1] == str(
                 teacher_work / "logs" / "teacher_small" / "checkpoints")  # this seed's teacher, by `teacher: best`
             assert args[args.index("--model.init_args.teacher") + 1] == "best"
             assert args[args.index("--seed_everything") + 1] == str(seed)
         assert [a[a.index("--model.init_args.distillation") + 1] for a, _ in students] == ["hard", "soft"]
+        hard, soft = (a for a, _ in students)  # hard: DeiT's alpha; soft: the recipe's own
+        assert hard[hard.index("--model.init_args.distill_alpha") + 1] == "0.5"
+        assert "--model.init_args.distill_alpha" not in soft
     assert all("--data.init_args.hflip" in a and a[a.index("--trainer.max_epochs") + 1] == "1" for a, _ in calls)
     arms = results["digits"]
     assert arms["hard"]["mean"] == pytest.approx(0.935) and arms["soft"]["mean"] == pytest.approx(0.925)
     assert arms["teacher"]["spread"] == pytest.approx(0.01)
     line = script.table(results).splitlines()[-1]
-    ratio = (arms["teacher"]["seconds"] + arms["hard"]["seconds"]) / arms["scratch"]["seconds"]
+    ratio = (arms["teacher"]["seconds"] + arms["soft"]["seconds"]) / arms["scratch"]["seconds"]
     assert line.startswith("| digits | 0.905 (1.0), ") and line.endswith(f" | {ratio:.2f} |")
     with pytest.raises(SystemExit):
         script.main([str(tmp_path / "digits"), "--arms", "hard"])  # a student needs its teacher
