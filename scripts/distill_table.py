@@ -14,7 +14,7 @@ Per folder and seed, each a `vit fit` in its own process (imports included in it
     alone     the student's architecture and schedule without a teacher (--model.init_args.distillation none):
               what distillation itself adds, apart from the student's longer schedule and token heads
 
-``--recipe_args`` go to all four (the knobs the recipes document, e.g. no flips for digits). The table gives test
+``--recipe_args`` go to every arm (the knobs the recipes document, e.g. no flips for digits). The table gives test
 top-1, mean of the seeds (spread in brackets) and mean wall time per run, and the teacher + recipe (soft) student's wall
 time as a multiple of scratch_small's. Compare means over 3+ seeds: seed-to-seed spread is several points here.
 """
