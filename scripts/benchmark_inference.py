@@ -51,8 +51,8 @@ from vit.quantize import (
 Runner = Callable[[Tensor], Tensor]
 REFERENCE = "torch"
 EXACT_TOLERANCE = 1e-4
-BACKENDS = ("torch", "torch autocast bf16", "torch-bf16", "torch-compile", "onnx", "onnx-int8", "onnx-int8 dynamic",
-            "openvino", "openvino-int8")
+BACKENDS = ("torch", "torch autocast bf16", "torch-bf16", "torch-bf16 sdpa", "torch-compile", "onnx", "onnx-int8",
+            "onnx-int8 dynamic", "openvino", "openvino-int8")
 EXACT = ("torch", "torch-compile", "onnx", "openvino")
 
 
@@ -88,6 +88,8 @@ def build_runners(classifier: Classifier, calibration: Tensor, threads: int, nam
         runners["torch autocast bf16"] = autocast_bf16
     if "torch-bf16" in names:
         runners["torch-bf16"] = Bf16Classifier(copy.deepcopy(classifier))
+    if "torch-bf16 sdpa" in names:  # SDPA's bf16 kernel, which torch-bf16 leaves for two matmuls without AMX
+        runners["torch-bf16 sdpa"] = Bf16Classifier(copy.deepcopy(classifier), explicit_attention=False)
     if "torch-compile" in names:
         # no padding: batch 1 gets its own graph here, as a service answering one image at a time would
         runners["torch-compile"] = CompiledClassifier(copy.deepcopy(classifier), pad=False)

@@ -27,6 +27,7 @@ CONFIG = Path(__file__).parents[1] / "configs" / "digits.yaml"
 NO_VNNI = frozenset({"avx2", "avx512f", "fma"})  # an AVX-512 CPU of before Cascade Lake, or AMD Zen 2/3
 VNNI = frozenset({"avx2", "avx512f", "avx512_vnni"})
 AMX = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8"})
+ZEN4 = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"})  # AMD EPYC Genoa: bf16 dot products, no AMX
 
 
 @pytest.fixture(scope="module")
@@ -272,3 +273,17 @@ def test_serve_takes_the_same_backends():
     assert serve.parse_args(["--ckpt", "last.ckpt"]).backend is None  # torch for a checkpoint, as before
     with pytest.raises(SystemExit):
         serve.parse_args(["--ckpt", "last.ckpt", "--backend", "tensorrt"])
+
+
+@pytest.mark.parametrize("flags, fused", [(AMX, True), (ZEN4, False)])
+def test_bf16_attention_path_follows_the_instruction_set(trained, monkeypatch, flags, fused):
+    """Without AMX (AMD Zen 4) torch-bf16 computes attention as two bf16 matmuls, twice as fast there as SDPA's bf16
+    kernel; with AMX SDPA stays. Either way the same top-1 as eager fp32 on the test digits."""
+    from vit.nn.attention import MultiHeadAttention
+
+    monkeypatch.setattr(vit.cpu, "cpu_flags", lambda: flags)
+    model = load_backend(trained["ckpt"], "torch-bf16")
+    paths = {m.fused_attn for m in model.modules() if isinstance(m, MultiHeadAttention)}
+    assert paths == {fused}
+    eager = logits(load_classifier(trained["ckpt"]), trained["images"])
+    assert agrees(logits(model, trained["images"]), eager, exact=False)

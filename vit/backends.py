@@ -29,9 +29,10 @@ import torch
 from torch import Tensor
 
 from vit.checkpoint import Classifier
-from vit.cpu import describe_cpu, has_native_bf16, reduce_range_for
+from vit.cpu import describe_cpu, has_amx_bf16, has_native_bf16, reduce_range_for
 from vit.errors import MissingPackageError, UserValueError
 from vit.inference import ONNX_SUFFIX, OnnxClassifier, is_int8, load_model, onnx_metadata
+from vit.nn.attention import MultiHeadAttention
 from vit.preprocessing import Prepared, Preprocessing
 
 BACKENDS = ("torch", "torch-bf16", "torch-compile", "onnx", "onnx-int8", "openvino", "openvino-int8")
@@ -83,13 +84,24 @@ def _importable(module: str) -> bool:
 # ---- the models ----------------------------------------------------------------------------------
 class Bf16Classifier(torch.nn.Module):
     """A checkpoint's classifier with its weights cast to bf16: on AMX it ran ViT-S/16 faster than autocast
-    (4.3x against 3.8x eager fp32), which keeps fp32 weights and casts them at every matmul."""
+    (4.3x against 3.8x eager fp32), which keeps fp32 weights and casts them at every matmul.
+
+    On a CPU with AVX512-BF16 but no AMX (AMD Zen 4), attention takes the explicit path (two bf16 matmuls and a
+    softmax): SDPA's bf16 flash kernel took 5.7 ms a block of ViT-S/16 at batch 8, the explicit path 2.8 ms,
+    and the whole model went from 1.9x to 2.1x eager fp32 (docs/inference.md). With AMX SDPA stays, as measured.
+    """
 
     backend = "torch-bf16"
 
-    def __init__(self, classifier: Classifier) -> None:
+    def __init__(self, classifier: Classifier, explicit_attention: bool | None = None) -> None:
+        """``explicit_attention=None``: chosen by the CPU as above (SDPA on a GPU)."""
         super().__init__()
         self.classifier = classifier.to(torch.bfloat16).eval()
+        if explicit_attention is None:
+            explicit_attention = classifier.device.type == "cpu" and has_amx_bf16() is False
+        for module in self.classifier.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.fused_attn = not explicit_attention
 
     def __getattr__(self, name: str) -> Any:  # class_names, img_size, eval_transform, ...: the classifier's
         try:

@@ -44,6 +44,12 @@ def has_native_bf16(flags: frozenset[str] | None = None) -> bool | None:
     return None if flags is None else bool(flags & set(BF16_FLAGS))
 
 
+def has_amx_bf16(flags: frozenset[str] | None = None) -> bool | None:
+    """Whether the CPU has AMX tiles for bf16 (Intel Sapphire Rapids and later); None if unknown."""
+    flags = cpu_flags() if flags is None else flags
+    return None if flags is None else "amx_bf16" in flags
+
+
 def has_vnni(flags: frozenset[str] | None = None) -> bool | None:
     """Whether the CPU has int8 dot-product instructions (VNNI or AMX); None if unknown."""
     flags = cpu_flags() if flags is None else flags

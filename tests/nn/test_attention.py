@@ -59,10 +59,12 @@ def no_empty_rows(masks: dict) -> dict:
 
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("return_attention", [False, True])
-def test_self_attention_matches_torch(mask, return_attention):
+@pytest.mark.parametrize("fused_attn", [True, False])  # False: the explicit path without the weights (CPU bf16)
+def test_self_attention_matches_torch(mask, return_attention, fused_attn):
     torch.manual_seed(0)
     ref = reference()
     ours = ours_from_torch(ref, cross=False)
+    ours.fused_attn = fused_attn
     x = torch.randn(B, LK, DIM)
     masks = no_empty_rows(MASKS[mask](LK, LK))
     expected, expected_w = ref(x, x, x, average_attn_weights=False, **masks)
@@ -94,10 +96,12 @@ def test_causal_matches_torch():
     x = torch.randn(B, LK, DIM)
     mask = nn.Transformer.generate_square_subsequent_mask(LK)
     expected, _ = ref(x, x, x, attn_mask=mask)
-    for return_attention in (False, True):
+    for return_attention, fused_attn in ((False, True), (True, True), (False, False)):
+        ours.fused_attn = fused_attn
         got = ours(x, is_causal=True, return_attention=return_attention)
         got = got[0] if return_attention else got
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    ours.fused_attn = True
     # causal combined with padding takes the explicit-mask branch of the fast path
     pad = padding_mask([LK, LK, 5], LK)
     expected, _ = ref(x, x, x, attn_mask=mask, key_padding_mask=pad)

@@ -26,7 +26,7 @@ def test_inference_benchmark_times_every_backend_and_scores_the_digits(fitted, t
     rows = result["rows"]
     expected = ["torch", "onnx", "onnx-int8", "openvino", "openvino-int8"]
     if "bf16" in result["cpu_flags"]:
-        expected[1:1] = ["torch autocast bf16", "torch-bf16"]
+        expected[1:1] = ["torch autocast bf16", "torch-bf16", "torch-bf16 sdpa"]
     assert [r["backend"] for r in rows] == expected
     by_name = {r["backend"]: r for r in rows}
     assert by_name["torch"]["ratio_b8"] == 1.0 and by_name["torch"]["max_abs_diff"] == 0.0
