@@ -88,7 +88,8 @@ class Bf16Classifier(torch.nn.Module):
 
     On a CPU with AVX512-BF16 but no AMX (AMD Zen 4), attention takes the explicit path (two bf16 matmuls and a
     softmax): SDPA's bf16 flash kernel took 5.7 ms a block of ViT-S/16 at batch 8, the explicit path 2.8 ms,
-    and the whole model went from 1.9x to 2.1x eager fp32 (docs/inference.md). With AMX SDPA stays, as measured.
+    and the whole model went from 1.83x to 2.07x eager fp32 in one table (docs/inference.md). With AMX SDPA
+    stays, as measured.
     """
 
     backend = "torch-bf16"

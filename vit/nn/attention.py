@@ -4,7 +4,8 @@ Two paths run through the same weights:
 
 * the fast path calls ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels);
 * the explicit path computes ``softmax(QKᵀ/√d)·V`` and also returns the attention weights,
-  shaped (batch, heads, queries, keys). Ask for it with ``return_attention=True``.
+  shaped (batch, heads, queries, keys). Ask for it with ``return_attention=True``; setting a layer's
+  ``fused_attn = False`` (timm's switch) takes it without returning the weights.
 
 Mask convention (the same as ``torch.nn.MultiheadAttention``): a boolean mask marks with
 ``True`` the positions a query may **not** attend to; a float mask is added to the scores.
