@@ -56,13 +56,14 @@ BACKENDS = ("torch", "torch autocast bf16", "torch-bf16", "torch-bf16 sdpa", "to
 EXACT = ("torch", "torch-compile", "onnx", "openvino")
 
 
-def config_splits(config: str, root: str | None, count: int, classifier: Classifier) -> tuple[Tensor, Tensor, Tensor]:
+def config_splits(config: str, root: str | None, count: int, classifier: Classifier, seed: int = 0
+                  ) -> tuple[Tensor, Tensor, Tensor]:
     """(test images, test labels, ``count`` training images) of a `vit fit` config's DataModule, each decoded as
     stored and prepared by the checkpoint's eval transform, as `vit predict` prepares a file (the calibration
-    images drawn at random with seed 0, as `vit export --int8 static --calibration CONFIG` draws them)."""
+    images drawn at random by ``seed``; `vit export --int8 static --calibration CONFIG` draws with seed 0)."""
     transform, mode = classifier.eval_transform(), "L" if classifier.in_chans == 1 else "RGB"
     images, labels = config_split_images(config, "test", transform, mode, root=root)
-    return images, labels, config_split_images(config, "train", transform, mode, count, seed=0, root=root)[0]
+    return images, labels, config_split_images(config, "train", transform, mode, count, seed=seed, root=root)[0]
 
 
 def random_classifier(name: str, num_classes: int) -> Classifier:
@@ -132,6 +133,19 @@ def timings(runners: dict[str, Runner], images: Tensor, batch_size: int, runs: i
     return {name: [len(images) / s for s in secs] for name, secs in seconds.items()}
 
 
+def top1_margins(logits: Tensor) -> Tensor:
+    """How far each image's top-1 logit is above its runner-up: how much change its answer can stand."""
+    top = logits.topk(2, dim=-1).values
+    return top[:, 0] - top[:, 1]
+
+
+def flipped_margins(reference: Tensor, logits: Tensor) -> list[float]:
+    """The reference's top-1 margins of the images whose top-1 ``logits`` changes, smallest first: near-zero
+    margins are ties, which any rounding may break either way."""
+    changed = logits.argmax(-1) != reference.argmax(-1)
+    return sorted(top1_margins(reference)[changed].tolist())
+
+
 def benchmark(runners: dict[str, Runner], images: Tensor, labels: Tensor | None, batch_size: int, runs: int,
               min_seconds: float = 1.0, batches: Sequence[int] | None = None) -> list[dict]:
     """One row per backend: median img/s at batch 1 and ``batch_size``, ratios to eager, agreement, accuracy."""
@@ -144,6 +158,7 @@ def benchmark(runners: dict[str, Runner], images: Tensor, labels: Tensor | None,
         row = {"backend": name, "exact": name in EXACT,
                "max_abs_diff": (outputs[name] - reference).abs().max().item(),
                "agree_fp32": (predicted == reference.argmax(-1)).float().mean().item(),
+               "flipped_margins": flipped_margins(reference, outputs[name]),
                "top1": None if labels is None else (predicted == labels).float().mean().item()}
         for b, ips in speed.items():
             row[f"img_s_b{b}"] = statistics.median(ips[name])
@@ -187,6 +202,12 @@ def int8_ablation(classifier: Classifier, images: Tensor, labels: Tensor | None,
     return benchmark(runners, images, labels, batch_size, runs, min_seconds, batches=(batch_size,))
 
 
+def median_margin(classifier: Classifier, images: Tensor, batch_size: int) -> float:
+    """Eager's median top-1 margin over ``images``: the scale against which a changed answer's margin reads."""
+    with torch.inference_mode():
+        return top1_margins(predict_all(lambda x: classifier(x).float(), images, batch_size)).median().item()
+
+
 def print_table(rows: list[dict], batches: Sequence[int]) -> None:
     """The rows as a Markdown table."""
     speeds = "".join(f" img/s b{b} |" for b in batches) + "".join(f" vs eager b{b} |" for b in batches)
@@ -196,6 +217,15 @@ def print_table(rows: list[dict], batches: Sequence[int]) -> None:
         top1 = "n/a" if r["top1"] is None else f"{r['top1']:.4f}"
         cells = [f"{r[f'img_s_b{b}']:.1f}" for b in batches] + [f"{r[f'ratio_b{b}']:.2f}x" for b in batches]
         print(f"| {r['backend']} | {' | '.join(cells)} | {r['max_abs_diff']:.1e} | {r['agree_fp32']:.4f} | {top1} |")
+
+
+def print_flips(rows: list[dict], images: int, median: float) -> None:
+    """Where a backend changed a top-1, how close eager's answer was to a tie there."""
+    for r in rows:
+        if r["flipped_margins"]:
+            margins = ", ".join(f"{m:.4f}" for m in r["flipped_margins"])
+            print(f"{r['backend']}: top-1 changed on {len(r['flipped_margins'])} of {images} images, where eager's "
+                  f"top-1 led its runner-up by {margins} (median over the images: {median:.4f})")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -220,6 +250,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--int8_ablation", action="store_true",
                         help="instead: static int8 with the patch embedding, the head or the attention products "
                         "quantised too, to see what keeping them in fp32 is worth")
+    parser.add_argument("--calibration_seed", type=int, default=0, help="with --ckpt: which random draw of "
+                        "training images calibrates static int8 (default: %(default)s, as `vit export` draws)")
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     if args.ckpt and not args.config:
@@ -228,7 +260,8 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     if args.ckpt:
         classifier = load_classifier(args.ckpt)
-        images, labels, calibration = config_splits(args.config, args.root, CALIBRATION_IMAGES, classifier)
+        images, labels, calibration = config_splits(args.config, args.root, CALIBRATION_IMAGES, classifier,
+                                                    args.calibration_seed)
     else:
         classifier = random_classifier(args.model, args.num_classes)
         generator = torch.Generator().manual_seed(0)
@@ -247,6 +280,7 @@ def main(argv: list[str] | None = None) -> dict:
             rows = int8_ablation(classifier, images, labels, calibration, args.threads, args.batch_size, args.runs,
                                  args.min_seconds)
         print_table(rows, [args.batch_size])
+        print_flips(rows, len(images), median_margin(classifier, images, args.batch_size))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"model": classifier.model_name, "cpu_flags": cpu, "rows": rows}, f, indent=2)
@@ -256,11 +290,13 @@ def main(argv: list[str] | None = None) -> dict:
         rows = benchmark(build_runners(classifier, calibration, args.threads, names), images, labels,
                          args.batch_size, args.runs, args.min_seconds)
     print_table(rows, list(dict.fromkeys((1, args.batch_size))))
+    print_flips(rows, len(images), median_margin(classifier, images, args.batch_size))
     best = fastest(rows, args.batch_size)
     print(f"fastest exact (<= {EXACT_TOLERANCE:g}): {best['exact']}; fastest within tolerance (same top-1 >= 99%, "
           f"test top-1 within 0.5 points): {best['within_tolerance']} (batch {args.batch_size})")
     result = {"model": classifier.model_name, "images": len(images), "batch_size": args.batch_size,
-              "threads": args.threads, "torch": torch.__version__, "cpu_flags": cpu, "rows": rows, "fastest": best}
+              "threads": args.threads, "calibration_seed": args.calibration_seed, "torch": torch.__version__,
+              "cpu_flags": cpu, "rows": rows, "fastest": best}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from tests import CONFIGS
 
 
@@ -19,7 +21,7 @@ def test_inference_benchmark_times_every_backend_and_scores_the_digits(fitted, t
     out = tmp_path / "inference.json"
     done = subprocess.run([sys.executable, str(SCRIPTS / "benchmark_inference.py"), "--ckpt", str(best), "--config",
                            str(CONFIGS / "digits.yaml"), "--runs", "1", "--min_seconds", "0", "--threads", "1",
-                           "--skip", "onnx-int8 dynamic", "--json", str(out)],
+                           "--skip", "onnx-int8 dynamic", "--calibration_seed", "1", "--json", str(out)],
                           capture_output=True, text=True, env=subprocess_env(), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -36,6 +38,40 @@ def test_inference_benchmark_times_every_backend_and_scores_the_digits(fitted, t
         assert by_name[name]["top1"] == by_name["torch"]["top1"]
     for r in rows:
         assert r["img_s_b1"] > 0 and r["img_s_b8"] > 0 and 0 <= r["top1"] <= 1
+        assert len(r["flipped_margins"]) == round((1 - r["agree_fp32"]) * result["images"]), r["backend"]
+        assert (f"{r['backend']}: top-1 changed on" in done.stdout) == bool(r["flipped_margins"])
+    assert result["calibration_seed"] == 1
     assert result["fastest"]["exact"] in ("torch", "onnx", "openvino")
     printed = done.stdout
     assert "CPU flags:" in printed and "| openvino-int8 |" in printed and "fastest exact" in printed
+
+
+def test_flipped_margins_are_the_reference_margins_of_the_changed_answers():
+    import torch
+
+    from tests import load_script
+
+    bench = load_script("benchmark_inference")
+    reference = torch.tensor([[2.0, 1.0, 0.0], [0.5, 0.4, 0.0], [0.0, 0.3, 1.0], [1.0, 0.2, 0.9]])
+    logits = torch.tensor([[2.0, 1.1, 0.0], [0.3, 0.6, 0.0], [0.0, 0.3, 1.0], [0.8, 0.2, 0.95]])
+    # the second answer (0.5 over 0.4) and the fourth (1.0 over 0.9) change; a margin is top-1 minus runner-up
+    assert bench.flipped_margins(reference, logits) == pytest.approx([0.1, 0.1])
+    assert bench.flipped_margins(reference, reference) == []
+    assert bench.top1_margins(reference).tolist() == pytest.approx([1.0, 0.1, 0.7, 0.1])
+
+
+def test_the_calibration_seed_draws_other_training_images(fitted):
+    """--calibration_seed picks the draw of training images, as `vit.quantize.config_split_images` makes it."""
+    import torch
+
+    from tests import load_script
+    from vit.checkpoint import load_classifier
+    from vit.quantize import config_split_images
+
+    bench = load_script("benchmark_inference")
+    classifier = load_classifier(next((fitted / "ckpt").glob("best-*.ckpt")))
+    config = str(CONFIGS / "digits.yaml")
+    *_, first = bench.config_splits(config, None, 20, classifier)
+    *_, second = bench.config_splits(config, None, 20, classifier, seed=1)
+    drawn = config_split_images(config, "train", classifier.eval_transform(), "L", 20, seed=1)[0]
+    assert not torch.equal(first, second) and torch.equal(second, drawn)
