@@ -91,3 +91,46 @@ def test_photo_folders_split_mnist_by_digit_into_64px_rgb_class_folders(tmp_path
     image = Image.open(photos / "7" / "00005.png")
     expected = Image.fromarray(pixels[5].reshape(28, 28).astype(np.uint8)).resize((64, 64), Image.BILINEAR)
     assert image.mode == "RGB" and np.array_equal(np.asarray(image)[..., 1], np.asarray(expected))
+
+
+def test_a_pixel_arm_takes_the_setting_best_on_val_and_scores_it_on_test():
+    """A stand-in model whose val and test scores are set by its setting: the choice reads val, never test."""
+    parity = load_script("parity")
+    splits = [(np.full((2, 1), i), np.zeros(2)) for i in range(3)]  # train, val, test told apart by value
+
+    class Model:
+        def __init__(self, val: float, test: float) -> None:
+            self.scores = {1: val, 2: test}
+
+        def fit(self, x, y):
+            assert x[0, 0] == 0  # fitted on train
+            return self
+
+        def score(self, x, y):
+            return self.scores[int(x[0, 0])]
+
+    grid = [{"val": 0.5, "test": 0.9}, {"val": 0.8, "test": 0.6}, {"val": 0.8, "test": 0.1}, {"val": 0.7, "test": 1.0}]
+    assert parity.choose(Model, grid, splits) == {"acc": 0.6, "params": grid[1], "val": 0.8}
+
+
+def test_the_svm_arm_is_an_svm_on_the_folders_pixels(tiny_digits):
+    """Against scikit-learn's SVC fitted here on the digits' own pixels with the arm's chosen setting."""
+    from sklearn.svm import SVC
+
+    parity = load_script("parity")
+    run = parity.pixel_arm("svm", tiny_digits)
+    pixels = {}
+    for split in ("train", "val", "test"):
+        files = sorted((tiny_digits / split).rglob("*.png"), key=lambda p: (p.parent.name, p.name))
+        pixels[split] = (np.stack([np.asarray(Image.open(f), dtype=np.float64).ravel() for f in files]),
+                         np.array([int(f.parent.name) for f in files]))
+    (xtr, ytr), (xva, yva), (xte, yte) = pixels.values()
+    scale = 1.0 / (xtr.shape[1] * xtr.var())
+    grid = [{"C": c, "gamma": g * scale} for c in parity.SVM_C for g in parity.SVM_GAMMA]
+    val = [SVC(**params).fit(xtr, ytr).score(xva, yva) for params in grid]
+    expected = grid[val.index(max(val))]  # the first setting best on val
+    assert run["params"]["C"] == expected["C"] and run["params"]["gamma"] == pytest.approx(expected["gamma"])
+    model = SVC(**run["params"]).fit(xtr, ytr)
+    assert run["val"] == pytest.approx(model.score(xva, yva)) and run["acc"] == pytest.approx(model.score(xte, yte))
+    knn = parity.pixel_arm("knn", tiny_digits)
+    assert knn["params"]["n_neighbors"] in parity.NEIGHBOURS and 0 < knn["acc"] <= 1
