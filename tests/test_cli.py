@@ -299,7 +299,8 @@ def test_vit_fit_prints_what_a_user_needs_and_no_dependency_noise(tmp_path):
     printed = done.stdout + done.stderr
     assert "digits: 1259 train, 179 val, 359 test images, 10 classes" in printed
     assert "parameter group" in printed and "test accuracy of" in printed
-    for noise in ("Tip:", "LeafSpec", "FLOPs", "Non-trainable params", "v_num", "Warning:", "stepping batches"):
+    for noise in ("Tip:", "LeafSpec", "FLOPs", "Non-trainable params", "v_num", "Warning:", "stepping batches",
+                  "weights_only"):
         assert noise not in printed, noise
     counted = int(re.search(r"model: VisionTransformer \S+, ([\d,]+) parameters", printed).group(1).replace(",", ""))
     state = torch.load(next((tmp_path / "ckpt").glob("best-*.ckpt")), weights_only=False)["state_dict"]

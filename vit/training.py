@@ -91,7 +91,9 @@ class LastCheckpoint(ModelCheckpoint):
 
     def _save(self, trainer: Trainer) -> None:
         if not trainer.fast_dev_run and trainer.global_step > 0:
-            trainer.save_checkpoint(self.format_checkpoint_name({}))
+            # A full checkpoint, to resume from. Said outright: Lightning 2.6 (2.6.6 here) logs "`weights_only`
+            # was not set, defaulting to `False`" at each save that leaves it None; 2.4 took False by default.
+            trainer.save_checkpoint(self.format_checkpoint_name({}), weights_only=False)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
