@@ -99,9 +99,7 @@ def mnist_photos(root: Path, csv: Path | None, keep: bool) -> Path:
     pixels, labels = read_mnist(csv)
     for i in np.flatnonzero(np.isin(labels, PHOTO_CLASSES) == keep):
         image = Image.fromarray(pixels[i]).resize((PHOTO_SIDE, PHOTO_SIDE), Image.BILINEAR).convert("RGB")
-        path = root / str(labels[i]) / f"{i:05d}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        image.save(path)
+        save_png(root / str(labels[i]) / f"{i:05d}.png", np.asarray(image))
     return root
 
 

@@ -32,6 +32,7 @@ def test_inference_benchmark_times_every_backend_and_scores_the_digits(fitted, t
     assert [r["backend"] for r in rows] == expected
     by_name = {r["backend"]: r for r in rows}
     assert by_name["torch"]["ratio_b8"] == 1.0 and by_name["torch"]["max_abs_diff"] == 0.0
+    assert by_name["torch"]["median_margin"] > 0  # what a changed answer's margin is printed against
     for name in ("onnx", "openvino"):
         assert by_name[name]["max_abs_diff"] < 1e-4 and by_name[name]["agree_fp32"] == 1.0
         # top-1 is scored on the 359 test digits: the exact backends get the same score
