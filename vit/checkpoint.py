@@ -260,7 +260,7 @@ class Classifier(Prepared, nn.Module):
     def __init__(
         self, model: VisionTransformer, *, model_name: str, class_names: Sequence[str],
         mean: Sequence[float], std: Sequence[float], crop_pct: float, interpolation: str,
-        img_size: int | None = None,
+        img_size: int | None = None, timm_args: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if len(class_names) != model.num_classes:
@@ -270,6 +270,7 @@ class Classifier(Prepared, nn.Module):
         self.class_names = list(class_names)
         self.preprocessing = Preprocessing(mean, std, crop_pct, interpolation)  # read as .mean, .std, ...
         self.input_size = (img_size, img_size) if img_size is not None else None  # a convnet's: it has no img_size
+        self.timm_args = timm_args  # a convnet's timm.create_model arguments (None for our ViTs, which hold a config)
 
     @property
     def img_size(self) -> tuple[int, int]:
@@ -282,9 +283,21 @@ class Classifier(Prepared, nn.Module):
         return self.model.in_chans
 
     @property
+    def is_vit(self) -> bool:
+        """Whether the network is one of our ViTs (attention maps, rollout), not a timm convnet (teacher_small's)."""
+        return isinstance(self.model, VisionTransformer)
+
+    def require_vit(self, what: str, path: str | os.PathLike) -> None:
+        """A clear error when ``what`` (a ViT-only feature) is asked of a convnet checkpoint."""
+        if not self.is_vit:
+            raise UserValueError(f"{path} holds timm's {self.model_name}, a convnet (as configs/teacher_small.yaml "
+                                 f"trains), and {what} need a ViT's attention. vit predict, vit export and vit serve "
+                                 "read this checkpoint; give a ViT checkpoint here (e.g. the distilled student's)")
+
+    @property
     def device(self) -> torch.device:
-        """Where the weights are."""
-        return self.model.patch_embed.proj.weight.device
+        """Where the weights are (of any network: a teacher_small convnet has no patch embedding)."""
+        return next(self.model.parameters()).device
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits (B, num_classes)."""
@@ -313,9 +326,10 @@ def load_classifier(path: str | os.PathLike, map_location: str | torch.device = 
 
         model = timm.create_model(meta["model_name"], **meta["model_config"])
         model.in_chans = meta["model_config"]["in_chans"]
+        timm_args = dict(meta["model_config"])
     else:
-        model = build_model(meta["model_config"])
+        model, timm_args = build_model(meta["model_config"]), None
     model.load_state_dict(evaluated_weights(checkpoint["state_dict"], meta["ema"]))
     classifier = Classifier(model, model_name=meta["model_name"], class_names=meta["class_names"],
-                            img_size=meta.get("img_size"), **asdict(Preprocessing.from_dict(meta)))
+                            img_size=meta.get("img_size"), timm_args=timm_args, **asdict(Preprocessing.from_dict(meta)))
     return classifier.to(map_location).eval()

@@ -233,6 +233,8 @@ def timm_architecture(model_name: str, model: VisionTransformer) -> tuple[str, d
 
 def timm_config(classifier: Classifier) -> dict[str, Any]:
     """``config.json`` in timm's Hugging Face hub layout for the classifier's weights."""
+    if not classifier.is_vit:
+        return convnet_config(classifier)
     model = classifier.model
     architecture, model_args = timm_architecture(classifier.model_name, model)
     if model.config.rope is not None and (architecture != classifier.model_name or set(model_args) - EVA_ARGS):
@@ -261,6 +263,30 @@ def timm_config(classifier: Classifier) -> dict[str, Any]:
     return config
 
 
+def convnet_config(classifier: Classifier) -> dict[str, Any]:
+    """``config.json`` for a timm convnet `vit fit` trained (teacher_small's): its timm name and the
+    ``timm.create_model`` arguments it was built with, as they were."""
+    model = classifier.model
+    model_args = {k: v for k, v in (classifier.timm_args or {}).items() if k != "num_classes"}
+    return {
+        "architecture": classifier.model_name,
+        "num_classes": model.num_classes,
+        "num_features": model.num_features,
+        "label_names": list(classifier.class_names),
+        "model_args": model_args,
+        "pretrained_cfg": {
+            "input_size": [classifier.in_chans, *classifier.img_size],
+            "fixed_input_size": False,
+            **classifier.preprocessing.to_dict(),
+            "crop_mode": "center",
+            "num_classes": model.num_classes,
+            "pool_size": None,
+            "first_conv": model.pretrained_cfg["first_conv"],  # timm's names for the stem and the head
+            "classifier": model.pretrained_cfg["classifier"],
+        },
+    }
+
+
 def export_safetensors(classifier: Classifier, out_dir: str | os.PathLike) -> list[Path]:
     """Write ``out_dir/model.safetensors`` (timm's state-dict names) and ``out_dir/config.json``."""
     from safetensors.torch import save
@@ -268,7 +294,7 @@ def export_safetensors(classifier: Classifier, out_dir: str | os.PathLike) -> li
     out_dir = Path(out_dir)
     config = json.dumps(timm_config(classifier), indent=2).encode()  # first: it refuses what timm cannot build
     state = {k: v.detach().cpu().contiguous() for k, v in classifier.model.state_dict().items()}
-    if classifier.model.config.rope is not None:
+    if classifier.is_vit and classifier.model.config.rope is not None:
         state = eva_names(state)
     data = save(state, metadata={"format": "pt"})
     weights = save_atomic(lambda f: f.write(data), out_dir / "model.safetensors")

@@ -233,6 +233,7 @@ def main(argv: Sequence[str]) -> list[dict]:
     found = find_images(args.images)  # fails on a missing file before any work
     files = found.files
     classifier = load_classifier(args.ckpt, map_location=args.device)
+    classifier.require_vit("attention maps", args.ckpt)
     model = classifier.model
     num_heads = model.blocks[0].attn.num_heads
     model.layer_indices(args.layer)  # a layer that does not exist stops the command before any work

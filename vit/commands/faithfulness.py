@@ -47,6 +47,7 @@ def main(argv: Sequence[str]) -> dict:
 
     files = find_images(args.images).files[: args.max_images]
     classifier = load_classifier(args.ckpt, map_location=args.device)
+    classifier.require_vit("the faithfulness checks of attention maps", args.ckpt)
     transform, mode = classifier.eval_transform(), "L" if classifier.in_chans == 1 else "RGB"
     tensors, unreadable = [], []
     for path in files:

@@ -133,8 +133,9 @@ class Predictor:
         self.classifier = classifier
         self.mode = "L" if classifier.in_chans == 1 else "RGB"  # as `vit predict` decodes
         self.transform = classifier.eval_transform()
-        # Rollout reads the eager fp32 model's attention: not an ONNX file's, nor a bf16, compiled or OpenVINO one's.
-        self.attention = isinstance(classifier, Classifier)
+        # Rollout reads the eager fp32 ViT's attention: not an ONNX file's, nor a bf16, compiled or OpenVINO one's,
+        # nor a convnet's (teacher_small's).
+        self.attention = isinstance(classifier, Classifier) and classifier.is_vit
 
     @property
     def backend(self) -> str:
@@ -242,8 +243,9 @@ class Service:
             raise RequestError(503, "not_ready", "the model is still loading; retry shortly",
                                headers={"Retry-After": "1"})
         if attention and not self.predictor.attention:
-            raise RequestError(422, "attention_unavailable", "attention maps need a `vit fit` checkpoint served "
-                               f"with --backend torch; this server runs {self.predictor.backend}")
+            raise RequestError(422, "attention_unavailable", "attention maps need a ViT `vit fit` checkpoint "
+                               f"served with --backend torch; this server runs {self.predictor.classifier.model_name} "
+                               f"on {self.predictor.backend}")
         arrived = time.perf_counter()
         with self._admission():
             try:

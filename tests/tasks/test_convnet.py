@@ -1,0 +1,93 @@
+"""A convnet checkpoint (`configs/teacher_small.yaml`'s teacher) through the commands that read checkpoints:
+predict, export to ONNX and to timm's safetensors layout, and a clear error where a ViT's attention is needed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+from lightning.pytorch import Trainer
+from PIL import Image
+from torch.utils.data import DataLoader, TensorDataset
+
+from tests.conftest import built_once
+from vit.checkpoint import load_classifier
+from vit.commands import main, run
+from vit.errors import UserValueError
+from vit.tasks import ConvNetClassifier
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+DIGITS = [str(i) for i in range(10)]
+
+
+@pytest.fixture(scope="module")
+def convnet(tmp_path_factory) -> Path:
+    """A tiny resnet10t for 1-channel 8x8 images, trained two steps by a Trainer, as `vit fit` saves it."""
+    def build(root: Path) -> None:
+        g = torch.Generator().manual_seed(0)
+        data = DataLoader(TensorDataset(torch.randn(16, 1, 8, 8, generator=g), torch.arange(16) % 10), batch_size=8)
+        model = ConvNetClassifier(model="resnet10t", model_kwargs={"channels": [8, 16, 32, 64], "stem_width": 8},
+                                  num_classes=10, in_chans=1, img_size=8, class_names=DIGITS, mean=[0.2], std=[0.4])
+        trainer = Trainer(default_root_dir=root, max_steps=2, logger=False, enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(model, data)
+        trainer.save_checkpoint(root / "convnet.ckpt")
+    return built_once(tmp_path_factory, "convnet", build) / "convnet.ckpt"
+
+
+def digit_files(folder: Path, n: int = 3) -> list[Path]:
+    files = []
+    for i in range(n):
+        files.append(folder / f"digit{i}.png")
+        Image.fromarray((np.random.default_rng(i).random((8, 8)) * 255).astype(np.uint8)).save(files[-1])
+    return files
+
+
+def test_predict_reads_a_convnet_checkpoint(convnet, tmp_path):
+    files = digit_files(tmp_path)
+    main(["predict", "--ckpt", str(convnet), *map(str, files), "--out", str(tmp_path / "p.json")])
+    records = json.loads((tmp_path / "p.json").read_text())
+    classifier = load_classifier(convnet)
+    # independently: the pixels normalised by hand (mean 0.2, std 0.4; 8x8 needs no resize), through the network
+    x = torch.stack([(torch.from_numpy(np.asarray(Image.open(f), np.float32) / 255) - 0.2) / 0.4 for f in files])
+    with torch.no_grad():
+        probs = classifier.model(x[:, None]).softmax(-1)
+    for record, p in zip(records, probs):
+        assert record["top_k"][0]["class"] == int(p.argmax())
+        assert record["top_k"][0]["probability"] == pytest.approx(float(p.max()), abs=1e-5)
+
+
+def test_a_convnet_exports_to_onnx_and_to_timms_layout(convnet, tmp_path):
+    classifier = load_classifier(convnet)
+    x = torch.randn(4, 1, 8, 8)
+    with torch.no_grad():
+        ours = classifier(x)
+
+    main(["export", "--ckpt", str(convnet), "--format", "safetensors", "--out", str(tmp_path / "st")])
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'st'}", pretrained=True).eval()
+    assert type(theirs).__name__ == "ResNet"
+    assert theirs.pretrained_cfg["label_names"] == DIGITS
+    with torch.no_grad():
+        assert (theirs(x) - ours).abs().max() <= 1e-5
+
+    import onnxruntime
+
+    main(["export", "--ckpt", str(convnet), "--format", "onnx", "--out", str(tmp_path / "onnx")])
+    session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert np.abs(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0] - ours.numpy()).max() <= 1e-4
+
+
+def test_attention_on_a_convnet_is_a_clear_error(convnet, tmp_path):
+    from vit.serve.core import Predictor
+
+    files = digit_files(tmp_path, 1)
+    for argv in (["attention", "--ckpt", str(convnet), str(files[0]), "--out", str(tmp_path / "maps")],
+                 ["attention", "--faithfulness", "--ckpt", str(convnet), str(files[0])]):
+        with pytest.raises(UserValueError, match="resnet10t, a convnet .* need a ViT's attention"):
+            run(argv)
+    assert not (tmp_path / "maps").exists()
+    assert Predictor(load_classifier(convnet)).attention is False  # the server answers 422, not a crash
