@@ -87,7 +87,7 @@ def test_attention_on_a_convnet_is_a_clear_error(convnet, tmp_path):
     files = digit_files(tmp_path, 1)
     for argv in (["attention", "--ckpt", str(convnet), str(files[0]), "--out", str(tmp_path / "maps")],
                  ["attention", "--faithfulness", "--ckpt", str(convnet), str(files[0])]):
-        with pytest.raises(UserValueError, match="resnet10t, a convnet .* need a ViT's attention"):
+        with pytest.raises(UserValueError, match=r"resnet10t, a convnet .* need a ViT's attention"):
             run(argv)
     assert not (tmp_path / "maps").exists()
     assert Predictor(load_classifier(convnet)).attention is False  # the server answers 422, not a crash
