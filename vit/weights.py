@@ -82,6 +82,8 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
             f"{path}: refused to unpickle (weights_only=True allows tensors and plain containers "
             f"only): {e}"
         ) from e
+    except UserValueError:  # _unwrap's own message
+        raise
     except Exception as e:  # a corrupt file fails in each library's own way; name the file
         raise UserValueError(f"{path}: not a readable {suffix} checkpoint ({type(e).__name__}: {e})") from e
     raise UserValueError(
@@ -91,6 +93,11 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
 
 def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
     """Find the state dict inside the containers that training scripts save."""
+    meta = obj.get("vit") if isinstance(obj, dict) else None
+    if isinstance(meta, dict) and meta.get("model_source") == "timm":  # vit.tasks.ConvNetClassifier's checkpoint
+        raise UserValueError(f"{path} holds timm's {meta.get('model_name')}, a convnet (configs/teacher_small.yaml "
+                             "trains one): a ViT's pretrained weights come from a ViT. A convnet teaches a ViT "
+                             "through distillation instead: configs/distill_small.yaml, model.init_args.teacher")
     for key in ("state_dict", "model", "module", "model_state"):
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
             obj = obj[key]

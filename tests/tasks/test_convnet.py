@@ -91,3 +91,14 @@ def test_attention_on_a_convnet_is_a_clear_error(convnet, tmp_path):
             run(argv)
     assert not (tmp_path / "maps").exists()
     assert Predictor(load_classifier(convnet)).attention is False  # the server answers 422, not a crash
+
+
+def test_a_convnet_checkpoint_is_no_vits_pretrained_weights(convnet):
+    from vit.nn.vision import create_model
+    from vit.weights import load_pretrained
+
+    model = create_model("vit_digits_patch2_8", depth=1, embed_dim=32, num_heads=2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(UserValueError, match=r"resnet10t, a convnet .*a ViT's pretrained weights come from a ViT"):
+        load_pretrained(model, convnet)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
