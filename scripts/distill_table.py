@@ -14,7 +14,8 @@ Per folder and seed, each a `vit fit` in its own process (imports included in it
     alone     the student's architecture and schedule without a teacher (--model.init_args.distillation none):
               what distillation itself adds, apart from the student's longer schedule and token heads
 
-``--recipe_args`` go to every arm (the knobs the recipes document, e.g. no flips for digits). The table gives test
+``--recipe_args`` go to every arm (the knobs the recipes document, e.g. no flips for digits); ``--teacher_args`` to
+the teacher alone and ``--student_args`` to the three students (the variants docs/small-folders.md measured). The table gives test
 top-1, mean of the seeds (spread in brackets) and mean wall time per run, and the teacher + recipe (soft) student's wall
 time as a multiple of scratch_small's. Compare means over 3+ seeds: seed-to-seed spread is several points here.
 """
@@ -41,8 +42,10 @@ ARMS = tuple(CONFIGS)
 ARM_ARGS = {"hard": ("--model.init_args.distill_alpha", "0.5")}  # DeiT's hard distillation; soft: the recipe's own
 
 
-def run_seed(folder: Path, seed: int, arms: Sequence[str], common: list[str]) -> dict[str, dict[str, Any]]:
-    """Every arm on one seed, each in a folder of its own; the students read the teacher's folder."""
+def run_seed(folder: Path, seed: int, arms: Sequence[str], common: list[str],
+             extra: dict[str, list[str]] | None = None) -> dict[str, dict[str, Any]]:
+    """Every arm on one seed, each in a folder of its own; the students read the teacher's folder. ``extra``: more
+    flags for an arm, after its own (the last of a repeated flag wins)."""
     results = {}
     with tempfile.TemporaryDirectory(prefix="distill-") as tmp:
         teacher_dir = Path(tmp) / "teacher" / "logs" / "teacher_small" / "checkpoints"
@@ -55,6 +58,7 @@ def run_seed(folder: Path, seed: int, arms: Sequence[str], common: list[str]) ->
                          "--model.init_args.distillation", arm, *ARM_ARGS.get(arm, ())]
             elif arm == "alone":
                 args += ["--model.init_args.distillation", "none"]
+            args += (extra or {}).get(arm, [])
             start = time.perf_counter()
             results[arm] = {**run_vit_fit(args, work), "seconds": time.perf_counter() - start}
             print(f"{folder.name} {arm} seed {seed}: {results[arm]['acc']:.4f} in {results[arm]['seconds']:.0f} s",
@@ -89,6 +93,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads of every arm")
     parser.add_argument("--recipe_args", default="", help="more `vit fit` flags for every arm, e.g. "
                         "\"--data.init_args.hflip 0\" for digits")
+    parser.add_argument("--teacher_args", default="", help="more `vit fit` flags for the teacher arm only, e.g. "
+                        "\"--model.init_args.label_smoothing 0\"")
+    parser.add_argument("--student_args", default="", help="more `vit fit` flags for the hard, soft and alone arms, "
+                        "e.g. \"--model.init_args.teacher last\" (the teacher's last checkpoint, not its best)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     if {"hard", "soft"} & set(args.arms) and "teacher" not in args.arms:
@@ -102,8 +110,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   "--data.init_args.num_workers", str(args.workers), "--num_threads", str(args.threads),
                   *(["--trainer.max_epochs", str(args.epochs)] if args.epochs else []), *shlex.split(args.recipe_args)]
         runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
+        extra = {"teacher": shlex.split(args.teacher_args),
+                 **{arm: shlex.split(args.student_args) for arm in ("hard", "soft", "alone")}}
         for seed in range(args.first_seed, args.first_seed + args.seeds):
-            for arm, result in run_seed(folder, seed, args.arms, common).items():
+            for arm, result in run_seed(folder, seed, args.arms, common, extra).items():
                 runs[arm].append({**result, "seed": seed})
         results[folder.name] = {arm: {**summarize(r), "runs": r} for arm, r in runs.items()}
     print(table(results))

@@ -56,3 +56,25 @@ def test_the_students_read_their_seeds_teacher_and_the_table_adds_up(tmp_path, m
     assert line.startswith("| digits | 0.905 (1.0), ") and line.endswith(f" | {ratio:.2f} |")
     with pytest.raises(SystemExit):
         script.main([str(tmp_path / "digits"), "--arms", "hard"])  # a student needs its teacher
+
+
+def test_teacher_and_student_args_reach_their_arms_only_and_win(tmp_path, monkeypatch):
+    script = load_script("distill_table")
+    for split in ("train", "val", "test"):
+        (tmp_path / "tiles" / split).mkdir(parents=True)
+    calls: dict[str, list[str]] = {}
+
+    def fake_fit(args: list[str], work: Path) -> dict:
+        calls[work.name] = args
+        if work.name == "teacher":
+            (work / "logs" / "teacher_small" / "checkpoints").mkdir(parents=True)
+        return {"acc": 0.5, "steps": 1}
+
+    monkeypatch.setattr(script, "run_vit_fit", fake_fit)
+    script.main([str(tmp_path / "tiles"), "--seeds", "1", "--teacher_args", "--model.init_args.label_smoothing 0",
+                 "--student_args", "--model.init_args.teacher last"])
+    last = lambda args, flag: [args[i + 1] for i, a in enumerate(args) if a == flag][-1]  # what jsonargparse keeps
+    assert last(calls["teacher"], "--model.init_args.label_smoothing") == "0"
+    assert all("--model.init_args.label_smoothing" not in calls[arm] for arm in ("scratch", "hard", "soft", "alone"))
+    assert [last(calls[arm], "--model.init_args.teacher") for arm in ("hard", "soft")] == ["last", "last"]
+    assert "--model.init_args.teacher" not in calls["scratch"] + calls["teacher"]
