@@ -15,9 +15,10 @@ Per folder and seed, each a `vit fit` in its own process (imports included in it
               what distillation itself adds, apart from the student's longer schedule and token heads
 
 ``--recipe_args`` go to every arm (the knobs the recipes document, e.g. no flips for digits); ``--teacher_args`` to
-the teacher alone and ``--student_args`` to the three students (the variants docs/small-folders.md measured). The table gives test
-top-1, mean of the seeds (spread in brackets) and mean wall time per run, and the teacher + recipe (soft) student's wall
-time as a multiple of scratch_small's. Compare means over 3+ seeds: seed-to-seed spread is several points here.
+the teacher alone and ``--student_args`` to the three students (the variants docs/small-folders.md measured). The
+table gives test top-1, mean of the seeds (spread in brackets) and mean wall time per run, and the teacher + recipe
+(soft) student's wall time as a multiple of scratch_small's. Compare means over 3+ seeds: seed-to-seed spread is
+several points here.
 """
 
 from __future__ import annotations
