@@ -82,15 +82,40 @@ def test_a_convnet_exports_to_onnx_and_to_timms_layout(convnet, tmp_path):
 
 
 def test_attention_on_a_convnet_is_a_clear_error(convnet, tmp_path):
-    from vit.serve.core import Predictor
-
     files = digit_files(tmp_path, 1)
     for argv in (["attention", "--ckpt", str(convnet), str(files[0]), "--out", str(tmp_path / "maps")],
                  ["attention", "--faithfulness", "--ckpt", str(convnet), str(files[0])]):
         with pytest.raises(UserValueError, match=r"resnet10t, a convnet .* need a ViT's attention"):
             run(argv)
     assert not (tmp_path / "maps").exists()
-    assert Predictor(load_classifier(convnet)).attention is False  # the server answers 422, not a crash
+
+
+def test_vit_serve_answers_for_a_convnet_and_refuses_its_attention(convnet, tmp_path):
+    import asyncio
+
+    from tests.serve.conftest import client_of, make_app
+    from vit.commands.predict import predict_files
+    from vit.inference import load_model
+    from vit.serve.core import Predictor
+
+    predictor = Predictor(load_model(convnet))
+    files = digit_files(tmp_path, 2)
+    expected = predict_files(predictor.classifier, files, top_k=3)
+
+    async def go():
+        async with client_of(make_app(predictor)) as client:
+            info = (await client.get("/info")).json()
+            answers = [await client.post("/predict", files={"file": (f.name, f.read_bytes())}, params={"top_k": 3})
+                       for f in files]
+            refused = await client.post("/predict", files={"file": ("x.png", files[0].read_bytes())},
+                                        params={"attention": "1"})
+        assert info["model"] == "resnet10t" and info["attention"] is False
+        for answer, want in zip(answers, expected):
+            assert answer.status_code == 200
+            assert [e["class"] for e in answer.json()["top_k"]] == [e["class"] for e in want["top_k"]]
+        assert refused.status_code == 422 and "ViT" in refused.json()["detail"]
+        assert "resnet10t" in refused.json()["detail"]
+    asyncio.run(go())
 
 
 def test_a_convnet_checkpoint_is_no_vits_pretrained_weights(convnet):
