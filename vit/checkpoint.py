@@ -250,7 +250,8 @@ def describe_task(task: str | None) -> str:
 
 # ---- a trained classifier, without Lightning --------------------------------------------------
 class Classifier(Prepared, nn.Module):
-    """A trained ViT with what it takes to prepare its input and name its output.
+    """A trained ViT (or a timm convnet `vit fit` trained as a teacher) with what it takes to prepare its input and
+    name its output.
 
     ``.model`` holds the evaluated weights (the EMA weights when training used EMA); ``.class_names``,
     ``.img_size`` (H, W), ``.in_chans``, ``.mean``, ``.std``, ``.crop_pct`` and ``.interpolation``
