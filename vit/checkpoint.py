@@ -259,7 +259,7 @@ class Classifier(Prepared, nn.Module):
     """
 
     def __init__(
-        self, model: VisionTransformer, *, model_name: str, class_names: Sequence[str],
+        self, model: VisionTransformer | nn.Module, *, model_name: str, class_names: Sequence[str],
         mean: Sequence[float], std: Sequence[float], crop_pct: float, interpolation: str,
         img_size: int | None = None, timm_args: dict[str, Any] | None = None,
     ) -> None:
