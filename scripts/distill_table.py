@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if {"hard", "soft"} & set(args.arms) and "teacher" not in args.arms:
         parser.error("the hard and soft students learn from this run's teacher: add the teacher arm")
+    extra = {"teacher": shlex.split(args.teacher_args),
+             **{arm: shlex.split(args.student_args) for arm in ("hard", "soft", "alone")}}
     results: dict[str, dict[str, dict[str, Any]]] = {}
     for folder in args.folders:
         missing = [s for s in ("train", "val", "test") if not (folder / s).is_dir()]
@@ -111,8 +113,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   "--data.init_args.num_workers", str(args.workers), "--num_threads", str(args.threads),
                   *(["--trainer.max_epochs", str(args.epochs)] if args.epochs else []), *shlex.split(args.recipe_args)]
         runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
-        extra = {"teacher": shlex.split(args.teacher_args),
-                 **{arm: shlex.split(args.student_args) for arm in ("hard", "soft", "alone")}}
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for arm, result in run_seed(folder, seed, args.arms, common, extra).items():
                 runs[arm].append({**result, "seed": seed})

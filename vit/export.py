@@ -232,59 +232,42 @@ def timm_architecture(model_name: str, model: VisionTransformer) -> tuple[str, d
 
 
 def timm_config(classifier: Classifier) -> dict[str, Any]:
-    """``config.json`` in timm's Hugging Face hub layout for the classifier's weights."""
-    if not classifier.is_vit:
-        return convnet_config(classifier)
+    """``config.json`` in timm's Hugging Face hub layout for the classifier's weights: a ViT's timm architecture,
+    or a timm convnet's (teacher_small's) own name and ``timm.create_model`` arguments, as they were."""
     model = classifier.model
-    architecture, model_args = timm_architecture(classifier.model_name, model)
-    if model.config.rope is not None and (architecture != classifier.model_name or set(model_args) - EVA_ARGS):
-        raise UserValueError(f"timm builds DINOv3 with its Eva class, which takes {', '.join(sorted(EVA_ARGS))} "
-                             f"but not {', '.join(sorted(set(model_args) - EVA_ARGS)) or 'this model'}: export to "
-                             "ONNX instead (vit export --format onnx)")
+    if classifier.is_vit:
+        architecture, model_args = timm_architecture(classifier.model_name, model)
+        if model.config.rope is not None and (architecture != classifier.model_name or set(model_args) - EVA_ARGS):
+            raise UserValueError(f"timm builds DINOv3 with its Eva class, which takes {', '.join(sorted(EVA_ARGS))} "
+                                 f"but not {', '.join(sorted(set(model_args) - EVA_ARGS)) or 'this model'}: export "
+                                 "to ONNX instead (vit export --format onnx)")
+        pool = {"global_pool": model.global_pool}
+        fixed_size, first_conv, head = not model.dynamic_img_size, "patch_embed.proj", "head"
+    else:
+        architecture = classifier.model_name
+        model_args = {k: v for k, v in (classifier.timm_args or {}).items() if k != "num_classes"}
+        pool = {}
+        fixed_size, first_conv, head = False, model.pretrained_cfg["first_conv"], model.pretrained_cfg["classifier"]
     config: dict[str, Any] = {
         "architecture": architecture,
         "num_classes": model.num_classes,
         "num_features": model.num_features,
-        "global_pool": model.global_pool,
+        **pool,
         "label_names": list(classifier.class_names),
     }
     if model_args:
         config["model_args"] = model_args
     config["pretrained_cfg"] = {  # timm's names; `vit.preprocessing` reads it back from a hub folder
         "input_size": [classifier.in_chans, *classifier.img_size],
-        "fixed_input_size": not model.dynamic_img_size,
+        "fixed_input_size": fixed_size,
         **classifier.preprocessing.to_dict(),  # interpolation, crop_pct, mean, std
         "crop_mode": "center",
         "num_classes": model.num_classes,
         "pool_size": None,
-        "first_conv": "patch_embed.proj",
-        "classifier": "head",
+        "first_conv": first_conv,  # the stem and the head, by their names in the state dict
+        "classifier": head,
     }
     return config
-
-
-def convnet_config(classifier: Classifier) -> dict[str, Any]:
-    """``config.json`` for a timm convnet `vit fit` trained (teacher_small's): its timm name and the
-    ``timm.create_model`` arguments it was built with, as they were."""
-    model = classifier.model
-    model_args = {k: v for k, v in (classifier.timm_args or {}).items() if k != "num_classes"}
-    return {
-        "architecture": classifier.model_name,
-        "num_classes": model.num_classes,
-        "num_features": model.num_features,
-        "label_names": list(classifier.class_names),
-        "model_args": model_args,
-        "pretrained_cfg": {
-            "input_size": [classifier.in_chans, *classifier.img_size],
-            "fixed_input_size": False,
-            **classifier.preprocessing.to_dict(),
-            "crop_mode": "center",
-            "num_classes": model.num_classes,
-            "pool_size": None,
-            "first_conv": model.pretrained_cfg["first_conv"],  # timm's names for the stem and the head
-            "classifier": model.pretrained_cfg["classifier"],
-        },
-    }
 
 
 def export_safetensors(classifier: Classifier, out_dir: str | os.PathLike) -> list[Path]:
