@@ -46,16 +46,69 @@ def grad_rollout(model: VisionTransformer, images: Tensor) -> Tensor:
 MAPS: dict[str, MapFn] = {"cls attention": cls_map, "rollout": rollout, "grad rollout": grad_rollout}
 
 
+def _patch(model: VisionTransformer) -> tuple[int, int]:
+    return model.patch_size if isinstance(model.patch_size, tuple) else (model.patch_size,) * 2
+
+
 def _patch_pixels(model: VisionTransformer, mask: Tensor) -> Tensor:
     """(B, h, w) patch mask -> (B, 1, H, W) pixel mask."""
-    ph, pw = model.patch_size if isinstance(model.patch_size, tuple) else (model.patch_size,) * 2
+    ph, pw = _patch(model)
     return mask.repeat_interleave(ph, dim=1).repeat_interleave(pw, dim=2)[:, None]
+
+
+def _grid(model: VisionTransformer, images: Tensor) -> tuple[int, int]:
+    """The patch grid (h, w) of ``images``."""
+    ph, pw = _patch(model)
+    return images.shape[-2] // ph, images.shape[-1] // pw
 
 
 @torch.no_grad()
 def _probability(model: VisionTransformer, images: Tensor, target: Tensor, batch_size: int = 512) -> Tensor:
     probs = [model(chunk).float().softmax(-1) for chunk in images.split(batch_size)]
     return torch.cat(probs).gather(1, target[:, None])[:, 0]
+
+
+def _curve(model: VisionTransformer, images: Tensor, target: Tensor, order: Tensor, insert: bool) -> Tensor:
+    """Mean target probability as the patches of ``order`` (B, n), first first, are deleted or inserted."""
+    B, n = order.shape
+    h, w = _grid(model, images)
+    fill = images.mean(dim=(2, 3), keepdim=True).expand_as(images)
+    points = []
+    for k in range(n + 1):
+        chosen = torch.zeros(B, n, dtype=torch.bool)
+        chosen.scatter_(1, order[:, :k], True)
+        mask = _patch_pixels(model, chosen.view(B, h, w)).to(images.device)
+        x = torch.where(mask, images, fill) if insert else torch.where(mask, fill, images)
+        points.append(_probability(model, x, target).mean())
+    return torch.stack(points)
+
+
+@torch.no_grad()
+def ranked_curves(model: VisionTransformer, images: Tensor, heat: Tensor, target: Tensor) -> dict[str, Tensor]:
+    """The curves of the patch order that ``heat`` (B, h, w) gives: "MoRF deletion", "LeRF deletion" and
+    "insertion" (most relevant first)."""
+    model.eval()
+    ranked = heat.flatten(1).float().cpu().argsort(dim=1, descending=True)  # most relevant first
+    return {
+        "MoRF deletion": _curve(model, images, target, ranked, insert=False),
+        "LeRF deletion": _curve(model, images, target, ranked.flip(1), insert=False),
+        "insertion": _curve(model, images, target, ranked, insert=True),
+    }
+
+
+@torch.no_grad()
+def random_curves(model: VisionTransformer, images: Tensor, target: Tensor, *, random_orders: int = 3,
+                  seed: int = 0) -> dict[str, Tensor]:
+    """The baseline: "random deletion" and "random insertion", averaged over ``random_orders`` random orders.
+    It does not depend on a map, so a table of several maps computes it once."""
+    model.eval()
+    h, w = _grid(model, images)
+    generator = torch.Generator().manual_seed(seed)
+    orders = [torch.rand(len(images), h * w, generator=generator).argsort(dim=1) for _ in range(random_orders)]
+    return {
+        "random deletion": torch.stack([_curve(model, images, target, o, insert=False) for o in orders]).mean(0),
+        "random insertion": torch.stack([_curve(model, images, target, o, insert=True) for o in orders]).mean(0),
+    }
 
 
 @torch.no_grad()
@@ -70,33 +123,10 @@ def perturbation_curves(
     for "MoRF deletion", "LeRF deletion", "insertion" and the same with a random order ("random deletion",
     "random insertion", averaged over ``random_orders`` orders).
     """
-    model.eval()
-    B, h, w = heat.shape
-    n = h * w
     if target is None:
-        target = model(images).argmax(dim=-1)
-    fill = images.mean(dim=(2, 3), keepdim=True).expand_as(images)
-    generator = torch.Generator().manual_seed(seed)
-
-    def curve(order: Tensor, insert: bool) -> Tensor:  # order (B, n): patch indices, first removed first
-        points = []
-        for k in range(n + 1):
-            chosen = torch.zeros(B, n, dtype=torch.bool)
-            chosen.scatter_(1, order[:, :k], True)
-            mask = _patch_pixels(model, chosen.view(B, h, w)).to(images.device)
-            x = torch.where(mask, images, fill) if insert else torch.where(mask, fill, images)
-            points.append(_probability(model, x, target).mean())
-        return torch.stack(points)
-
-    ranked = heat.flatten(1).float().cpu().argsort(dim=1, descending=True)  # most relevant first
-    randoms = [torch.rand(B, n, generator=generator).argsort(dim=1) for _ in range(random_orders)]
-    return {
-        "MoRF deletion": curve(ranked, insert=False),
-        "LeRF deletion": curve(ranked.flip(1), insert=False),
-        "insertion": curve(ranked, insert=True),
-        "random deletion": torch.stack([curve(o, insert=False) for o in randoms]).mean(0),
-        "random insertion": torch.stack([curve(o, insert=True) for o in randoms]).mean(0),
-    }
+        target = model.eval()(images).argmax(dim=-1)
+    return {**ranked_curves(model, images, heat, target),
+            **random_curves(model, images, target, random_orders=random_orders, seed=seed)}
 
 
 def area_under(curve: Tensor) -> float:
@@ -188,14 +218,16 @@ def pointing_game(heat: Tensor, cells: Tensor) -> float:
 def faithfulness_table(model: VisionTransformer, images: Tensor, maps: Sequence[str] = tuple(MAPS)) -> dict:
     """Deletion/insertion AUCs per map and the random baseline's, for `vit attention --faithfulness`."""
     target = model.eval()(images).argmax(dim=-1).detach()
+    baseline = {key: area_under(value) for key, value in random_curves(model, images, target).items()}
     table: dict[str, dict[str, float]] = {}
     for name in maps:
-        curves = perturbation_curves(model, images, MAPS[name](model, images), target)
-        table[name] = {key: area_under(value) for key, value in curves.items()}
+        curves = ranked_curves(model, images, MAPS[name](model, images), target)
+        table[name] = {**{key: area_under(value) for key, value in curves.items()}, **baseline}
     return table
 
 
 __all__ = [
     "MAPS", "PATTERNS", "area_under", "cascading_randomisation", "cls_map", "faithfulness_table",
-    "grad_rollout", "perturbation_curves", "pointing_game", "pointing_set", "rollout", "spearman",
+    "grad_rollout", "perturbation_curves", "pointing_game", "pointing_set", "random_curves", "ranked_curves",
+    "rollout", "spearman",
 ]
