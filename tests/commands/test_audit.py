@@ -153,10 +153,39 @@ def test_audit_of_the_digits_names_images_by_their_place(tmp_path, capsys):
     with open(out / "duplicates.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert all(re.fullmatch(r"digits\[\d+\]", r["path_a"]) for r in rows)
-    again = run(["audit", "--config", str(CONFIGS / "digits.yaml"), "--out", str(out), "--cache_dir",
+    assert all(how.startswith("scanned, cached") for how in summary["scan"].values())
+    again = run(["audit", "--config", str(CONFIGS / "digits.yaml"), "--out", str(tmp_path / "again"), "--cache_dir",
                  str(tmp_path / "cache"), "--radius", "0"])
     assert again["label_issues"]["features"].startswith("loaded from cache")
-    assert again["label_issues"]["flagged"] == summary["label_issues"]["flagged"]
+    assert list(again["scan"]) == ["train", "val", "test"]
+    assert all(how.startswith("loaded from cache") for how in again["scan"].values())
+    assert "the scan of train, val, test came from the cache" in capsys.readouterr().out
+    # The cached scan finds what the scan found: every figure and every pair.
+    same = lambda s: {k: v for k, v in s.items() if k not in ("scan", "seconds", "out", "label_issues")}
+    assert same(again) == same(summary) and again["label_issues"]["flagged"] == summary["label_issues"]["flagged"]
+    assert (tmp_path / "again" / "duplicates.csv").read_bytes() == (out / "duplicates.csv").read_bytes()
+
+
+@pytest.mark.filterwarnings("ignore:.*imbalanced classes:UserWarning")
+def test_a_second_audit_rescans_the_split_whose_files_changed_and_no_other(tmp_path):
+    """The scan cache is keyed by every file's path, size and modification time: a test tile overwritten with a
+    copy of a training tile is found as leakage on the next audit, which reads the test split again and takes
+    train and val from the cache."""
+    root = tmp_path / "images"
+    planted_folder(root)
+    first = run(audit_args(root, tmp_path / "a", tmp_path, "--no_labels"))
+    assert first["leakage"] == {"test": {"train": {"exact": 1, "near": 1}}}
+    shutil.copyfile(root / "train/coffee/coffee0.png", root / "test/coffee/coffee14.png")  # a new file in test
+    second = run(audit_args(root, tmp_path / "b", tmp_path, "--no_labels"))
+    assert second["scan"]["train"].startswith("loaded from cache") and second["scan"]["val"].startswith("loaded")
+    assert second["scan"]["test"].startswith("scanned, cached")
+    assert second["leakage"] == {"test": {"train": {"exact": 2, "near": 1}}}
+    (root / "test/coffee/coffee14.png").write_bytes(b"")  # the same path, now empty: size and time changed
+    third = run(audit_args(root, tmp_path / "c", tmp_path, "--no_labels"))
+    assert third["scan"]["test"].startswith("scanned, cached") and third["leakage"] == first["leakage"]
+    assert str(root / "test/coffee/coffee14.png") in {bad["path"] for bad in third["inventory"]["bad_files"]}
+    uncached = run(audit_args(root, tmp_path / "d", tmp_path, "--no_labels", "--no_cache"))
+    assert set(uncached["scan"].values()) == {"scanned"} and uncached["leakage"] == third["leakage"]
 
 
 def test_fail_on_label_issues_never_fails_on_a_list_the_report_distrusts(tmp_path, capsys):

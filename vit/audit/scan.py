@@ -4,27 +4,39 @@ small thumbnail that verifies its near-duplicates.
 A dataset qualifies by having ``item_name(i)`` and ``raw_image(i)`` (every dataset class in `vit.data` has
 them): files are named by their path and first pass the header check that training runs
 (`vit.data.io.check_image_file`), then are decoded in full, so truncated files are found too. The work is
-spread over processes (fork: the workers inherit the dataset, nothing is pickled).
+spread over processes (fork: the workers inherit the dataset, nothing is pickled). `cached_scan_split` keeps a
+split's records, keyed by the dataset's ``fingerprint()`` and the code that made them, so that an audit run again
+on data that has not changed reads no image twice.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import multiprocessing
 import os
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import PIL
+import torch
 from PIL import Image
 
+from vit.audit import duplicates, verify
 from vit.audit.duplicates import content_hash, luma_hashes, phash, window_phashes
-from vit.audit.verify import edited, thumbnail
+from vit.audit.verify import THUMB, edited, thumbnail
+from vit.data import io
 from vit.data.io import check_image_file
 from vit.errors import UserValueError
+from vit.files import save_atomic
 from vit.progress import progress
+
+log = logging.getLogger(__name__)
 
 CHUNK = 64  # images per task: large enough to amortise the hand-off, small enough for a live progress bar
 
@@ -99,6 +111,67 @@ def scan_split(dataset: Any, split: str, labels: Sequence[int], num_workers: int
     for record in records:
         record.split = split
     return records
+
+
+def _code_key() -> str:
+    """What a record is computed by: this module, the hashes', the thumbnail's, the image reading's and
+    Pillow's version. A change to any of them makes earlier caches miss, with no version number to remember."""
+    h = hashlib.sha256(PIL.__version__.encode())
+    for module in (duplicates, verify, io):
+        h.update(Path(module.__file__).read_bytes())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()
+
+
+def _cache_path(dataset: Any, split: str, labels: Sequence[int], cache_dir: Path) -> Path | None:
+    """The cache file of this split's scan, or None for a dataset without a ``fingerprint()`` or one whose
+    files cannot all be listed now (a file gone since the folder was read: the scan reports it)."""
+    fingerprint = getattr(dataset, "fingerprint", None)
+    if not callable(fingerprint):
+        return None
+    try:
+        data = fingerprint()
+    except OSError:
+        return None
+    h = hashlib.sha256(f"{_code_key()} {data} {split}".encode())
+    h.update(np.asarray(labels, dtype=np.int64).tobytes())
+    return Path(cache_dir) / f"scan-{split}-{h.hexdigest()[:24]}.pt"
+
+
+def _to_cache(records: list[ImageRecord]) -> dict[str, Any]:
+    # Plain types and one uint8 tensor, so that torch.load(weights_only=True) reads it back.
+    thumbs = torch.zeros(len(records), 3, THUMB, THUMB, dtype=torch.uint8)
+    for k, record in enumerate(records):
+        if record.thumb is not None:
+            thumbs[k] = torch.from_numpy(record.thumb)
+    return {"records": [{**asdict(record), "thumb": record.thumb is not None} for record in records],
+            "thumbs": thumbs}
+
+
+def _from_cache(saved: dict[str, Any]) -> list[ImageRecord]:
+    thumbs = saved["thumbs"].numpy()
+    return [ImageRecord(**{**fields, "thumb": thumbs[k].copy() if fields["thumb"] else None})
+            for k, fields in enumerate(saved["records"])]
+
+
+def cached_scan_split(dataset: Any, split: str, labels: Sequence[int], num_workers: int = 1, *,
+                      cache_dir: Path | None) -> tuple[list[ImageRecord], str]:
+    """`scan_split`'s records from the cache when there, else scanned and cached; and where they came from, in
+    words. ``cache_dir=None`` scans and caches nothing."""
+    path = None if cache_dir is None else _cache_path(dataset, split, labels, cache_dir)
+    if path is not None and path.is_file():
+        try:
+            return _from_cache(torch.load(path, weights_only=True)), f"loaded from cache {path}"
+        except Exception as e:  # unreadable: scan again and overwrite
+            log.warning("ignoring unreadable scan cache %s (%s: %s)", path, type(e).__name__, e)
+    records = scan_split(dataset, split, labels, num_workers)
+    if path is None:
+        return records, "scanned" + (" (not cached: the dataset has no fingerprint())" if cache_dir else "")
+    try:
+        save_atomic(lambda f: torch.save(_to_cache(records), f), path)
+    except OSError as e:  # a read-only or full disk costs the next run time, not this run's findings
+        return records, f"scanned, not cached ({type(e).__name__}: {e})"
+    return records, f"scanned, cached in {path}"
 
 
 class EditedThumbnails:

@@ -13,8 +13,10 @@ features of the training images (cached like `vit probe`'s), with that classifie
 list from a classifier too close to chance is reported as untrustworthy, not as wrong labels. Weights that
 cannot be loaded (no network, a missing file) skip the label check, and say why; the other checks need no
 model. Writes summary.json, duplicates.csv, label_issues.csv and a self-contained report.html to ``--out``
-(default: a run folder beside `vit fit`'s, ``<logger save_dir>/<name>/audit/version_N``). The exit status is
-0, or 1 when something named in ``--fail_on`` is found.
+(default: a run folder beside `vit fit`'s, ``<logger save_dir>/<name>/audit/version_N``). The scan of each
+split is cached, keyed by the data's fingerprint (every file's path, size and modification time) and the code that
+made it, so a second audit of unchanged data (another ``--radius``, ``--fail_on``, a label check) skips it. The
+exit status is 0, or 1 when something named in ``--fail_on`` is found.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from vit.audit.report import (
     write_csv,
     write_json,
 )
-from vit.audit.scan import EditedThumbnails, ImageRecord, scan_split
+from vit.audit.scan import EditedThumbnails, ImageRecord, cached_scan_split
 from vit.audit.verify import MIN_SCORE
 from vit.errors import UserPathError, WeightsUnavailableError
 from vit.features import blas_threads, cached_features, new_run_folder
@@ -81,8 +83,10 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--no_labels", action="store_true", help="skip the label check (no features extracted)")
     parser.add_argument("--shown", type=int, default=60, help="pairs and label issues drawn in report.html")
     parser.add_argument("--cache_dir", type=Path, default=cache_dir("features"),
-                        help="where features are cached, keyed by weights and data (default: %(default)s)")
-    parser.add_argument("--no_cache", action="store_true", help="extract features again and cache nothing")
+                        help="where the scan of each split (keyed by the data and the code) and the features "
+                        "(keyed by weights and data) are cached, so that a second audit of unchanged data reads "
+                        "no image twice (default: %(default)s)")
+    parser.add_argument("--no_cache", action="store_true", help="scan and extract features again, cache nothing")
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda:1, ...")
     parser.add_argument("--batch_size", type=int, default=256, help="images per batch while extracting features")
     parser.add_argument("--num_workers", type=int, default=None,
@@ -109,16 +113,18 @@ def audited_splits(data: Any) -> list[str]:
     return ["train", "val"] + ([] if no_test_reason(data) else ["test"])
 
 
-def scan(data: Any, num_workers: int | None) -> tuple[list[ImageRecord], dict[str, Any]]:
-    """Every split's records, and the splits' evaluation datasets."""
-    records, datasets = [], {}
+def scan(data: Any, num_workers: int | None, cache_dir: Path | None
+         ) -> tuple[list[ImageRecord], dict[str, Any], dict[str, str]]:
+    """Every split's records, the splits' evaluation datasets, and where each split's records came from."""
+    records, datasets, how = [], {}, {}
     for split in audited_splits(data):
         dataset = datasets[split] = data.eval_split(split)
         labels = [int(y) for y in dataset.labels]
         on_disk = len(dataset) > 0 and os.path.isfile(dataset.item_name(0))  # in-memory images: not worth a process
         workers = (len(os.sched_getaffinity(0)) if num_workers is None else num_workers) if on_disk else 1
-        records += scan_split(dataset, split, labels, workers)
-    return records, datasets
+        found, how[split] = cached_scan_split(dataset, split, labels, workers, cache_dir=cache_dir)
+        records += found
+    return records, datasets, how
 
 
 def label_issues(module: Any, dataset: Any, records: list[ImageRecord], args: argparse.Namespace,
@@ -200,7 +206,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     data.prepare_data()
     data.setup("fit")
     class_names = list(data.class_names)
-    records, datasets = scan(data, args.num_workers)
+    records, datasets, scanned_how = scan(data, args.num_workers, None if args.no_cache else args.cache_dir)
     scanned = time.perf_counter()
 
     inv = inventory(records, class_names)
@@ -222,6 +228,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
                        "within_split": len(pairs) - cross, "radius": args.radius, "candidates": candidates,
                        "rejected": candidates - (len(pairs) - exact), "min_score": args.min_score},
         "leakage": leakage(pairs), "label_conflicts": len(label_conflicts(pairs)), "label_issues": None,
+        "scan": scanned_how,
     }
     issues: list[dict[str, Any]] = []
     if no_weights:
@@ -242,6 +249,10 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
 
     print(f"audit of {summary['data']}: {inv['images']} images, {len(class_names)} classes "
           f"({', '.join(f'{n} {s}' for s, n in inv['images_per_split'].items())})")
+    cached = [split for split, how in scanned_how.items() if how.startswith("loaded from cache")]
+    if cached:
+        print(f"  the scan of {', '.join(cached)} came from the cache in {args.cache_dir}, as the images have "
+              "not changed since (--no_cache scans again)")
     for sentence in summary_sentences(summary):
         print(f"  {sentence}")
     print(f"wrote {out}/report.html, summary.json, duplicates.csv and label_issues.csv "
