@@ -281,9 +281,10 @@ def test_cli_runs_on_the_lowest_lightning_we_declare(tmp_path):
 
 @pytest.mark.slow
 def test_vit_fit_prints_what_a_user_needs_and_no_dependency_noise(tmp_path):
-    """The console script as a user runs it, progress bar and model summary on: split sizes, the model in a
-    line (its own parameters, not the EMA copy's too), the parameter groups, the results; no Lightning tip,
-    torch deprecation, FLOPs 0, v_num or raw Python warning."""
+    """The console script as installed (not main() in-process), as a user runs it, progress bar and model summary
+    on: a fit that succeeds exits 0, whatever main returns; split sizes, the model in a line (its own parameters,
+    not the EMA copy's too), the parameter groups, the results; no Lightning tip, torch deprecation, FLOPs 0,
+    v_num or raw Python warning."""
     import re
     import shutil
 
@@ -300,12 +301,14 @@ def test_vit_fit_prints_what_a_user_needs_and_no_dependency_noise(tmp_path):
     assert "digits: 1259 train, 179 val, 359 test images, 10 classes" in printed
     assert "parameter group" in printed and "test accuracy of" in printed
     for noise in ("Tip:", "LeafSpec", "FLOPs", "Non-trainable params", "v_num", "Warning:", "stepping batches",
-                  "weights_only"):
+                  "weights_only", "args parameter is intended"):  # the last: LightningCLI reads the command line
         assert noise not in printed, noise
     counted = int(re.search(r"model: VisionTransformer \S+, ([\d,]+) parameters", printed).group(1).replace(",", ""))
     state = torch.load(next((tmp_path / "ckpt").glob("best-*.ckpt")), weights_only=False)["state_dict"]
     own = sum(v.numel() for k, v in state.items() if k.startswith("model."))
     assert any(k.startswith("model_ema.") for k in state) and counted == own  # the EMA copy is not counted
+    fit_help = subprocess.run([vit, "fit", "--help"], capture_output=True, text=True, check=True).stdout
+    assert fit_help.startswith("usage: vit [options] fit")
 
 
 def test_fit_leaves_training_curves_beside_the_confusion_matrix(fitted):
