@@ -66,3 +66,14 @@ def test_an_unreadable_cache_is_scanned_again_and_a_dataset_without_a_fingerprin
 
     assert cached_scan_split(Unnamed(images), "train", [0], cache_dir=tmp_path)[1] == \
         "scanned (not cached: the dataset has no fingerprint())"
+
+
+def test_a_dataset_whose_files_cannot_all_be_listed_is_scanned_and_says_why_it_was_not_cached(tmp_path):
+    class Vanished(Pictures):
+        def fingerprint(self) -> str:  # what files_fingerprint raises for a file deleted after the listing
+            raise FileNotFoundError(2, "No such file or directory", "photos/a/gone.png")
+
+    records, how = cached_scan_split(Vanished([np.full((8, 8, 3), 7, np.uint8)]), "train", [0], cache_dir=tmp_path)
+    assert records[0].width == 8 and how == "scanned (not cached: [Errno 2] No such file or directory: " \
+        "'photos/a/gone.png')" and not list(tmp_path.iterdir())
+    assert cached_scan_split(Pictures([np.full((8, 8, 3), 7, np.uint8)]), "train", [0], cache_dir=None)[1] == "scanned"

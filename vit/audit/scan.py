@@ -11,6 +11,7 @@ on data that has not changed reads no image twice.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import multiprocessing
@@ -33,6 +34,7 @@ from vit.audit.verify import THUMB, edited, thumbnail
 from vit.data import io
 from vit.data.io import check_image_file
 from vit.errors import UserValueError
+from vit.features import dataset_key
 from vit.files import save_atomic
 from vit.progress import progress
 
@@ -113,6 +115,7 @@ def scan_split(dataset: Any, split: str, labels: Sequence[int], num_workers: int
     return records
 
 
+@functools.cache  # the files do not change under a running audit: read them once, not once per split
 def _code_key() -> str:
     """What a record is computed by: this module, the hashes', the thumbnail's, the image reading's and
     Pillow's version. A change to any of them makes earlier caches miss, with no version number to remember."""
@@ -123,16 +126,8 @@ def _code_key() -> str:
     return h.hexdigest()
 
 
-def _cache_path(dataset: Any, split: str, labels: Sequence[int], cache_dir: Path) -> Path | None:
-    """The cache file of this split's scan, or None for a dataset without a ``fingerprint()`` or one whose
-    files cannot all be listed now (a file gone since the folder was read: the scan reports it)."""
-    fingerprint = getattr(dataset, "fingerprint", None)
-    if not callable(fingerprint):
-        return None
-    try:
-        data = fingerprint()
-    except OSError:
-        return None
+def _cache_path(data: str, split: str, labels: Sequence[int], cache_dir: Path) -> Path:
+    """The cache file of the scan of ``split`` of the dataset whose fingerprint is ``data``."""
     h = hashlib.sha256(f"{_code_key()} {data} {split}".encode())
     h.update(np.asarray(labels, dtype=np.int64).tobytes())
     return Path(cache_dir) / f"scan-{split}-{h.hexdigest()[:24]}.pt"
@@ -158,7 +153,15 @@ def cached_scan_split(dataset: Any, split: str, labels: Sequence[int], num_worke
                       cache_dir: Path | None) -> tuple[list[ImageRecord], str]:
     """`scan_split`'s records from the cache when there, else scanned and cached; and where they came from, in
     words. ``cache_dir=None`` scans and caches nothing."""
-    path = None if cache_dir is None else _cache_path(dataset, split, labels, cache_dir)
+    path, uncached = None, ""
+    if cache_dir is not None:
+        try:
+            data = dataset_key(dataset)
+        except OSError as e:  # a file gone since the folder was listed: the scan reports it
+            data, uncached = None, f" (not cached: {e})"
+        else:
+            uncached = "" if data is not None else " (not cached: the dataset has no fingerprint())"
+        path = None if data is None else _cache_path(data, split, labels, cache_dir)
     if path is not None and path.is_file():
         try:
             return _from_cache(torch.load(path, weights_only=True)), f"loaded from cache {path}"
@@ -166,7 +169,7 @@ def cached_scan_split(dataset: Any, split: str, labels: Sequence[int], num_worke
             log.warning("ignoring unreadable scan cache %s (%s: %s)", path, type(e).__name__, e)
     records = scan_split(dataset, split, labels, num_workers)
     if path is None:
-        return records, "scanned" + (" (not cached: the dataset has no fingerprint())" if cache_dir else "")
+        return records, "scanned" + uncached
     try:
         save_atomic(lambda f: torch.save(_to_cache(records), f), path)
     except OSError as e:  # a read-only or full disk costs the next run time, not this run's findings
