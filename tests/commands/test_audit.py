@@ -167,7 +167,7 @@ def test_audit_of_the_digits_names_images_by_their_place(tmp_path, capsys):
 
 
 @pytest.mark.filterwarnings("ignore:.*imbalanced classes:UserWarning")
-def test_a_second_audit_rescans_the_split_whose_files_changed_and_no_other(tmp_path):
+def test_a_second_audit_rescans_the_split_whose_files_changed_and_no_other(tmp_path, capsys):
     """The scan cache is keyed by every file's path, size and modification time: a test tile overwritten with a
     copy of a training tile is found as leakage on the next audit, which reads the test split again and takes
     train and val from the cache."""
@@ -186,6 +186,14 @@ def test_a_second_audit_rescans_the_split_whose_files_changed_and_no_other(tmp_p
     assert str(root / "test/coffee/coffee14.png") in {bad["path"] for bad in third["inventory"]["bad_files"]}
     uncached = run(audit_args(root, tmp_path / "d", tmp_path, "--no_labels", "--no_cache"))
     assert set(uncached["scan"].values()) == {"scanned"} and uncached["leakage"] == third["leakage"]
+    (tmp_path / "not_a_folder").touch()  # a --cache_dir that cannot be one: the audit runs and says so
+    args = audit_args(root, tmp_path / "e", tmp_path, "--no_labels")
+    args[args.index("--cache_dir") + 1] = str(tmp_path / "not_a_folder")
+    capsys.readouterr()
+    unsaved = run(args)
+    assert all(how.startswith("scanned, not cached (FileExistsError") for how in unsaved["scan"].values())
+    assert unsaved["leakage"] == third["leakage"]
+    assert capsys.readouterr().out.count("the scan was not cached: FileExistsError") == 1
 
 
 def test_fail_on_label_issues_never_fails_on_a_list_the_report_distrusts(tmp_path, capsys):

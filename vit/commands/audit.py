@@ -253,6 +253,10 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     if cached:
         print(f"  the scan of {', '.join(cached)} came from the cache in {args.cache_dir}, as the images have "
               "not changed since (--no_cache scans again)")
+    uncached = sorted({how.split("not cached", 1)[1].strip(" :()") for how in scanned_how.values()
+                       if "not cached" in how})
+    for why in uncached:  # the next audit will scan again: say why, once
+        print(f"  the scan was not cached: {why}")
     for sentence in summary_sentences(summary):
         print(f"  {sentence}")
     print(f"wrote {out}/report.html, summary.json, duplicates.csv and label_issues.csv "
