@@ -114,7 +114,9 @@ def parity_config(folder: Path, seed: int, epochs: int, workers: int, threads: i
 def run_vit_fit(args: list[str], workdir: Path) -> dict[str, Any]:
     """`vit fit ARGS` in its own process and folder: test top-1 (from its report) and steps trained."""
     done = subprocess.run([sys.executable, "-m", "vit", "fit", *args], cwd=workdir, capture_output=True, text=True)
-    match = re.search(r"^test accuracy of .*: ([0-9.]+)$", done.stdout, re.MULTILINE)
+    # The report's line names the monitored metric ("test accuracy of", "test loss of" with checkpoint.monitor
+    # val_loss); the test table always has test_acc.
+    match = re.search(r"^\W*test_acc\W+([0-9.]+)", done.stdout, re.MULTILINE)
     if done.returncode or not match:
         raise RuntimeError(f"vit fit {' '.join(args)} failed (exit {done.returncode}):\n{done.stdout[-3000:]}"
                            f"\n{done.stderr[-3000:]}")

@@ -133,7 +133,7 @@ def test_print_config_and_links_from_an_image_folder(tmp_path, capsys):
 
 def test_a_single_folder_holds_out_a_test_split_and_without_one_nothing_is_called_test(tmp_path, capsys, caplog):
     """80/10/10 by default, so `vit fit` reports a test figure from images that chose nothing; with
-    test_fraction 0 it reports val, named as val."""
+    test_fraction 0 it reports val, named as val. Chosen by another metric, the report gives it and accuracy."""
     root = tmp_path / "shapes"
     write_class_folders(root, ["circle", "square"], per_class=20, size=16)
     common = [
@@ -157,6 +157,15 @@ def test_a_single_folder_holds_out_a_test_split_and_without_one_nothing_is_calle
     with caplog.at_level(logging.WARNING, logger="vit.data.folder"):  # `vit test` anyway: it says what it tests
         run.trainer.test(run.model, datamodule=run.datamodule)
     assert re.search("no test split is held out .* on the val images", caplog.text)
+    # A checkpoint chosen by val_loss: the report names the test loss, and the accuracy beside it.
+    capsys.readouterr()
+    run = cli([*common, "--checkpoint.monitor=val_loss", "--checkpoint.mode=min",
+               f"--trainer.default_root_dir={tmp_path / 'by_loss'}"])
+    figures = re.search(r"^test loss of \S+best-\S+: ([\d.]+) \(accuracy ([\d.]+)\)$", capsys.readouterr().out, re.M)
+    assert figures, "no 'test loss of ...: L (accuracy A)' line"
+    tested = run.trainer.callback_metrics
+    assert float(figures.group(1)) == pytest.approx(tested["test_loss"].item(), abs=5e-5)
+    assert float(figures.group(2)) == pytest.approx(tested["test_acc"].item(), abs=5e-5)
 
 
 def test_another_model_class_keeps_its_own_defaults(tmp_path, capsys):

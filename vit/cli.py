@@ -247,9 +247,11 @@ class VitCLI(LightningCLI):
         value = results[0].get(key) if results else None
         if value is not None:
             name = "accuracy" if key.endswith("_acc") else key.removeprefix(f"{split}_").replace("_", " ")
+            accuracy = results[0].get(f"{split}_acc")  # what a classifier's user reads, whatever chose the checkpoint
+            also = f" (accuracy {accuracy:.4f})" if accuracy is not None and name != "accuracy" else ""
             note = f" (no test split is held out: {no_test}; val chose this checkpoint, so this figure " \
                 "flatters it)" if no_test else ""
-            self.say(f"{split} {name} of {best or 'the final weights'}: {value:.4f}{note}")
+            self.say(f"{split} {name} of {best or 'the final weights'}: {value:.4f}{also}{note}")
 
     def say(self, message: str) -> None:
         """Print once, not once per DDP process."""
