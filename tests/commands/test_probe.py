@@ -347,7 +347,7 @@ def test_probe_help_and_errors(capsys):
 def test_vit_probe_on_the_digits_in_under_30_s(tmp_path, digits_run, digit_pngs):
     """The command, imports included, from random init and from a trained checkpoint.
 
-    The 30 s figure holds with nothing else running (docs/finetune.md: 19-23 s on a slow 2-core Zen 3, 13 s of
+    The 30 s figure holds with nothing else running (docs/finetune.md: 19-23 s on a slow 2-core AMD EPYC, 13 s of
     it imports). Here the other pytest worker shares the two cores, so a run may take up to twice as long: CI
     saw 31.5 s. The bound is that figure on half the machine."""
     figures = {}
