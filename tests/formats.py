@@ -6,12 +6,15 @@ The CIFAR "python version" files are Python 2 pickles of dicts with str keys; re
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
+from safetensors.torch import save_file
 
 
 def write_cifar10(root: Path, per_batch: int = 20, n_test: int = 20, seed: int = 0) -> dict:
@@ -107,3 +110,24 @@ CORPUS = [
     ("I like green tea.", "J'aime le thé vert."),
     ("We are here.", "Nous sommes là."),
 ]
+
+
+def write_hf_cache(cache: Path, repo_id: str, filename: str, state_dict: dict[str, torch.Tensor]) -> Path:
+    """A Hugging Face hub cache entry written by hand, in huggingface_hub's own layout:
+    ``models--<org>--<name>/{refs/main, blobs/<sha256>, snapshots/<commit>/<filename> -> ../../blobs/<sha256>}``."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "blobs").mkdir(parents=True)
+    tmp = repo / "blobs" / "incoming"
+    if filename.endswith(".safetensors"):
+        save_file(state_dict, tmp)
+    else:
+        torch.save(state_dict, tmp)
+    blob = repo / "blobs" / hashlib.sha256(tmp.read_bytes()).hexdigest()
+    tmp.rename(blob)
+    commit = "5f2c0e1d9b8a7c6d5e4f3a2b1c0d9e8f7a6b5c4d"
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / filename).symlink_to(Path("..") / ".." / "blobs" / blob.name)
+    return repo

@@ -1,6 +1,5 @@
 """Real checkpoint formats, written offline from random-weight timm and torchvision models."""
 
-import hashlib
 import logging
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from timm.models.vision_transformer import _load_weights as timm_load_npz
 
 import vit
 from tests.conftest import free_port, subprocess_env
+from tests.formats import write_hf_cache
 from vit.errors import WeightsUnavailableError
 from vit.weights import convert_torchvision, read_state_dict
 
@@ -210,27 +210,6 @@ def test_bad_files_are_clear_errors(tmp_path):
 
 
 TIMM_NAME = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
-
-
-def write_hf_cache(cache: Path, repo_id: str, filename: str, state_dict: dict[str, torch.Tensor]) -> Path:
-    """A Hugging Face hub cache entry written by hand, in huggingface_hub's own layout:
-    ``models--<org>--<name>/{refs/main, blobs/<sha256>, snapshots/<commit>/<filename> -> ../../blobs/<sha256>}``."""
-    repo = cache / f"models--{repo_id.replace('/', '--')}"
-    (repo / "blobs").mkdir(parents=True)
-    tmp = repo / "blobs" / "incoming"
-    if filename.endswith(".safetensors"):
-        save_file(state_dict, tmp)
-    else:
-        torch.save(state_dict, tmp)
-    blob = repo / "blobs" / hashlib.sha256(tmp.read_bytes()).hexdigest()
-    tmp.rename(blob)
-    commit = "5f2c0e1d9b8a7c6d5e4f3a2b1c0d9e8f7a6b5c4d"
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (snapshot / filename).symlink_to(Path("..") / ".." / "blobs" / blob.name)
-    return repo
 
 
 @pytest.fixture

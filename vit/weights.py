@@ -213,27 +213,21 @@ def _from_timm_hub(name: str) -> dict[str, Tensor]:
     unreachable hub for about 25 s per file.
     """
     import timm
-    from huggingface_hub import constants, hf_hub_download, try_to_load_from_cache
+    from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError
-    from timm.models import get_pretrained_cfg
 
-    cfg = get_pretrained_cfg(name)
-    if cfg is None or not cfg.hf_hub_id or cfg.hf_hub_filename or cfg.source:
+    hub = _hub_repo(name)
+    if hub is None:
         return _from_timm_create_model(name)
-    repo_id, _, revision = cfg.hf_hub_id.partition("@")
-    for filename in HUB_WEIGHTS:
-        cached = try_to_load_from_cache(repo_id, filename, revision=revision or None, cache_dir=hub_cache())
-        if isinstance(cached, str):
-            return read_state_dict(cached)
-    if constants.HF_HUB_OFFLINE:
-        raise WeightsUnavailableError(_hub_advice(name, repo_id, "not in the cache, and HF_HUB_OFFLINE is set"))
-    unreachable = _unreachable(constants.ENDPOINT)
-    if unreachable:
-        raise WeightsUnavailableError(_hub_advice(name, repo_id, f"not in the cache, and {unreachable}"))
+    repo_id, revision = hub
+    cached = _cached_file(repo_id, revision)
+    if cached:
+        return read_state_dict(cached)
+    _check_reachable(name, repo_id)
     missing = []
     for filename in HUB_WEIGHTS:
         try:
-            path = hf_hub_download(repo_id, filename, revision=revision or None, cache_dir=hub_cache(),
+            path = hf_hub_download(repo_id, filename, revision=revision, cache_dir=hub_cache(),
                                    library_name="timm", library_version=timm.__version__)
         except EntryNotFoundError as e:  # not in the repository: try the next
             missing.append(f"{filename}: {type(e).__name__}")
@@ -242,6 +236,58 @@ def _from_timm_hub(name: str) -> dict[str, Tensor]:
             raise WeightsUnavailableError(_hub_advice(name, repo_id, f"{type(e).__name__}: {e}")) from e
         return read_state_dict(path)
     raise WeightsUnavailableError(_hub_advice(name, repo_id, "; ".join(missing)))
+
+
+def check_available(source: str | os.PathLike) -> None:
+    """Raise now what `load_pretrained` would raise for weights it cannot get, without reading them: a missing
+    file, or a timm name neither in the cache nor reachable. Lets a command fail before its slow imports."""
+    if _names_a_file(source):
+        if not Path(source).exists():
+            raise UserPathError(f"checkpoint file not found: {source}")
+        return
+    hub = _hub_repo(str(source))  # unknown names and weights outside the hub: left to load_pretrained
+    if hub is not None and _cached_file(*hub) is None:
+        _check_reachable(str(source), hub[0])
+
+
+def _names_a_file(source: str | os.PathLike) -> bool:
+    """A checkpoint file or hub folder, rather than a timm pretrained name."""
+    path = Path(source)
+    return path.suffix.lower() in SUFFIXES or path.exists() or os.sep in str(source)
+
+
+def _hub_repo(name: str) -> tuple[str, str | None] | None:
+    """(repository, revision) of a timm name whose weights timm publishes as a timm-format hub repository, else
+    None (unknown names, other hosts or files: `timm.create_model` fetches those)."""
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(name)
+    if cfg is None or not cfg.hf_hub_id or cfg.hf_hub_filename or cfg.source:
+        return None
+    repo_id, _, revision = cfg.hf_hub_id.partition("@")
+    return repo_id, revision or None
+
+
+def _cached_file(repo_id: str, revision: str | None) -> str | None:
+    """The repository's weights file in the Hugging Face cache, if it holds one."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for filename in HUB_WEIGHTS:
+        cached = try_to_load_from_cache(repo_id, filename, revision=revision, cache_dir=hub_cache())
+        if isinstance(cached, str):
+            return cached
+    return None
+
+
+def _check_reachable(name: str, repo_id: str) -> None:
+    """Raise with the ways on when weights not in the cache cannot be downloaded (offline mode, no answer)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        raise WeightsUnavailableError(_hub_advice(name, repo_id, "not in the cache, and HF_HUB_OFFLINE is set"))
+    why = _unreachable(constants.ENDPOINT)
+    if why:
+        raise WeightsUnavailableError(_hub_advice(name, repo_id, f"not in the cache, and {why}"))
 
 
 def hub_cache() -> str:
@@ -324,9 +370,8 @@ def load_pretrained(model: VisionTransformer, source: str | os.PathLike) -> Load
     mismatch raises ``ValueError`` before a single weight is changed.
     """
     result = LoadResult(source=str(source))
-    path = Path(source)
-    if path.suffix.lower() in SUFFIXES or path.exists() or os.sep in str(source):
-        sd = read_state_dict(path)
+    if _names_a_file(source):
+        sd = read_state_dict(source)
     else:
         import timm
 

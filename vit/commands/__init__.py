@@ -121,6 +121,10 @@ def run(argv: Sequence[str] | None = None) -> object:
         any(a.startswith("--config") for a in rest)
     ):
         module = "vit.cli"  # predict over a DataModule: LightningCLI's
+    if module == "vit.cli" or name == "probe":
+        from vit.preflight import check_pretrained
+
+        check_pretrained(rest)  # weights that cannot be had fail here, not after importing Lightning
     if module == "vit.cli":
         # from the command line LightningCLI reads sys.argv itself (given both, it warns that they may differ)
         return importlib.import_module(module).cli(None if argv is None else args)
