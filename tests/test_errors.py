@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import lightning.pytorch  # noqa: F401  (before capsys: Lightning's log handler 
 import pytest
 from PIL import Image
 
-from tests.conftest import DIGITS, free_port
+from tests.conftest import DIGITS, free_port, subprocess_env
 from vit.commands import main
 from vit.errors import UserError
 
@@ -97,6 +99,18 @@ def test_a_damaged_checkpoint_is_named(photos, tmp_path, capsys):
     damaged.write_bytes(b"PK\x03\x04 not a whole checkpoint")
     err = user_error(["predict", "--ckpt", str(damaged), str(photos)], capsys)
     assert f"checkpoint {damaged} is damaged" in err
+
+
+def test_our_warnings_are_a_line_naming_the_command(tmp_path):
+    """Python's default format would add the file, line and source line of the `warnings.warn` call. From a
+    fresh process: pytest records warnings instead of printing them."""
+    done = subprocess.run([sys.executable, "-m", "vit", "predict", "--precision", "bf16", "--ckpt", "missing.ckpt",
+                           "photo.png"], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
+                          timeout=120)
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("vit predict: warning: --precision bf16 is deprecated: --backend torch-bf16"), lines
+    assert lines[1].startswith("vit predict: error: checkpoint not found: missing.ckpt"), lines
+    assert "warnings.warn" not in done.stderr and ".py:" not in done.stderr
 
 
 def test_traceback_flag_shows_the_traceback_and_bugs_keep_theirs(photos, monkeypatch, capsys):

@@ -7,10 +7,13 @@ argparse commands in this package that import no Lightning, so ``vit predict --c
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from vit.errors import TRACEBACK_ENV, find_user_error, want_traceback
 
@@ -73,16 +76,39 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.argv[1:] = args
         if traceback:  # DDP re-runs this command line in new processes: they learn it from the environment
             os.environ[TRACEBACK_ENV] = "1"
+    command = f"vit {args[0]}" if args and args[0] in COMMANDS else "vit"
     try:
-        run(None if argv is None else args)
+        with short_warnings(command):
+            run(None if argv is None else args)
     except Exception as e:
         user_error = None if traceback else find_user_error(e)
         if user_error is None:
             raise
-        command = f"vit {args[0]}" if args and args[0] in COMMANDS else "vit"
         # The message alone, ending with its own advice (`vit --help` names --traceback, for bug reports).
         print(f"{command}: error: {user_message(user_error)}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def short_warnings(command: str) -> Iterator[None]:
+    """Our own warnings as ``vit <command>: warning: ...``: they are written for a person, and Python's default
+    format adds the file, line number and source line of the ``warnings.warn`` call. Other packages' warnings
+    keep that format, which says where they come from."""
+    default = warnings.formatwarning
+
+    def formatwarning(message, category, filename, lineno, line=None):
+        if Path(filename).resolve().is_relative_to(PACKAGE):
+            return f"{command}: warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = formatwarning
+    try:
+        yield
+    finally:
+        warnings.formatwarning = default
 
 
 def user_message(error: BaseException) -> str:
