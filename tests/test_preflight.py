@@ -47,6 +47,8 @@ def test_the_command_line_is_read_as_lightning_cli_reads_it(tmp_path, capsys):
         [f"--config={FOLDER_CPU}", "--model.init_args.pretrained", "mine.pth", f"--config={weights}"],
         ["--config", str(CONFIGS / "digits.yaml")],  # a recipe without weights
     ]
+    # every recipe that names weights: a misreading here would stop a run that can start
+    cases += [["--config", str(c)] for c in sorted(CONFIGS.rglob("*.yaml")) if "pretrained:" in c.read_text()]
     for args in cases:
         assert configured_pretrained(args) == parsed_pretrained(args, capsys), args
 
