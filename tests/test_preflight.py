@@ -100,6 +100,9 @@ def test_weights_that_cannot_be_had_are_named(unreachable_hub, tmp_path):
     assert "Three ways on" in str(err.value)
     with pytest.raises(UserPathError, match=r"checkpoint file not found: weights/mine\.safetensors"):
         check_pretrained(["--config", FOLDER_CPU, "--model.init_args.pretrained", "weights/mine.safetensors"])
+    (tmp_path / "empty").mkdir()  # a hub folder (as `vit export` writes one) without its weights file
+    with pytest.raises(UserPathError, match=r"a folder without model\.safetensors or pytorch_model\.bin"):
+        check_pretrained(["--config", FOLDER_CPU, "--model.init_args.pretrained", str(tmp_path / "empty")])
 
 
 def test_the_command_fails_before_importing_lightning(tmp_path):

@@ -52,7 +52,7 @@ def _read(args: list[str]) -> str | None:
     classifier = False  # whether a config has named the model class yet (before that, jsonargparse refuses init_args)
     for i, arg in enumerate(args):
         option, eq, given = arg.partition("=")
-        if option.startswith("--print_config") or option in UNFOLLOWED:
+        if option in UNFOLLOWED:  # --print_config=skip_null included: its option is the part before "="
             raise NotFollowed
         if option in CONFIGS or option in OVERRIDES:
             if eq:

@@ -55,8 +55,8 @@ class LoadResult:
 # ---------------------------------------------------------------------------- reading
 
 
-def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
-    """Read a checkpoint file (or a hub folder's weights) into a flat {name: tensor} dict, in the file's naming."""
+def weights_file(path: str | os.PathLike) -> Path:
+    """The checkpoint file ``path`` names (a hub folder: its weights file), or an error naming what is missing."""
     path = Path(path)
     if path.is_dir():
         found = [path / name for name in HUB_WEIGHTS if (path / name).is_file()]
@@ -65,6 +65,12 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
         path = found[0]
     if not path.is_file():
         raise UserPathError(f"checkpoint file not found: {path}")
+    return path
+
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
+    """Read a checkpoint file (or a hub folder's weights) into a flat {name: tensor} dict, in the file's naming."""
+    path = weights_file(path)
     suffix = path.suffix.lower()
     try:
         if suffix == ".safetensors":
@@ -240,10 +246,10 @@ def _from_timm_hub(name: str) -> dict[str, Tensor]:
 
 def check_available(source: str | os.PathLike) -> None:
     """Raise now what `load_pretrained` would raise for weights it cannot get, without reading them: a missing
-    file, or a timm name neither in the cache nor reachable. Lets a command fail before its slow imports."""
+    file, a hub folder without weights, or a timm name neither in the cache nor reachable. Lets a command fail
+    before its slow imports."""
     if _names_a_file(source):
-        if not Path(source).exists():
-            raise UserPathError(f"checkpoint file not found: {source}")
+        weights_file(source)
         return
     hub = _hub_repo(str(source))  # unknown names and weights outside the hub: left to load_pretrained
     if hub is not None and _cached_file(*hub) is None:
