@@ -204,6 +204,40 @@ def test_imagefolder_errors_on_empty_class_and_unknown_val_class(tmp_path):
         ImageFolder(str(tmp_path / "nowhere")).setup("fit")
 
 
+def test_the_folders_users_bring_neighbouring_the_plain_layouts(tmp_path, monkeypatch, caplog):
+    """A class named train, the __MACOSX folder of a zip made on a Mac, a ~ in the root, a link loop, a class of
+    two images and an empty val class folder: each once stopped a run or trained on something else."""
+    vehicles = tmp_path / "vehicles"
+    write_class_folders(vehicles, ["bus", "car", "train"], per_class=10)
+    write_class_folders(vehicles / "__MACOSX", ["bus"], per_class=1)  # resource forks, beside the classes
+    write_class_folders(vehicles / "car" / "__MACOSX", ["car"], per_class=1)  # and inside them
+    write_class_folders(vehicles, ["rare"], per_class=2)
+    (vehicles / "bus" / "up").symlink_to("..")  # a link back up to the root: a loop
+    (vehicles / "car" / "gone.jpg").symlink_to(tmp_path / "deleted.jpg")  # a link to a deleted photo
+    monkeypatch.setenv("HOME", str(tmp_path))
+    dm = ImageFolder("~/vehicles", num_workers=0, img_size=8, skip_bad_images=True)  # as a YAML value reaches us
+    with caplog.at_level(logging.WARNING):
+        dm.setup("fit")
+    assert dm.root == vehicles and not dm.split_folders
+    assert dm.class_names == ["bus", "car", "rare", "train"]
+    assert dm.class_counts("train")[dm.class_names.index("rare")] == 1  # of 2, not 0: one went to val
+    samples = [path for split in (dm.train_set, dm.val_set, dm.test_set) for path, _ in split.samples]
+    assert len(samples) == len(set(samples)) == 32 and not any("__MACOSX" in p or "/up/" in p for p in samples)
+    assert "bus/up: it leads back to" in caplog.text  # said, and read once
+    assert "gone.jpg" in caplog.text  # the dead link is named as a bad file, not dropped without a word
+
+    split = tmp_path / "split"
+    write_class_folders(split / "train", ["a", "b"], per_class=3)
+    write_class_folders(split / "val", ["a"], per_class=2)
+    (split / "val" / "b").mkdir()  # an empty class folder in val means what a missing one does
+    dm = ImageFolder(str(split), num_workers=0, img_size=8)
+    dm.setup("fit")
+    assert (len(dm.train_set), len(dm.val_set)) == (6, 2)
+    (split / "train" / "c").mkdir()  # but not in train: a class with nothing to learn from
+    with pytest.raises(ValueError, match=r"class folder .*train.c has no images"):
+        ImageFolder(str(split), num_workers=0).setup("fit")
+
+
 def test_imagefolder_train_val_test_layout(tmp_path):
     root = tmp_path / "split"
     write_class_folders(root / "train", ["a", "b", "c"], per_class=4)

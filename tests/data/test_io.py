@@ -23,6 +23,17 @@ def test_stratified_split_keeps_class_shares_and_is_seeded():
     assert not (other[1] == val).all()
 
 
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_stratified_split_leaves_every_class_an_image_to_train_on(count):
+    """A class of 2 or 3 images split 80/10/10 gave one to val and one to test, and with 2 none to train."""
+    labels = np.repeat(np.arange(2), [40, count])
+    rest, val, test = stratified_split(labels, [0.1, 0.1], seed=0)
+    held_out = {1: (0, 0), 2: (1, 0), 3: (1, 1)}[count]  # val first, then test, while one is left to train
+    assert (Counter(labels[val].tolist())[1], Counter(labels[test].tolist())[1]) == held_out
+    assert Counter(labels[rest].tolist())[1] == count - sum(held_out) >= 1
+    assert Counter(labels[rest].tolist())[0] == 32  # a large class splits as before
+
+
 @pytest.mark.parametrize("mode", ["L", "P", "RGBA", "CMYK", "I;16", "1", "LA"])
 def test_every_common_mode_becomes_rgb(mode, tmp_path):
     from tests.formats import MODE_FILES, image_in_mode

@@ -140,7 +140,7 @@ class CIFAR(ImageDataModule):
                          **kwargs)
         if variant not in (10, 100):
             raise UserValueError(f"CIFAR variant must be 10 or 100, got {variant}")
-        self.root, self.variant, self.download, self.val_size = Path(root), variant, download, val_size
+        self.root, self.variant, self.download, self.val_size = Path(root).expanduser(), variant, download, val_size
         self.class_names = list(CIFAR10_CLASSES if variant == 10 else CIFAR100_CLASSES)
 
     @property

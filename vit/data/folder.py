@@ -27,6 +27,7 @@ from vit.data.io import (
     check_image_files,
     class_folders,
     describe_bad_files,
+    has_subfolders,
     load_image,
     require_two_classes,
     scan_class_folders,
@@ -180,7 +181,7 @@ class ImageFolder(ImageDataModule):
                 f"val_fraction ({val_fraction}) and test_fraction ({test_fraction}) must be in [0, 1) "
                 "and leave images for training"
             )
-        self.root = Path(root)
+        self.root = Path(root).expanduser()  # a YAML value or `--root=~/photos` reaches us unexpanded
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.skip_bad_images, self.max_bad_fraction, self.check_images = skip_bad_images, max_bad_fraction, check_images
         self.balanced_sampling = balanced_sampling
@@ -208,7 +209,8 @@ class ImageFolder(ImageDataModule):
         """Check ``root``'s layout and return its class names."""
         if not self.root.is_dir():
             raise UserPathError(f"image folder not found: {self.root}")
-        self._split_folders = (self.root / "train").is_dir()
+        # train/ holding class folders: the split layout. A class named "train" holds images instead.
+        self._split_folders = (self.root / "train").is_dir() and has_subfolders(self.root / "train")
         if not self._split_folders:
             class_names = class_folders(self.root)
             require_two_classes(self.root, class_names)
@@ -224,18 +226,17 @@ class ImageFolder(ImageDataModule):
                     raise UserValueError(f"{self.root / split} has classes that {self.root / 'train'} lacks: {extra}")
         return class_names
 
-    def _scan(self, folder: Path) -> list[tuple[str, int]]:
+    def _scan(self, folder: Path, allow_empty: bool = False) -> list[tuple[str, int]]:
         present = class_folders(folder)
-        # val/test may lack some classes; labels always follow train's class list.
+        # val/test may lack some classes (a folder, or its images); labels always follow train's class list.
         remap = [self.class_names.index(name) for name in present]
-        return [(path, remap[label]) for path, label in scan_class_folders(folder, present)]
+        return [(path, remap[label]) for path, label in scan_class_folders(folder, present, allow_empty=allow_empty)]
 
     def splits(self) -> dict[str, list[tuple[str, int]]]:
         """(path, label) samples of train, val and (when there is one) test."""
         if self.split_folders:
-            splits = {name: self._scan(self.root / name) for name in ("train", "val", "test")
-                      if (self.root / name).is_dir()}
-            return splits
+            return {name: self._scan(self.root / name, allow_empty=name != "train")
+                    for name in ("train", "val", "test") if (self.root / name).is_dir()}
         samples = self._scan(self.root)
         fractions = [self.val_fraction] + ([self.test_fraction] if self.test_fraction > 0 else [])
         parts = stratified_split([label for _, label in samples], fractions, self.seed)

@@ -61,15 +61,32 @@ def load_image(path: str | os.PathLike, mode: str = "RGB") -> Image.Image:
 
 
 # ---- folders ---------------------------------------------------------------------------------
-def _files_under(folder: str) -> Iterator[str]:
-    """Paths of the visible files below ``folder``, recursively, following links like os.walk."""
+def _hidden(name: str) -> bool:
+    """Names that hold no data: dot-files and folders (.ipynb_checkpoints, .DS_Store, macOS's ._* copies) and
+    the __MACOSX folder that unzipping an archive made on a Mac leaves beside the real folders."""
+    return name.startswith(".") or name == "__MACOSX"
+
+
+def _files_under(folder: str, seen: set[str] | None = None) -> Iterator[str]:
+    """Paths of the visible files below ``folder``, recursively, following links to files and folders.
+
+    A folder reached a second time (a link back up the tree, or two links to one folder) is read once:
+    a link loop would otherwise recurse until the OS refuses the path. A link whose target is missing is
+    kept, so that the header check reports it, rather than the file vanishing without a word.
+    """
+    seen = set() if seen is None else seen
+    real = os.path.realpath(folder)
+    if real in seen:
+        log.warning("skipped %s: it leads back to %s, already read", folder, real)
+        return
+    seen.add(real)
     with os.scandir(folder) as entries:
         for entry in entries:
-            if entry.name.startswith("."):
+            if _hidden(entry.name):
                 continue
             if entry.is_dir():
-                yield from _files_under(entry.path)
-            elif entry.is_file():
+                yield from _files_under(entry.path, seen)
+            elif entry.is_file() or entry.is_symlink():  # is_file follows links: here the target is missing
                 yield entry.path
 
 
@@ -79,10 +96,16 @@ def class_folders(root: str | os.PathLike) -> list[str]:
     if not root.is_dir():
         raise UserPathError(f"image folder not found: {root}")
     with os.scandir(root) as entries:
-        classes = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+        classes = sorted(e.name for e in entries if e.is_dir() and not _hidden(e.name))
     if not classes:
         raise UserValueError(f"{root} has no class sub-folders; expected {root}/<class name>/<image files>")
     return classes
+
+
+def has_subfolders(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a visible sub-folder."""
+    with os.scandir(folder) as entries:
+        return any(e.is_dir() and not _hidden(e.name) for e in entries)
 
 
 def require_two_classes(root: str | os.PathLike, classes: Sequence[str]) -> None:
@@ -95,11 +118,14 @@ def require_two_classes(root: str | os.PathLike, classes: Sequence[str]) -> None
         )
 
 
-def scan_class_folders(root: str | os.PathLike, classes: Sequence[str]) -> list[tuple[str, int]]:
+def scan_class_folders(
+    root: str | os.PathLike, classes: Sequence[str], *, allow_empty: bool = False,
+) -> list[tuple[str, int]]:
     """(path, label) of the images under ``root/<class>/``, recursively, sorted within each class.
 
     Files without an image extension are skipped with one warning that counts them; a class
-    folder without images is an error. Nothing is opened: see `check_image_files` for that.
+    folder without images is an error, unless ``allow_empty`` (a val or test folder, which may lack
+    classes). Nothing is opened: see `check_image_files` for that.
     """
     samples: list[tuple[str, int]] = []
     not_images: Counter[str] = Counter()
@@ -108,14 +134,17 @@ def scan_class_folders(root: str | os.PathLike, classes: Sequence[str]) -> list[
         if not os.path.isdir(folder):
             raise UserValueError(f"class {name!r} has no folder {folder}")
         found = 0
-        for path in sorted(_files_under(folder)):
+        # a link inside a class back up to root would pull the other classes' images into this one
+        for path in sorted(_files_under(folder, seen={os.path.realpath(root)})):
             if is_image_file(path):
                 samples.append((path, label))
                 found += 1
             else:
                 not_images[os.path.splitext(path)[1].lower() or os.path.basename(path)] += 1
-        if found == 0:
+        if found == 0 and not allow_empty:
             raise UserValueError(f"class folder {folder} has no images (expected files like *.jpg, *.png)")
+        if found == 0:
+            log.warning("class folder %s has no images: %s has none of class %r", folder, root, name)
     if not_images:
         kinds = ", ".join(f"{n} {k}" for k, n in not_images.most_common())
         # one log line, not a Python warning with its source line: nothing is wrong with the data
@@ -223,7 +252,8 @@ def stratified_split(labels: Sequence[int], fractions: Sequence[float], seed: in
     """Split indices so each part keeps the class proportions; returns [rest, part1, part2, ...].
 
     Within each class the indices are shuffled with ``seed`` and each part takes
-    ``round(fraction * class_count)`` of them (at least one when the class has two or more).
+    ``round(fraction * class_count)`` of them (at least one when the class has two or more), always
+    leaving one for the rest: a class of two images split 80/10/10 keeps one to train on.
     """
     labels = np.asarray(labels)
     rng = np.random.default_rng(seed)
@@ -235,6 +265,7 @@ def stratified_split(labels: Sequence[int], fractions: Sequence[float], seed: in
             n = round(fraction * len(idx))
             if fraction > 0 and len(idx) >= 2:
                 n = max(1, n)
+            n = min(n, len(idx) - start - 1)  # the rest (training) keeps at least one image of every class
             parts[i + 1].extend(idx[start:start + n].tolist())
             start += n
         parts[0].extend(idx[start:].tolist())

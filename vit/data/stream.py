@@ -158,7 +158,7 @@ class ImageShards(ImageDataModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
-        self.root = root if is_url(root) else str(Path(root))
+        self.root = root if is_url(root) else str(Path(root).expanduser())
         self.cache_dir, self.max_cache_size = cache_dir, max_cache_size
         self._info: dict[str, Any] | None = None
         self.batches_seen = 0  # training batches so far, over all epochs: the key of each batch's draws

@@ -61,8 +61,8 @@ class UnlabelledFolder(ImageFolder):
         self._split_folders = (self.root / "train").is_dir() and (self.root / "val").is_dir()
         return ["image"]  # one label for all: pre-training reads none
 
-    def _scan(self, folder: Path) -> list[tuple[str, int]]:
-        found = find_images([folder])  # recursive; no images at all is an error naming the folder
+    def _scan(self, folder: Path, allow_empty: bool = False) -> list[tuple[str, int]]:
+        found = find_images([folder])  # recursive; no images at all is an error naming the folder, in any split
         for line in found.describe_skipped():
             log.warning(line)
         return [(str(path), 0) for path in found.files]
