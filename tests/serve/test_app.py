@@ -116,6 +116,13 @@ BAD = {  # name -> (request kwargs as a function of the limit, status, code)
     "top_k abc": (lambda: {"json": {"inputs": GOOD_B64, "parameters": {"top_k": "abc"}}}, 422, "bad_top_k"),
     "?top_k=abc": (lambda: {**multipart(GOOD), "params": {"top_k": "abc"}}, 422, "bad_top_k"),
     "?top_k=0": (lambda: {**multipart(GOOD), "params": {"top_k": "0"}}, 422, "bad_top_k"),
+    "?top_k=--3": (lambda: {**multipart(GOOD), "params": {"top_k": "--3"}}, 422, "bad_top_k"),
+    "?top_k=²": (lambda: {**multipart(GOOD), "params": {"top_k": "²"}}, 422, "bad_top_k"),
+    "?top_k= of 5,000 digits": (lambda: {**multipart(GOOD), "params": {"top_k": "9" * 5000}}, 422, "bad_top_k"),
+    "JSON nested 100,000 deep": (lambda: {"content": b"[" * 100_000, "headers": {"Content-Type": "application/json"}},
+                                 400, "bad_json"),
+    "a 4 kB PNG of 4,000,000 x 1 pixels": (
+        lambda: {"content": huge_png(4_000_000, 1), "headers": {"Content-Type": "image/png"}}, 422, "too_many_pixels"),
     "a URL as input": (lambda: {"json": {"inputs": "https://example.com/cat.jpg"}}, 422, "url_input"),
     "wrong content type": (lambda: {"content": TEXT, "headers": {"Content-Type": "text/plain"}},
                            415, "unsupported_type"),
@@ -162,6 +169,37 @@ def test_the_pixel_limit_is_read_from_the_header_before_decoding(predictor):
                     response = await client.post("/predict", content=data, headers={"Content-Type": "image/png"})
                     assert response.status_code == 422, response.text
                     assert words in response.json()["detail"] and "--max_pixels" in response.json()["detail"]
+    run(go())
+
+
+def test_an_elongated_image_is_refused_before_resizing_makes_it_huge(predictor):
+    """Under --max_pixels as sent, but the eval transform scales the short side up to the model's before it crops:
+    4,000,000 x 1 would become 16 x 64,000,000 pixels (3 GB) for this 8x8 model. A strip that stays small passes."""
+    short_side = predictor.short_side
+    resize = predictor.transform.transforms[0]  # timm's eval transform: resize, centre crop, to tensor, normalise
+    assert min(resize(Image.new("L", (40, 2))).size) == short_side == 16  # the digits model's
+    async def go():
+        async with client_of(make_app(predictor)) as client:
+            response = await client.post("/predict", content=huge_png(4_000_000, 1),
+                                         headers={"Content-Type": "image/png"})
+            assert response.status_code == 422, response.text
+            resized = 4_000_000 * short_side * short_side  # the long side scaled as the short one, times the short
+            assert f"would make it {resized:,} pixels" in response.json()["detail"]
+            strip = png_bytes(Image.new("L", (2000, 1), 128))  # 2000 x 16 once resized: fine
+            assert (await client.post("/predict", **multipart(strip))).status_code == 200
+    run(go())
+
+
+def test_a_multipart_boundary_parameter_of_any_case_is_read(predictor):
+    """Parameter names are case-insensitive (RFC 2045): `Boundary=` is the boundary, and the upload answered."""
+    body = (b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x.png\"\r\n"
+            b"Content-Type: image/png\r\n\r\n" + GOOD + b"\r\n--XyZ--\r\n")
+    async def go():
+        async with client_of(make_app(predictor)) as client:
+            for header in ("boundary=XyZ", "Boundary=XyZ", 'BOUNDARY="XyZ"'):
+                response = await client.post("/predict", content=body,
+                                             headers={"Content-Type": f"multipart/form-data; {header}"})
+                assert response.status_code == 200, (header, response.text)
     run(go())
 
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.conftest import subprocess_env
+from tests.serve.conftest import huge_png
 from vit.commands import main
 from vit.commands.predict import predict_files
 from vit.commands.serve import bind, parse_args
@@ -71,7 +72,8 @@ def test_over_a_socket_then_sigterm_with_16_in_flight(fitted, digit_pngs):
     checkpoint = next((fitted / "ckpt").glob("best-*.ckpt"))
     path = digit_pngs[0][0]
     expected = predict_files(load_model(checkpoint), [path])[0]
-    server = subprocess.Popen([sys.executable, "-m", "vit", "serve", "--ckpt", str(checkpoint), "--port", "0"],
+    server = subprocess.Popen([sys.executable, "-m", "vit", "serve", "--ckpt", str(checkpoint), "--port", "0",
+                               "--max_pixels", "300000000"],  # over PIL's own guard (2 x 89,478,485)
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env())
     try:
         line = server.stdout.readline()  # blocks until the model is loaded and warm
@@ -95,6 +97,14 @@ def test_over_a_socket_then_sigterm_with_16_in_flight(fitted, digit_pngs):
                 one = await probe.post("/predict", files={"file": (path.name, sent)})
                 assert one.json()["top_k"] == expected["top_k"]  # over HTTP, as `vit predict` wrote it
                 assert "access-control-allow-origin" not in one.headers
+                # --max_pixels above PIL's guard is the limit: 195 MP passes the header check (its junk pixels
+                # then fail to decode), 400 MP is over it and said to be
+                real = huge_png(15000, 13000)
+                junk = real[:33] + b"\0\0\0\x04IDAT" + b"junk" + real[-12:]  # its IHDR, 4 bad IDAT bytes, IEND
+                passed = await probe.post("/predict", content=junk, headers={"Content-Type": "image/png"})
+                assert passed.json()["code"] == "bad_image", passed.text
+                over = await probe.post("/predict", content=huge_png(), headers={"Content-Type": "image/png"})
+                assert "300,000,000 (--max_pixels)" in over.json()["detail"], over.text
                 tasks = [asyncio.create_task(client.post("/predict", content=body(),
                                                          headers={"Content-Type": "image/png"}))
                          for _ in range(16)]

@@ -55,7 +55,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="seconds from admission to answer before a 504 (default: %(default)s)")
     parser.add_argument("--max_body_mb", type=float, default=10.0, help="largest request body (default: %(default)s)")
     parser.add_argument("--max_pixels", type=float, default=40e6,
-                        help="largest width x height, read from the header before decoding (default: 40e6)")
+                        help="largest width x height, read from the header before decoding, before and after the "
+                             "model's resize (default: 40e6)")
     parser.add_argument("--top_k", type=int, default=5, help="classes per answer unless asked (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (checkpoints; default: %(default)s)")
     from vit.commands.predict import add_backend_argument  # the same engines as `vit predict --backend`
@@ -131,6 +132,10 @@ def main(argv: Sequence[str]) -> None:
     limits = Limits(max_batch_size=args.max_batch_size, batch_timeout_ms=args.batch_timeout_ms,
                     max_queue=args.max_queue, timeout_s=args.timeout_s, max_body_mb=args.max_body_mb,
                     max_pixels=int(args.max_pixels), top_k=args.top_k)
+    from PIL import Image
+
+    # PIL refuses images over twice its own limit (179 MP) while reading the header; --max_pixels is the limit
+    Image.MAX_IMAGE_PIXELS = max(Image.MAX_IMAGE_PIXELS or 0, limits.max_pixels)
     service = Service(Predictor(load_backend(args.ckpt, args.backend, args.device, threads=args.threads)), limits)
     app = create_app(service, api_key=api_key, cors_origins=args.cors_origin,
                      model_path=str(args.ckpt))

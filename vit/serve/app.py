@@ -20,6 +20,7 @@ import binascii
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -120,10 +121,13 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 def parse_top_k(value: object, num_classes: int) -> int:
     """A top_k parameter (query string or JSON) as an int in 1..num_classes, or a 422."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or (
-            isinstance(value, str) and not value.strip().lstrip("-").isdigit()):
-        raise RequestError(422, "bad_top_k", f"top_k must be a whole number, got {value!r}")
-    k = int(value)
+    not_whole = RequestError(422, "bad_top_k", f"top_k must be a whole number, got {str(value)[:40]!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise not_whole
+    try:
+        k = int(value)  # a str: "--3", "²" and a 5,000-digit number raise ValueError here
+    except ValueError:
+        raise not_whole from None
     if not 1 <= k <= num_classes:
         raise RequestError(422, "bad_top_k", f"top_k must be between 1 and {num_classes} (the model's classes), "
                            f"got {k}")
@@ -151,7 +155,9 @@ async def from_multipart(request: Request, body: bytes) -> tuple[bytes, str]:
         form = await Request(request.scope, replay).form(max_files=1, max_fields=16)
     except HTTPException as e:  # Starlette's parser reports a malformed body this way
         raise RequestError(400, "bad_multipart", f"malformed multipart body: {e.detail}") from None
-    boundary = request.headers.get("content-type", "").partition("boundary=")[2].split(";")[0].strip('"')
+    # a parameter's name is case-insensitive (RFC 2045): Boundary= is boundary=
+    found = re.search(r'boundary=("?)([^";]*)\1', request.headers.get("content-type", ""), re.IGNORECASE)
+    boundary = found.group(2) if found else ""
     if f"--{boundary}--".encode() not in body:  # the parser accepts a body cut short; RFC 2046 does not
         raise RequestError(400, "bad_multipart", "malformed multipart body: it does not end with its closing "
                            "boundary (was the upload cut short?)")
@@ -168,6 +174,8 @@ def from_json(body: bytes) -> tuple[bytes, dict]:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise RequestError(400, "bad_json", f"the body is not valid JSON ({e})") from None
+    except RecursionError:  # json's parser recurses per nesting level: [[[[... 100,000 deep
+        raise RequestError(400, "bad_json", "the body nests too deeply to be a request") from None
     if not isinstance(payload, dict) or "inputs" not in payload:
         raise RequestError(422, "missing_field", 'the JSON body needs "inputs": the image as base64')
     inputs, parameters = payload["inputs"], payload.get("parameters") or {}

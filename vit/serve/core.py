@@ -17,6 +17,7 @@ import base64
 import contextlib
 import io
 import logging
+import math
 import os
 import re
 import time
@@ -70,9 +71,9 @@ class Limits:
 
 
 # ---- one upload, on its own ------------------------------------------------------------------
-def check_upload(data: bytes, max_pixels: int) -> None:
-    """Raise a `RequestError` for an upload that is empty, not an accepted format, or over ``max_pixels``,
-    judged from the header alone: nothing is decoded, so a 20000 × 20000 PNG costs microseconds."""
+def check_upload(data: bytes, max_pixels: int) -> tuple[int, int]:
+    """(width, height) of an upload, or a `RequestError` for one that is empty, not an accepted format, or over
+    ``max_pixels``, judged from the header alone: nothing is decoded, so a 20000 × 20000 PNG costs microseconds."""
     if not data:
         raise RequestError(400, "empty", "the image is empty (0 bytes)")
     try:
@@ -83,8 +84,11 @@ def check_upload(data: bytes, max_pixels: int) -> None:
     except Image.DecompressionBombError as e:  # PIL's own guard, at twice its MAX_IMAGE_PIXELS, fires in open()
         count = re.search(r"\((\d+) pixels\)", str(e))  # "Image size (400000000 pixels) exceeds limit of ..."
         size = f"{int(count.group(1)):,} pixels" if count else "too many pixels"
-        raise RequestError(422, "too_many_pixels", f"the image is {size}, over this server's limit of "
-                           f"{max_pixels:,} (--max_pixels); send a smaller image") from None
+        # `vit serve` raises PIL's limit to --max_pixels, so PIL's guard says more only where it is not `vit serve`
+        pil_limit = 2 * (Image.MAX_IMAGE_PIXELS or 0)
+        limit = f"{max_pixels:,} (--max_pixels)" if max_pixels <= pil_limit else f"{pil_limit:,} (PIL's)"
+        raise RequestError(422, "too_many_pixels", f"the image is {size}, over this server's limit of {limit}; "
+                           "send a smaller image") from None
     except UnidentifiedImageError:
         raise RequestError(415, "unsupported_image", f"the upload is not a {ACCEPTED_NAMES} image") from None
     except Exception as e:  # anything else a header can do wrong
@@ -92,6 +96,18 @@ def check_upload(data: bytes, max_pixels: int) -> None:
     if width * height > max_pixels:
         raise RequestError(422, "too_many_pixels", f"the image is {width}x{height} = {width * height:,} pixels, "
                            f"over this server's limit of {max_pixels:,} (--max_pixels); send a smaller image")
+    return width, height
+
+
+def check_resized(width: int, height: int, short_side: int, max_pixels: int) -> None:
+    """A 422 for an image the eval transform would blow up past ``max_pixels`` by scaling its short side up to
+    ``short_side`` before the centre crop: a 4-kB PNG of 4,000,000 x 1 pixels passes the header check and
+    would become 16 x 64,000,000 pixels (3 GB) for an 8x8 model."""
+    resized = max(width, height) * short_side / max(1, min(width, height)) * short_side
+    if resized > max_pixels:
+        raise RequestError(422, "too_many_pixels", f"the image is {width}x{height}: scaling its short side to the "
+                           f"model's {short_side} pixels would make it {resized:,.0f} pixels, over this server's "
+                           f"limit of {max_pixels:,} (--max_pixels); crop it to a less elongated shape")
 
 
 def decode(data: bytes, mode: str) -> Image.Image:
@@ -133,6 +149,8 @@ class Predictor:
         self.classifier = classifier
         self.mode = "L" if classifier.in_chans == 1 else "RGB"  # as `vit predict` decodes
         self.transform = classifier.eval_transform()
+        # the short side the transform resizes to before its centre crop (timm: the crop over crop_pct)
+        self.short_side = math.ceil(max(classifier.img_size) / classifier.crop_pct)
         # Rollout reads the eager fp32 ViT's attention: not an ONNX file's, nor a bf16, compiled or OpenVINO one's,
         # nor a convnet's (teacher_small's).
         self.attention = isinstance(classifier, Classifier) and classifier.is_vit
@@ -147,7 +165,7 @@ class Predictor:
 
     def prepare(self, data: bytes, max_pixels: int) -> Tensor:
         """Check, decode and transform one upload: (C, H, W). Runs on a decoding thread."""
-        check_upload(data, max_pixels)
+        check_resized(*check_upload(data, max_pixels), self.short_side, max_pixels)
         return self.transform(decode(data, self.mode))
 
     @torch.no_grad()
