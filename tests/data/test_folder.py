@@ -68,7 +68,7 @@ def test_bad_headers_are_all_reported_at_setup_before_any_step(tmp_path):
     message = str(err.value)
     assert "3 of 16 image files are unreadable" in message and "skip_bad_images" in message
     assert "empty.jpg: empty file" in message and "notes.jpg: not an image" in message
-    assert re.search(r"huge\.png: .*60000", message) and "truncated.jpg" not in message
+    assert "huge.png: 3,600,000,000 pixels, over PIL's limit" in message and "truncated.jpg" not in message
 
     dm = ImageFolder(str(root), val_fraction=0.3, batch_size=2, num_workers=0, img_size=8, skip_bad_images=True)
     dm.setup("fit")

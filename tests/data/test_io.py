@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -60,9 +61,10 @@ def test_to_rgb_palette_with_transparency():
     assert to_rgb(img).getpixel((0, 0)) == (255, 0, 0)
 
 
-@pytest.mark.parametrize("side", [9000, 10000, 13000])  # 0.9x, 1.1x and 1.9x PIL's default limit (89,478,485)
-def test_the_header_check_refuses_images_over_the_pixel_limit_that_pil_only_warns_about(side, tmp_path):
-    """Over 2x the limit PIL refuses the file itself; between 1x and 2x it only warns, so our limit must act."""
+@pytest.mark.parametrize("side", [9000, 10400, 13000, 13500])  # 0.9x, 1.2x, 1.9x and 2.04x PIL's limit
+def test_the_header_check_refuses_only_images_pil_refuses(side, tmp_path):
+    """PIL refuses a file over 2x its limit (89,478,485 pixels) in Image.open; between 1x and 2x it only warns,
+    and a 108 MP phone photo (12000 x 9000) loads in torchvision and timm: it must not be called unreadable."""
     from tests.data.test_folder import png_header
     from vit.data.io import check_image_file
 
@@ -70,7 +72,16 @@ def test_the_header_check_refuses_images_over_the_pixel_limit_that_pil_only_warn
     path = tmp_path / "big.png"
     path.write_bytes(png_header(side, side))  # 57 bytes: a header claiming side x side pixels
     problem = check_image_file(str(path))
-    if side * side <= Image.MAX_IMAGE_PIXELS:
-        assert problem is None
+    refused_by_pil = False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            Image.open(path).close()
+    except Image.DecompressionBombError:
+        refused_by_pil = True
+    assert refused_by_pil == (side == 13500)
+    if refused_by_pil:
+        assert problem == f"{side * side:,} pixels, over PIL's limit of 178,956,970 (a decompression-bomb guard); " \
+                          "downscale it"
     else:
-        assert problem == f"{side}x{side} pixels, over PIL's limit of {Image.MAX_IMAGE_PIXELS}"
+        assert problem is None
