@@ -63,3 +63,19 @@ def test_bpe_learns_subwords_and_decodes_training_text():
     ids = tok.encode("lowest newest")
     assert len(ids) < len("lowest newest")  # merges happened
     assert tok.decode(ids) == "lowest newest"
+
+
+def test_decoding_a_perfect_output_gives_the_normalised_reference_and_nfd_input_is_nfc():
+    """The reference exact match and BLEU compare with is what decoding spells: French text keeps its no-break
+    spaces (Tatoeba writes "Va\u202f!"), and an accent typed as a combining character is the one the vocabulary
+    learnt (NFD input once became <unk>, or a bare "caf" with BPE)."""
+    import unicodedata
+
+    texts = ["Va\u202f!", "Comment ça va\xa0?", "Bonjour  toi", "Le café est chaud."] * 5
+    for tok in (WordTokenizer.fit(texts), CharTokenizer.fit(texts), BPETokenizer.fit(texts, vocab_size=120),
+                BPETokenizer.fit(texts, vocab_size=120, lowercase=True)):
+        for text in texts[:4]:
+            assert tok.decode(tok.encode(text)) == tok.normalize(text), (tok.kind, text)
+        nfd = unicodedata.normalize("NFD", "Le café est chaud.")
+        assert nfd != "Le café est chaud." and tok.encode(nfd) == tok.encode("Le café est chaud."), tok.kind
+        assert UNK_ID not in tok.encode(nfd), tok.kind

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import logging
 import re
 
@@ -186,3 +187,11 @@ def test_invalid_utf8_names_the_line_or_is_skipped_and_counted(tmp_path):
     dm = TranslationDataModule(str(path), val_fraction=0.0, skip_bad_lines=True)
     assert dm.pairs["train"] == [("Go.", "Va !"), ("Hi.", "Salut.")]
     assert dm.malformed["train"] == [(2, "not valid UTF-8")]
+
+
+def test_a_tsv_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    """Windows editors save "UTF-8" with a BOM first; it once stayed in the first source ("\ufeffGo.")."""
+    path = tmp_path / "bom.tsv"
+    path.write_bytes(codecs.BOM_UTF8 + "Go.\tVa !\r\nHi.\u2028there.\tSalut.\r\n".encode())
+    dm = TranslationDataModule(str(path), val_fraction=0.0)
+    assert dm.pairs["train"] == [("Go.", "Va !"), ("Hi.\u2028there.", "Salut.")]  # U+2028 is text, not a new line

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import codecs
+import logging
+import re
+
 import pytest
 import sacrebleu
 import torch
 
 from tests import CONFIGS
 from tests.conftest import free_port
-from vit.commands import main
+from vit.commands import main, run
 from vit.data.translation import SyntheticTranslationDataModule, TranslationDataModule
 from vit.tasks import load_task
 from vit.tasks.translate import Translator, inverse_sqrt_schedule
@@ -66,7 +70,7 @@ def test_inverse_square_root_schedule():
 
 
 @pytest.mark.slow
-def test_fit_test_and_translate_from_the_checkpoint_alone(tmp_path, capsys):
+def test_fit_test_and_translate_from_the_checkpoint_alone(tmp_path, capsys, caplog):
     data = [f"--data.init_args.{k}={v}" for k, v in dict(
         task="reverse", num_train=4000, num_val=64, num_test=128, min_len=2, max_len=4, num_symbols=6,
         batch_size=32,
@@ -116,6 +120,26 @@ def test_fit_test_and_translate_from_the_checkpoint_alone(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 6 and out[5] == ""  # one line out per line in, empty stays empty
     assert out[:5] == translator.translate(list(sources[:5]), beam_size=3)
+
+    # A file as editors and users write it: a byte-order mark first, a U+2028 (a line separator to str.splitlines,
+    # text to a file's reader) inside a line, and a line longer than the model's positions, which must not cost
+    # the other lines their translation.
+    limit = translator.model.src_embed.max_positions
+    long_line = " ".join([sources[0].split()[0]] * (limit + 88))
+    lines.write_bytes(codecs.BOM_UTF8 + "\n".join([sources[0], f"{sources[1]}\u2028{sources[2]}", long_line,
+                                                    sources[3]]).encode())
+    with caplog.at_level(logging.WARNING, logger="vit.tasks.translate"):
+        main(["translate", "--ckpt", str(best), "--file", str(lines)])
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4 and out[0] == hyps[0] and out[3] == hyps[3]
+    assert f"sentence 3 has {limit + 88} tokens, over the model's {limit} positions" in caplog.text
+    lines.write_bytes(b"Go.\ncaf\xe9\n")  # latin-1, not UTF-8
+    for argv, words in [(["--file", str(lines)], r"lines\.txt line 2: not valid UTF-8.*iconv"),
+                        (["--batch_size", "0", "a"], r"--batch_size must be 1 or more")]:
+        with pytest.raises((ValueError, SystemExit)) as err:
+            run(["translate", "--ckpt", str(best), *argv])
+        said = capsys.readouterr().err if err.type is SystemExit else str(err.value)  # argparse prints its own
+        assert re.search(words, said), (argv, said)
 
 
 def test_tsv_config_runs_on_an_anki_export(tmp_path):

@@ -29,13 +29,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="after each translation, print each output token's most-attended source tokens")
     parser.add_argument("--alignment_top", type=int, default=1, help="source tokens per output token with --alignment")
     args = parser.parse_args(list(argv))
-    if args.file == "-":
-        args.sentences += sys.stdin.read().splitlines()
-    elif args.file:
-        path = Path(args.file)
-        if not path.is_file():
+    if args.batch_size < 1:
+        parser.error(f"--batch_size must be 1 or more, got {args.batch_size}")
+    if args.file:
+        from vit.data.corpus import decode_lines
+
+        if args.file != "-" and not Path(args.file).is_file():
             parser.error(f"--file {args.file!r} not found")
-        args.sentences += path.read_text(encoding="utf-8").splitlines()
+        data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+        # one line out per line in: the lines as the training corpus splits them, checked as UTF-8 before any work
+        args.sentences += decode_lines(data, "stdin" if args.file == "-" else args.file,
+                                       fix="re-encode it as UTF-8 (iconv -f latin1 -t utf-8)")
     if not args.sentences:
         parser.error("give sentences to translate, or --file")
     return args

@@ -6,6 +6,7 @@ UTF-8 is an error naming it (or, with ``skip_bad_lines``, left out and counted).
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,14 +40,22 @@ def read_lines(path: str | Path, *, skip_bad_lines: bool = False) -> list[str | 
             f"parallel corpus {str(path)!r} not found. Expected a UTF-8 text file, e.g. an Anki/Tatoeba "
             "export (https://www.manythings.org/anki/) with one 'source<TAB>target' pair per line."
         )
+    return decode_lines(path.read_bytes(), str(path), skip_bad_lines=skip_bad_lines)
+
+
+def decode_lines(data: bytes, name: str, *, skip_bad_lines: bool = False,
+                 fix: str = "re-encode the file, or set data.skip_bad_lines to skip it") -> list[str | None]:
+    """The lines of UTF-8 ``data``, split at \\n, \\r\\n or \\r only (U+2028 and form feeds are text), without the
+    byte-order mark Windows editors write first. A line that is not UTF-8 is an error naming ``name``, the line
+    and the ``fix``, or None with ``skip_bad_lines``."""
     lines: list[str | None] = []
-    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+    for number, raw in enumerate(data.removeprefix(codecs.BOM_UTF8).splitlines(), start=1):
         try:
             lines.append(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
-            where = f"{path} line {number}: not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
             if not skip_bad_lines:
-                raise UserValueError(f"{where}; re-encode the file, or set data.skip_bad_lines to skip it") from None
+                raise UserValueError(f"{name} line {number}: not valid UTF-8 (byte {raw[e.start]:#04x} at column "
+                                     f"{e.start + 1}); {fix}") from None
             lines.append(None)
     return lines
 
@@ -94,4 +103,4 @@ def read_pairs(spec: str | Sequence[str], *, skip_bad_lines: bool = False) -> Co
     raise UserValueError(f"a split is a TSV path or [source_file, target_file], got {spec!r}")
 
 
-__all__ = ["Corpus", "read_aligned_pairs", "read_lines", "read_pairs", "read_tsv_pairs"]
+__all__ = ["Corpus", "decode_lines", "read_aligned_pairs", "read_lines", "read_pairs", "read_tsv_pairs"]

@@ -8,6 +8,7 @@ training split only and round-trip through a plain dict, so a checkpoint can car
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -87,7 +88,13 @@ class WordTokenizer(Tokenizer):
 
     def split(self, text: str) -> list[str]:
         """The pieces of ``text`` before they become ids."""
-        return (text.lower() if self.lowercase else text).split()
+        return self.prepare(text).split()
+
+    def prepare(self, text: str) -> str:
+        """``text`` in NFC (a "é" typed as e + combining accent is the "é" the vocabulary knows), lower-cased
+        if asked."""
+        text = unicodedata.normalize("NFC", text)
+        return text.lower() if self.lowercase else text
 
     def join(self, pieces: list[str]) -> str:
         return " ".join(pieces)
@@ -118,7 +125,7 @@ class CharTokenizer(WordTokenizer):
     kind = "char"
 
     def split(self, text: str) -> list[str]:
-        return list(text.lower() if self.lowercase else text)
+        return list(self.prepare(text))
 
     def join(self, pieces: list[str]) -> str:
         return "".join(pieces)
@@ -140,8 +147,8 @@ class BPETokenizer(Tokenizer):
         from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
         model = HFTokenizer(models.BPE(unk_token="<unk>"))
-        if lowercase:
-            model.normalizer = normalizers.Lowercase()
+        # NFC: a "é" typed as e + combining accent is the "é" the merges know (else it decodes as a bare "e")
+        model.normalizer = normalizers.Sequence([normalizers.NFC(), *([normalizers.Lowercase()] if lowercase else [])])
         # Metaspace marks word starts with "▁", so decoding restores the spaces.
         model.pre_tokenizer = pre_tokenizers.Metaspace()
         model.decoder = decoders.Metaspace()
@@ -159,7 +166,8 @@ class BPETokenizer(Tokenizer):
         return self.model.encode(text, add_special_tokens=False).ids
 
     def normalize(self, text: str) -> str:
-        return " ".join((text.lower() if self.lowercase else text).split())
+        # Metaspace decoding keeps every space as it was (a French "Va\u202f!" too) but a leading one
+        return self.model.normalizer.normalize_str(text).strip() if self.model.normalizer else text.strip()
 
     def _decode_ids(self, ids: list[int]) -> str:
         return self.model.decode(ids)

@@ -144,6 +144,12 @@ class Translator(BaseTask):
         was_training = self.training
         self.eval()
         encoded = [self.source_tokenizer.encode(s) for s in sentences]
+        limit = self.model.src_embed.max_positions
+        for number, ids in enumerate(encoded, start=1):
+            if len(ids) > limit:  # one long line must not cost every other line its translation
+                log.warning("sentence %d has %d tokens, over the model's %d positions: its first %d are translated",
+                            number, len(ids), limit, limit)
+                del ids[limit:]
         out = [""] * len(sentences)  # an empty line stays empty
         order = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
         for start in range(0, len(order), batch_size):
