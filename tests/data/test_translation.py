@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import logging
+import random
 import re
 
 import pytest
@@ -100,6 +101,13 @@ def test_held_out_validation_split_and_length_filter(tmp_path, caplog):
     dm = TranslationDataModule(corpus, val_fraction=0.25, max_length=20, seed=3)
     assert len(dm.pairs["train"]) == 30 and len(dm.pairs["val"]) == 10
     assert not set(dm.pairs["train"]) & set(dm.pairs["val"])
+    order = list(range(40))  # without repeated pairs the split is a seeded shuffle of the lines, as it always was
+    random.Random(3).shuffle(order)
+    assert dm.pairs["val"] == [(("a " * (i + 1)).strip(), ("b " * (i + 1)).strip()) for i in order[:10]]
+    # An export that repeats pairs: every copy of a held-out pair is held out with it.
+    repeated = TranslationDataModule(write_tsv(tmp_path / "r.tsv", [f"s{i % 10}\tt{i % 10}" for i in range(200)]),
+                                     val_fraction=0.1)
+    assert len(repeated.pairs["val"]) == 20 and not set(repeated.pairs["train"]) & set(repeated.pairs["val"])
     # Pairs over max_length are an error that names a line, unless skipped on request (and counted).
     with pytest.raises(ValueError, match=r"c\.tsv: 1\d pair\(s\) .* longer than data\.max_length=20 .*first line \d+ "):
         dm.setup("fit")

@@ -213,12 +213,19 @@ class TranslationDataModule(LightningDataModule):
             corpora = {split: self.load_split(split) for split in ("train", "val", "test")}
             train = corpora["train"]
             if corpora["val"] is None and self.val_fraction > 0:
-                order = list(range(len(train.pairs)))
+                # Hold out distinct pairs with all their copies: a pair both in val and in train would be scored
+                # on what the model was trained on (exports repeat pairs). Without copies, a plain shuffle.
+                copies: dict[Pair, list[int]] = {}
+                for i, pair in enumerate(train.pairs):
+                    copies.setdefault(pair, []).append(i)
+                distinct = list(copies.values())
+                order = list(range(len(distinct)))
                 random.Random(self.seed).shuffle(order)
                 n_val = max(1, int(len(order) * self.val_fraction))
                 if n_val >= len(order):
-                    raise UserValueError(f"only {len(order)} training pair(s): too few to hold out validation")
-                pick = lambda idx: Corpus([train.pairs[i] for i in idx], [train.lines[i] for i in idx])
+                    raise UserValueError(f"only {len(order)} distinct training pair(s): too few to hold out validation")
+                pick = lambda groups: Corpus([train.pairs[i] for g in groups for i in distinct[g]],
+                                             [train.lines[i] for g in groups for i in distinct[g]])
                 corpora["val"], corpora["train"] = pick(order[:n_val]), pick(order[n_val:])
             self._corpora = {k: v for k, v in corpora.items() if v is not None}
         return self._corpora
