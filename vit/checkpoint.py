@@ -145,7 +145,10 @@ def missing_message(path: str | os.PathLike, folders: Sequence[str | os.PathLike
 
 
 def not_a_checkpoint(path: str | os.PathLike) -> str | None:
-    """What a file that is no torch zip file is instead, when that is plain from its first bytes (an image)."""
+    """What a file that is no torch zip file is instead, when that is plain: an ONNX export, an image."""
+    if Path(path).suffix.lower() == ".onnx":  # a protobuf: no magic bytes to tell it by, but `vit export` names it
+        return (f"{path} is an ONNX export, which `vit predict` and `vit serve` run; this command needs the .ckpt "
+                "that `vit fit` wrote (the file it was exported from)")
     from PIL import Image, UnidentifiedImageError
 
     try:

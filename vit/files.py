@@ -13,6 +13,22 @@ from pathlib import Path
 from typing import Any
 
 
+def out_problem(path: str | os.PathLike, kind: str) -> str | None:
+    """Why ``path`` cannot be the output ``kind`` ("file" or "folder") a command will write, or None: checked
+    before any work, so a mistake costs a line, not the export or the predictions already computed."""
+    path = Path(path)
+    blocking = next((p for p in (path, *path.parents) if p.exists()), None)  # the nearest part that exists
+    if blocking is not None and blocking != path and not blocking.is_dir():
+        return f"{blocking} is a file, so {path} cannot be created under it"
+    if kind == "file" and path.is_dir():
+        return f"{path} is a folder; name a file in it, e.g. {path / 'predictions.csv'}"
+    if kind == "folder" and path.exists() and not path.is_dir():
+        return f"{path} is a file; name a folder to write into"
+    if kind == "folder" and path.suffix.lower() in (".onnx", ".safetensors", ".ckpt", ".json", ".csv"):
+        return f"{path} looks like a file name, but this is the folder the files go into; e.g. --out {path.parent}"
+    return None
+
+
 def save_atomic(write: Callable[[Any], None], path: str | os.PathLike) -> Path:
     """Write a file through ``write(file_object)`` so that a kill at any moment leaves the old file or
     the new one, never a torn one: a temporary file in the same folder (same filesystem), flushed

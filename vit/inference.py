@@ -44,6 +44,10 @@ class OnnxClassifier(Prepared):
             path, data = Path(name or "model.onnx"), model
         else:
             path = Path(model)
+            if path.is_dir():
+                inside = sorted(path.glob("*.onnx"))
+                hint = f"; give the file in it: {inside[0]}" if inside else ""
+                raise UserPathError(f"{path} is a folder, not an ONNX model{hint}")
             if not path.is_file():
                 raise UserPathError(f"ONNX model not found: {path}")
             data = None

@@ -177,3 +177,21 @@ def test_vit_attention_over_a_folder_skips_unreadable_files_and_writes_predicts_
         assert [p["name"] for p in ours["top_k"]] == [p["name"] for p in theirs["top_k"]]
         np.testing.assert_allclose([p["probability"] for p in ours["top_k"]],
                                    [p["probability"] for p in theirs["top_k"]], atol=1e-5)
+
+
+def test_native_size_scales_a_large_photo_down_to_the_patch_limit_keeping_its_shape(tmp_path):
+    """A 6000 x 6000 photo at its own size was 140,625 patches at 16 px, and its attention asked for 40 TB."""
+    from vit.checkpoint import load_classifier
+    from vit.commands.attention import NATIVE_MAX_PATCHES, prepare_image
+
+    ckpt = tmp_path / "rgb.ckpt"
+    write_checkpoint(ckpt, model_name="vit_cifar_patch4_32", num_classes=3, class_names=["cat", "dog", "fox"],
+                     model_kwargs=dict(embed_dim=32, depth=1, num_heads=4))
+    classifier = load_classifier(ckpt)
+    for width, height in [(3000, 2000), (64, 40)]:  # 375,000 patches of 4 px; and a small one, kept as it is
+        tensor = prepare_image(Image.new("RGB", (width, height)), classifier, native_size=True).tensor
+        h, w = tensor.shape[-2] // 4, tensor.shape[-1] // 4
+        if width * height // 16 <= NATIVE_MAX_PATCHES:
+            assert (h, w) == (height // 4, width // 4)
+        else:
+            assert 0.95 * NATIVE_MAX_PATCHES < h * w <= NATIVE_MAX_PATCHES and abs(w / h - 1.5) < 0.05

@@ -42,3 +42,42 @@ def test_every_command_has_useful_help(capsys):
             main([name, "--help"])
         assert done.value.code == 0
         assert f"usage: vit {name}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command, option_kind", [("predict", "file"), ("export", "folder"), ("attention", "folder")])
+def test_an_output_that_cannot_be_written_is_named_before_any_work(command, option_kind, tmp_path, capsys):
+    """--out that is a folder where a file goes, a file where a folder goes, under a file, or a folder named like a
+    file once failed with a traceback after the predictions, the export or the figures were computed."""
+    import importlib
+
+    parse_args = importlib.import_module(f"vit.commands.{command}").parse_args
+    (tmp_path / "a_folder").mkdir()
+    (tmp_path / "a_file.txt").write_text("x")
+    rest = {"predict": ["--ckpt", "m.ckpt", "photos"], "export": ["--ckpt", "m.ckpt", "--format", "onnx"],
+            "attention": ["--ckpt", "m.ckpt", "photos"]}[command]
+    wrong = {"file": {"a_folder": "is a folder; name a file in it", "a_file.txt/p.csv": "a_file.txt is a file, so"},
+             "folder": {"a_file.txt": "is a file; name a folder", "a_file.txt/sub": "a_file.txt is a file, so",
+                        "exp/model.onnx": "looks like a file name, but this is the folder"}}[option_kind]
+    for out, words in wrong.items():
+        with pytest.raises(SystemExit):
+            parse_args([*rest, "--out", str(tmp_path / out)])
+        said = capsys.readouterr().err
+        assert f"--out: {tmp_path / out.split('/')[0]}" in said and words in said, (out, said)
+    # what is right passes: a new file or folder, also under folders that do not exist yet
+    new = "new/p.csv" if option_kind == "file" else "new/folder"
+    assert str(parse_args([*rest, "--out", str(tmp_path / new)]).out) == str(tmp_path / new)
+
+
+def test_an_onnx_export_or_its_folder_given_where_the_other_goes_is_named_as_such(tmp_path):
+    """`vit attention --ckpt model.onnx` was told the ONNX file was a checkpoint damaged by a kill, and
+    `vit predict --ckpt` of the export's folder that it was not found."""
+    from vit.checkpoint import read_checkpoint
+    from vit.inference import OnnxClassifier
+
+    onnx = tmp_path / "export" / "model.onnx"
+    onnx.parent.mkdir()
+    onnx.write_bytes(b"\x08\x08\x12\x07pytorch")  # an ONNX protobuf starts with its ir_version field
+    with pytest.raises(ValueError, match=r"model\.onnx is an ONNX export.*needs the \.ckpt"):
+        read_checkpoint(onnx)
+    with pytest.raises(FileNotFoundError, match=r"export is a folder, not an ONNX model; give the file in it"):
+        OnnxClassifier(onnx.parent)

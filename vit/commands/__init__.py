@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("vit.cli", "evaluate a checkpoint on the validation split"),
     "test": ("vit.cli", "evaluate a checkpoint on the test split"),
     "predict": ("vit.commands.predict", "classify image files: vit predict --ckpt CKPT|MODEL.onnx IMAGES..."),
-    "export": ("vit.commands.export", "write a checkpoint as ONNX or timm safetensors: vit export --ckpt CKPT ..."),
+    "export": ("vit.commands.export", "write a checkpoint as ONNX, timm safetensors or one .ckpt: vit export ..."),
     "serve": ("vit.commands.serve", "serve a checkpoint or ONNX model over HTTP, with a page: vit serve --ckpt CKPT"),
     "attention": ("vit.commands.attention", "draw attention maps and the top classes of image files"),
     "probe": ("vit.commands.probe", "linear-probe and kNN baseline on frozen features: vit probe --config CFG"),

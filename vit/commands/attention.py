@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -33,6 +34,7 @@ from vit.data.io import find_images
 from vit.errors import UserValueError
 from vit.explain.maps import collect_attention, gradient_rollout, rollout_streaming
 from vit.explain.plot import plot_attention, to_display_image
+from vit.files import out_problem
 from vit.image_files import (
     ImagePaths,
     Unreadable,
@@ -46,6 +48,7 @@ from vit.nn.vision import VisionTransformer
 
 ROLLOUTS = ("mean", "max", "min", "grad", "none")
 DISPLAY_SIDE = 224  # small inputs (8x8 digits) are drawn larger, with visible pixels
+NATIVE_MAX_PATCHES = 4096  # --native_size: 64 x 64 patches (1024 x 1024 pixels at 16 px a patch)
 
 
 @dataclass
@@ -104,7 +107,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--native_size", action="store_true",
         help="keep each image's own size (rounded down to the patch size) instead of the checkpoint's "
-        "resize and crop; memory grows with the square of the number of patches",
+        f"resize and crop; memory grows with the square of the number of patches, so a larger image is scaled "
+        f"down to at most {NATIVE_MAX_PATCHES} patches, keeping its shape",
     )
     parser.add_argument("--alpha", type=float, default=0.5, help="opacity of the heat map")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
@@ -114,6 +118,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(list(argv))
     if args.top_k < 1:
         parser.error(f"--top_k must be at least 1, got {args.top_k}")
+    if problem := out_problem(args.out, "folder"):
+        parser.error(f"--out: {problem}")
     if not 0.0 <= args.discard_ratio < 1.0:
         parser.error(f"--discard_ratio must be in [0, 1), got {args.discard_ratio}")
     if args.target_class is not None and args.rollout != "grad":
@@ -160,7 +166,10 @@ def prepare_image(image: Image.Image, classifier: Classifier, *, native_size: bo
     """
     if native_size:
         ph, pw = classifier.model.patch_size
-        size = [max(ph, image.height // ph * ph), max(pw, image.width // pw * pw)]
+        # attention memory grows with the square of the patches: a 6000x6000 photo (140,625 patches at 16 px)
+        # asked for 40 TB; over NATIVE_MAX_PATCHES the image is scaled down, keeping its shape
+        scale = min(1.0, math.sqrt(NATIVE_MAX_PATCHES / max(1, (image.height // ph) * (image.width // pw))))
+        size = [max(ph, int(image.height * scale) // ph * ph), max(pw, int(image.width * scale) // pw * pw)]
         pixels = v2.functional.to_dtype(v2.functional.to_image(image), torch.float32, scale=True)
         pixels = v2.functional.resize(pixels, size, antialias=True)  # (C, H, W) in [0, 1]
         tensor = v2.functional.normalize(pixels, list(classifier.mean), list(classifier.std))

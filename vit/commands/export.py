@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from vit.checkpoint import expect_task, load_classifier, read_checkpoint, save_checkpoint
+from vit.files import out_problem
 
 FORMATS = ("onnx", "safetensors", "ckpt")
 
@@ -29,13 +30,14 @@ FORMATS = ("onnx", "safetensors", "ckpt")
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Command-line options of `vit export`."""
     parser = argparse.ArgumentParser(
-        prog="vit export", description="Export a `vit fit` classifier checkpoint to ONNX or to timm's safetensors "
-        "layout, with its class names and image preparation.",
+        prog="vit export", description="Export a `vit fit` classifier checkpoint to ONNX, to timm's safetensors "
+        "layout, or to one plain .ckpt (from a sharded FSDP folder), with its class names and image preparation.",
     )
     parser.add_argument("--ckpt", required=True, help="classifier checkpoint written by `vit fit` (a file, or "
                         "the folder of a sharded FSDP checkpoint)")
     parser.add_argument("--format", required=True, choices=FORMATS, help="onnx, safetensors, or ckpt (one file)")
-    parser.add_argument("--out", required=True, help="output folder (created if needed)")
+    parser.add_argument("--out", required=True, help="output folder (created if needed): model.onnx (and "
+                        "model.int8.onnx), model.safetensors with config.json, or model.ckpt")
     parser.add_argument("--int8", choices=["static", "dynamic"], default=None,
                         help="onnx only: also write model.int8.onnx, its Linear layers in int8: static (calibrated "
                         "on --calibration; onnxruntime and OpenVINO run it) or dynamic (no calibration, slower)")
@@ -48,6 +50,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="deprecated: the same as --int8 dynamic")
     parser.add_argument("--opset", type=int, default=None, help="onnx only: ONNX opset (default: 18)")
     args = parser.parse_args(list(argv))
+    if problem := out_problem(args.out, "folder"):
+        parser.error(f"--out: {problem}")
     if args.format != "onnx" and (args.quantize or args.opset or args.int8):
         parser.error("--int8, --quantize and --opset apply to --format onnx only")
     if args.quantize and args.int8:

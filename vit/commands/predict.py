@@ -28,6 +28,7 @@ from vit.backends import BACKENDS, load_backend
 from vit.checkpoint import Classifier
 from vit.data.io import find_images
 from vit.errors import UserValueError
+from vit.files import out_problem
 from vit.image_files import (
     ImagePaths,
     UnreadableImageError,
@@ -124,6 +125,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(list(argv))
     if args.top_k < 1:
         parser.error(f"--top_k must be at least 1, got {args.top_k}")
+    if problem := out_problem(args.out, "file"):
+        parser.error(f"--out: {problem}")
     if args.precision != "fp32":
         warnings.warn("--precision bf16 is deprecated: --backend torch-bf16 casts the weights to bf16, faster than "
                       "autocast on CPUs with bf16 units", FutureWarning, stacklevel=2)
