@@ -260,6 +260,17 @@ def test_calibration_from_a_folder_is_a_random_draw_through_the_eval_transform(t
     torch.testing.assert_close(calibration_images(tmp_path, transform, "L", count=12), drawn)  # seeded
 
 
+def test_calibration_from_a_folder_with_a_class_named_train_draws_from_every_class(trained, digit_pngs, tmp_path):
+    from vit.quantize import calibration_images
+
+    for name, files in (("train", digit_pngs[0][:3]), ("zebra", digit_pngs[0][3:43])):  # no split layout
+        (tmp_path / name).mkdir()
+        for f in files:
+            (tmp_path / name / f.name).symlink_to(f)
+    transform = load_classifier(trained["ckpt"]).eval_transform()
+    assert len(calibration_images(tmp_path, transform, "L", count=12)) == 12  # not the 3 images of "train"
+
+
 def test_calibration_from_a_config_goes_through_the_checkpoints_transform_not_the_datamodules():
     """A config's DataModule, built without its pretrained weights, normalises as the architecture's default would
     (ImageNet's mean and std for a fine-tuning recipe whose checkpoint was trained on augreg's 0.5): the images

@@ -138,7 +138,8 @@ def calibration_images(source: str | os.PathLike, transform: Callable, mode: str
     """Up to ``count`` images (N, C, H, W) for calibration, prepared by ``transform`` (the eval transform).
 
     ``source`` is a `vit fit` config (``.yaml``: its DataModule's training split) or a folder of images
-    (its ``train/`` subfolder when there is one; searched recursively). A random ``count`` of them, by ``seed``.
+    (its ``train/`` split when it has one, as `vit fit` reads it; searched recursively). A random ``count`` of
+    them, by ``seed``.
     """
     source = Path(source)
     if source.suffix.lower() in (".yaml", ".yml"):
@@ -148,9 +149,11 @@ def calibration_images(source: str | os.PathLike, transform: Callable, mode: str
                             "(.yaml), and found neither")
     from PIL import Image
 
-    from vit.data.io import find_images
+    from vit.data.io import find_images, has_subfolders
 
-    root = source / "train" if (source / "train").is_dir() else source
+    # The split layout's train/ holds class folders; a train/ of images alone is a class named "train".
+    split = source / "train"
+    root = split if split.is_dir() and has_subfolders(split) else source
     files = find_images([root]).files
     if not files:
         raise UserValueError(f"--calibration {source}: no image files in {root}")
