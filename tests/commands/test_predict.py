@@ -339,3 +339,12 @@ def test_predict_with_an_onnx_model_reports_unreadable_files_the_same_way(export
         assert by_name(b) == pytest.approx(by_name(a), abs=1e-5)
     with pytest.raises(OSError, match=r"^cannot read .*a_random_bytes\.jpg: not an image"):
         run(["predict", "--ckpt", str(exported.onnx), str(folder), "--strict"])
+
+
+def test_a_file_named_twice_gets_one_row(digits_ckpt, tmp_path, monkeypatch):
+    folder = digit_folder(tmp_path / "images", n=3)
+    monkeypatch.chdir(tmp_path)
+    # the folder, one of its files again (relative, with ./), and the folder once more
+    rows = run(["predict", "--ckpt", str(digits_ckpt), "images", "./images/digit1.png", str(folder),
+                "--out", str(tmp_path / "p.csv")])
+    assert [r["path"] for r in rows] == [f"images/digit{i}.png" for i in range(3)]

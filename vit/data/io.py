@@ -174,18 +174,26 @@ def find_images(inputs: Sequence[str | os.PathLike]) -> FoundImages:
     """Image files among ``inputs`` (files, or folders searched recursively), in a stable order.
 
     Files named on their own are kept whatever their extension (the caller asked for them); in folders,
-    files without an image extension are skipped and counted. Nothing is opened.
+    files without an image extension are skipped and counted. A file reached twice (``photos/ photos/a.jpg``,
+    a folder named twice) is kept once, where it first came: one answer per file. Nothing is opened.
     """
     found = FoundImages(files=[])
+    seen: set[str] = set()
+
+    def keep(path: Path) -> None:
+        if (key := os.path.abspath(path)) not in seen:
+            seen.add(key)
+            found.files.append(path)
+
     for item in map(Path, inputs):
         if item.is_dir():
             for path in sorted(_files_under(str(item))):
                 if is_image_file(path):
-                    found.files.append(Path(path))
+                    keep(Path(path))
                 else:
                     found.skipped.setdefault(str(item), []).append(path)
         elif item.is_file():
-            found.files.append(item)
+            keep(item)
         else:
             raise UserPathError(f"no such image file or folder: {item}")
     if not found.files:
