@@ -6,6 +6,7 @@ import codecs
 import logging
 import random
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,6 +63,10 @@ def test_aligned_files_and_their_errors(tmp_path):
     short = write_tsv(tmp_path / "short.fr", ["Va !"])
     with pytest.raises(ValueError, match="differ in length"):
         _ = TranslationDataModule([src, short]).pairs
+    # one file ends with blank lines (an editor's extra newline, `echo >>`): the same pairs, not a mismatch
+    padded = tmp_path / "padded.fr"
+    padded.write_bytes(Path(tgt).read_bytes() + b"\n \r\n")
+    assert TranslationDataModule([src, str(padded)], val_fraction=0.0).pairs["train"] == CORPUS
 
 
 def test_empty_or_missing_corpus_is_a_clear_error(tmp_path):

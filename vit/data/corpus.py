@@ -78,8 +78,9 @@ def read_tsv_pairs(path: str | Path, *, skip_bad_lines: bool = False) -> Corpus:
 
 def read_aligned_pairs(source_path: str | Path, target_path: str | Path, *, skip_bad_lines: bool = False) -> Corpus:
     """Read two files whose line i are translations of each other."""
-    sources = read_lines(source_path, skip_bad_lines=skip_bad_lines)
-    targets = read_lines(target_path, skip_bad_lines=skip_bad_lines)
+    # Blank lines at the end are no pairs: an editor's or `echo >>`'s extra newline must not misalign the files.
+    sources = _without_trailing_blanks(read_lines(source_path, skip_bad_lines=skip_bad_lines))
+    targets = _without_trailing_blanks(read_lines(target_path, skip_bad_lines=skip_bad_lines))
     if len(sources) != len(targets):
         raise UserValueError(
             f"aligned files differ in length: {source_path} has {len(sources)} lines, "
@@ -92,6 +93,13 @@ def read_aligned_pairs(source_path: str | Path, target_path: str | Path, *, skip
         else:
             corpus.add(number, source, target)
     return corpus
+
+
+def _without_trailing_blanks(lines: list[str | None]) -> list[str | None]:
+    end = len(lines)
+    while end and lines[end - 1] is not None and not lines[end - 1].strip():
+        end -= 1
+    return lines[:end]
 
 
 def read_pairs(spec: str | Sequence[str], *, skip_bad_lines: bool = False) -> Corpus:
