@@ -78,11 +78,15 @@ def test_vit_attention_choices_and_native_size(tmp_path, digits_checkpoint):
     folder.mkdir()
     image = folder / "wide.png"
     Image.fromarray((np.random.default_rng(0).random((10, 17)) * 255).astype(np.uint8)).save(image)
+    (tmp_path / "other").mkdir()  # another file of the same name: its map must not overwrite the first's
+    same_name = tmp_path / "other" / "wide.png"
+    Image.fromarray((np.random.default_rng(1).random((10, 17)) * 255).astype(np.uint8)).save(same_name)
     main([
-        "--ckpt", str(digits_checkpoint), str(image), str(image), "--out", str(tmp_path / "a"),
+        "--ckpt", str(digits_checkpoint), str(image), str(same_name), str(image), "--out", str(tmp_path / "a"),
         "--layer", "-1", "--head", "0", "2", "--rollout", "grad", "--target_class", "seven", "--native_size",
     ])
     assert (tmp_path / "a" / "wide.png").is_file() and (tmp_path / "a" / "wide_2.png").is_file()
+    assert not (tmp_path / "a" / "wide_3.png").exists()  # the file named twice is drawn once
     # A folder is searched for images; underscores work as in `vit predict`.
     results = main(["--ckpt", str(digits_checkpoint), str(folder), "--out", str(tmp_path / "b"), "--head",
                     "mean", "--rollout", "none", "--top_k", "2"])
