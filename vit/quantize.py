@@ -149,11 +149,9 @@ def calibration_images(source: str | os.PathLike, transform: Callable, mode: str
                             "(.yaml), and found neither")
     from PIL import Image
 
-    from vit.data.io import find_images, has_subfolders
+    from vit.data.io import find_images, has_split_folders
 
-    # The split layout's train/ holds class folders; a train/ of images alone is a class named "train".
-    split = source / "train"
-    root = split if split.is_dir() and has_subfolders(split) else source
+    root = source / "train" if has_split_folders(source) else source
     files = find_images([root]).files
     if not files:
         raise UserValueError(f"--calibration {source}: no image files in {root}")

@@ -27,7 +27,7 @@ from vit.data.io import (
     check_image_files,
     class_folders,
     describe_bad_files,
-    has_subfolders,
+    has_split_folders,
     load_image,
     require_two_classes,
     scan_class_folders,
@@ -209,8 +209,7 @@ class ImageFolder(ImageDataModule):
         """Check ``root``'s layout and return its class names."""
         if not self.root.is_dir():
             raise UserPathError(f"image folder not found: {self.root}")
-        # train/ holding class folders: the split layout. A class named "train" holds images instead.
-        self._split_folders = (self.root / "train").is_dir() and has_subfolders(self.root / "train")
+        self._split_folders = has_split_folders(self.root)
         if not self._split_folders:
             class_names = class_folders(self.root)
             require_two_classes(self.root, class_names)

@@ -103,9 +103,13 @@ def class_folders(root: str | os.PathLike) -> list[str]:
     return classes
 
 
-def has_subfolders(folder: str | os.PathLike) -> bool:
-    """Whether ``folder`` holds a visible sub-folder."""
-    with os.scandir(folder) as entries:
+def has_split_folders(root: str | os.PathLike) -> bool:
+    """Whether ``root`` is the split layout (``root/train/<class>/...``): its train/ holds class folders. A
+    train/ of images alone is a class named "train"."""
+    train = os.path.join(root, "train")
+    if not os.path.isdir(train):
+        return False
+    with os.scandir(train) as entries:
         return any(e.is_dir() and not _hidden(e.name) for e in entries)
 
 
@@ -202,6 +206,19 @@ def find_images(inputs: Sequence[str | os.PathLike]) -> FoundImages:
 
 
 # ---- header checks ---------------------------------------------------------------------------
+def pil_refusal_limit() -> int:
+    """The pixel count over which PIL's ``Image.open`` raises DecompressionBombError: twice its MAX_IMAGE_PIXELS
+    (between once and twice it only warns)."""
+    return 2 * (Image.MAX_IMAGE_PIXELS or 0)
+
+
+def bomb_size(error: Image.DecompressionBombError) -> str:
+    """The image size PIL's error names ("Image size (199756800 pixels) exceeds limit of ..."), as "199,756,800
+    pixels"."""
+    pixels = re.search(r"\((\d+) pixels\)", str(error))
+    return f"{int(pixels.group(1)):,} pixels" if pixels else "too many pixels"
+
+
 def check_image_file(path: str) -> str | None:
     """What is wrong with an image file, judged from its header alone (no decoding), or None.
 
@@ -217,9 +234,7 @@ def check_image_file(path: str) -> str | None:
         with Image.open(path):
             pass
     except Image.DecompressionBombError as e:
-        pixels = re.search(r"\((\d+) pixels\)", str(e))  # "Image size (199756800 pixels) exceeds limit of ..."
-        size = f"{int(pixels.group(1)):,} pixels" if pixels else "too many pixels"
-        return f"{size}, over PIL's limit of {2 * (Image.MAX_IMAGE_PIXELS or 0):,} (a decompression-bomb guard); " \
+        return f"{bomb_size(e)}, over PIL's limit of {pil_refusal_limit():,} (a decompression-bomb guard); " \
                "downscale it"
     except UnidentifiedImageError:
         return "not an image in a format PIL reads"

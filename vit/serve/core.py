@@ -19,7 +19,6 @@ import io
 import logging
 import math
 import os
-import re
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -33,7 +32,7 @@ from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
 from vit.checkpoint import Classifier
-from vit.data.io import load_image
+from vit.data.io import bomb_size, load_image, pil_refusal_limit
 from vit.inference import OnnxClassifier, ranked, record
 
 log = logging.getLogger(__name__)
@@ -82,13 +81,11 @@ def check_upload(data: bytes, max_pixels: int) -> tuple[int, int]:
             with Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS) as img:  # reads the header only
                 width, height = img.size
     except Image.DecompressionBombError as e:  # PIL's own guard, at twice its MAX_IMAGE_PIXELS, fires in open()
-        count = re.search(r"\((\d+) pixels\)", str(e))  # "Image size (400000000 pixels) exceeds limit of ..."
-        size = f"{int(count.group(1)):,} pixels" if count else "too many pixels"
         # `vit serve` raises PIL's limit to --max_pixels, so PIL's guard says more only where it is not `vit serve`
-        pil_limit = 2 * (Image.MAX_IMAGE_PIXELS or 0)
+        pil_limit = pil_refusal_limit()
         limit = f"{max_pixels:,} (--max_pixels)" if max_pixels <= pil_limit else f"{pil_limit:,} (PIL's)"
-        raise RequestError(422, "too_many_pixels", f"the image is {size}, over this server's limit of {limit}; "
-                           "send a smaller image") from None
+        raise RequestError(422, "too_many_pixels", f"the image is {bomb_size(e)}, over this server's limit of "
+                           f"{limit}; send a smaller image") from None
     except UnidentifiedImageError:
         raise RequestError(415, "unsupported_image", f"the upload is not a {ACCEPTED_NAMES} image") from None
     except Exception as e:  # anything else a header can do wrong
