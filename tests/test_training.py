@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch import Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.plugins import MixedPrecision
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -125,6 +125,47 @@ def test_the_best_checkpoint_holds_the_weights_validation_scored_and_last_ckpt_t
         run = cli(["fit", *args, "--ckpt_path", "last"])
     assert run.trainer.global_step == 2 * STEPS and last.stat().st_mtime_ns == written
     assert f"nothing left to train: {last} is the end of this run (epoch 2, step {2 * STEPS})" in caplog.text
+
+
+class ScriptedScores(LightningModule):
+    """A module whose validation scores are given, one per epoch."""
+
+    def __init__(self, scores: list[float]) -> None:
+        super().__init__()
+        self.lin, self.scores = torch.nn.Linear(1, 1), scores
+
+    def training_step(self, batch, batch_idx):
+        return self.lin(batch[0]).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_acc", self.scores[self.current_epoch])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_best_is_the_runs_best_checkpoint_when_save_top_k_keeps_several(tmp_path):
+    """With checkpoint.save_top_k 3 the newest best-*.ckpt is epoch 3's (0.8), the fourth-best score; `--ckpt_path
+    best` and `teacher: best` mean epoch 1's (0.9). A second run in the folder: its own best."""
+    from vit.checkpoint import newest_checkpoint
+    from vit.training import BestCheckpoint
+
+    loader = DataLoader(TensorDataset(torch.ones(2, 1)), batch_size=2)
+
+    def run(scores: list[float], top_k: int) -> None:
+        keep = BestCheckpoint(dirpath=tmp_path, filename="best-{epoch}-{step}", monitor="val_acc", mode="max",
+                              save_top_k=top_k)
+        Trainer(max_epochs=len(scores), callbacks=[keep], logger=False, enable_progress_bar=False,
+                enable_model_summary=False).fit(ScriptedScores(scores), loader, loader)
+
+    run([0.5, 0.9, 0.7, 0.8], top_k=3)
+    saved = sorted(p.name for p in tmp_path.glob("best-*.ckpt"))  # the top 3: epochs 1, 2 and 3
+    assert saved == ["best-epoch=1-step=2.ckpt", "best-epoch=2-step=3.ckpt", "best-epoch=3-step=4.ckpt"]
+    assert newest_checkpoint(tmp_path, "best") == tmp_path / "best-epoch=1-step=2.ckpt"
+    assert newest_checkpoint(tmp_path, "last") is None
+    time.sleep(0.01)  # a later run, whose files are newer
+    run([0.6, 0.4], top_k=-1)  # every epoch kept: best-epoch=0-step=1.ckpt (0.6), best-epoch=1-step=2-v1.ckpt (0.4)
+    assert newest_checkpoint(tmp_path, "best") == tmp_path / "best-epoch=0-step=1.ckpt"  # not the first run's 0.9
 
 
 @pytest.mark.slow

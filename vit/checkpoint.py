@@ -100,9 +100,32 @@ def describe_checkpoints(folder: str | os.PathLike, exclude: str | os.PathLike |
 
 
 def newest_checkpoint(folder: str | os.PathLike, which: str) -> Path | None:
-    """The newest best-*.ckpt (``which`` "best": the best of the latest run) or last*.ckpt in ``folder``, or None."""
+    """The newest last*.ckpt in ``folder`` (``which`` "last"), or the best-*.ckpt the latest run scored best
+    ("best"); None when there is none.
+
+    With ``checkpoint.save_top_k`` above 1 the newest best-* file is only the latest of the run's top k, not its
+    best: the run's best is the one the newest file's checkpoint callback names.
+    """
     found = [p for p in Path(folder).glob("best-*.ckpt" if which == "best" else "last*.ckpt") if p.is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+    if not found:
+        return None
+    newest = max(found, key=lambda p: p.stat().st_mtime)
+    if which == "best" and (named := _named_best(newest)) is not None and (best := newest.parent / named).is_file():
+        return best
+    return newest
+
+
+def _named_best(path: Path) -> str | None:
+    """The file name of the run's best checkpoint as ``path``'s BestCheckpoint state recorded it when ``path``
+    was saved, or None (no such state, or a damaged file, which whoever loads it will name)."""
+    try:
+        callbacks = read_checkpoint(path, mmap=True).get("callbacks") or {}
+    except (UserValueError, UserPathError):
+        return None
+    # Lightning (2.6) keys a callback's state by its class name and settings: "BestCheckpoint{'monitor': ...}"
+    states = [state for key, state in callbacks.items() if str(key).startswith("BestCheckpoint")]
+    best = states[0].get("best_model_path") if len(states) == 1 and isinstance(states[0], dict) else None
+    return Path(best).name if best else None
 
 
 def damaged_message(path: str | os.PathLike, reason: str) -> str:

@@ -2,7 +2,7 @@
 
     vit fit --config configs/digits.yaml                 train (then test the best checkpoint)
     vit fit --config configs/digits.yaml --ckpt_path last   resume an interrupted run
-    vit test --config configs/digits.yaml --ckpt_path best   the newest best-*.ckpt of the config's folder
+    vit test --config configs/digits.yaml --ckpt_path best   the latest run's best checkpoint in the config's folder
     vit fit --config configs/digits.yaml --config configs/loggers/wandb.yaml
     vit fit --config configs/digits.yaml --print_config
     vit pretrain --config configs/pretrain/mae_digits.yaml   MAE pre-training (a `fit` of vit.tasks.MaskedAutoencoder)
@@ -377,8 +377,9 @@ def experiment_folder(trainer: Any) -> Path:
 
 
 def checkpoint_by_name(config: Any, which: str) -> str:
-    """``--ckpt_path best|last`` of validate/test/predict: the newest best-*.ckpt (the best of the latest run)
-    or last*.ckpt in the config's checkpoint folder, so a command need not name one run's file."""
+    """``--ckpt_path best|last`` of validate/test/predict: the latest run's best best-*.ckpt (its best even
+    with checkpoint.save_top_k above 1) or the newest last*.ckpt in the config's checkpoint folder, so a command
+    need not name one run's file."""
     dirpath = (config.get("checkpoint") or {}).get("dirpath")
     folder = Path(dirpath) if dirpath else experiment_folder(config.get("trainer") or {}) / "checkpoints"
     found = newest_checkpoint(folder, which)

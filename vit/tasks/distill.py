@@ -145,8 +145,8 @@ class Teacher(nn.Module):
 
 
 def resolve(teacher: str, folder: str | None) -> Path:
-    """The teacher checkpoint ``teacher`` names: a path, or "best"/"last" of ``folder`` (the newest, as
-    ``--ckpt_path best`` finds it)."""
+    """The teacher checkpoint ``teacher`` names: a path, or "best"/"last" of ``folder`` (the latest run's best
+    checkpoint, or the newest last.ckpt, as ``--ckpt_path best|last`` finds it)."""
     if teacher in ("best", "last"):
         if folder is None:
             raise UserValueError(f"teacher: {teacher} needs teacher_dir, the teacher run's checkpoint folder "
