@@ -145,27 +145,32 @@ class ScriptedScores(LightningModule):
 
 
 def test_best_is_the_runs_best_checkpoint_when_save_top_k_keeps_several(tmp_path):
-    """With checkpoint.save_top_k 3 the newest best-*.ckpt is epoch 3's (0.8), the fourth-best score; `--ckpt_path
-    best` and `teacher: best` mean epoch 1's (0.9). A second run in the folder: its own best."""
+    """With checkpoint.save_top_k 3 the newest best-*.ckpt is epoch 3's (0.8), the third-best score; `--ckpt_path
+    best` and `teacher: best` mean epoch 1's (0.9). A second run in the folder: its own best. A filename of the
+    user's, without "best-": still the best."""
     from vit.checkpoint import newest_checkpoint
     from vit.training import BestCheckpoint
 
     loader = DataLoader(TensorDataset(torch.ones(2, 1)), batch_size=2)
 
-    def run(scores: list[float], top_k: int) -> None:
-        keep = BestCheckpoint(dirpath=tmp_path, filename="best-{epoch}-{step}", monitor="val_acc", mode="max",
-                              save_top_k=top_k)
+    def run(folder: Path, scores: list[float], top_k: int, filename: str = "best-{epoch}-{step}") -> None:
+        keep = BestCheckpoint(dirpath=folder, filename=filename, monitor="val_acc", mode="max", save_top_k=top_k)
         Trainer(max_epochs=len(scores), callbacks=[keep], logger=False, enable_progress_bar=False,
                 enable_model_summary=False).fit(ScriptedScores(scores), loader, loader)
 
-    run([0.5, 0.9, 0.7, 0.8], top_k=3)
+    run(tmp_path, [0.5, 0.9, 0.7, 0.8], top_k=3)
     saved = sorted(p.name for p in tmp_path.glob("best-*.ckpt"))  # the top 3: epochs 1, 2 and 3
     assert saved == ["best-epoch=1-step=2.ckpt", "best-epoch=2-step=3.ckpt", "best-epoch=3-step=4.ckpt"]
     assert newest_checkpoint(tmp_path, "best") == tmp_path / "best-epoch=1-step=2.ckpt"
     assert newest_checkpoint(tmp_path, "last") is None
     time.sleep(0.01)  # a later run, whose files are newer
-    run([0.6, 0.4], top_k=-1)  # every epoch kept: best-epoch=0-step=1.ckpt (0.6), best-epoch=1-step=2-v1.ckpt (0.4)
+    run(tmp_path, [0.6, 0.4], top_k=-1)  # every epoch kept: best-epoch=0-step=1.ckpt (0.6), ...=1-step=2-v1 (0.4)
     assert newest_checkpoint(tmp_path, "best") == tmp_path / "best-epoch=0-step=1.ckpt"  # not the first run's 0.9
+
+    run(tmp_path / "own", [0.3, 0.9, 0.6], top_k=2, filename="{epoch}-{val_acc:.1f}")
+    own = sorted(p.name for p in (tmp_path / "own").iterdir())
+    assert own == ["epoch=1-val_acc=0.9.ckpt", "epoch=2-val_acc=0.6.ckpt"]  # the newest is epoch 2's
+    assert newest_checkpoint(tmp_path / "own", "best") == tmp_path / "own" / "epoch=1-val_acc=0.9.ckpt"
 
 
 @pytest.mark.slow

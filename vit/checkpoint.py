@@ -100,19 +100,21 @@ def describe_checkpoints(folder: str | os.PathLike, exclude: str | os.PathLike |
 
 
 def newest_checkpoint(folder: str | os.PathLike, which: str) -> Path | None:
-    """The newest last*.ckpt in ``folder`` (``which`` "last"), or the best-*.ckpt the latest run scored best
+    """The newest last*.ckpt in ``folder`` (``which`` "last"), or the checkpoint the latest run scored best
     ("best"); None when there is none.
 
-    With ``checkpoint.save_top_k`` above 1 the newest best-* file is only the latest of the run's top k, not its
-    best: the run's best is the one the newest file's checkpoint callback names.
+    The run's best is the one its newest checkpoint's BestCheckpoint state names: with ``checkpoint.save_top_k``
+    above 1 the newest best-*.ckpt is only the latest of the top k, and a ``checkpoint.filename`` of the user's
+    need not start with "best-". A checkpoint without that state falls back to the newest best-*.ckpt.
     """
-    found = [p for p in Path(folder).glob("best-*.ckpt" if which == "best" else "last*.ckpt") if p.is_file()]
-    if not found:
-        return None
-    newest = max(found, key=lambda p: p.stat().st_mtime)
-    if which == "best" and (named := _named_best(newest)) is not None and (best := newest.parent / named).is_file():
-        return best
-    return newest
+    folder = Path(folder)
+    found = [p for p in folder.glob("*.ckpt") if p.is_file()]
+    newest = lambda paths: max(paths, key=lambda p: p.stat().st_mtime) if paths else None
+    if which == "last":
+        return newest([p for p in found if p.name.startswith("last")])
+    if found and (named := _named_best(newest(found))) is not None and (folder / named).is_file():
+        return folder / named
+    return newest([p for p in found if p.name.startswith("best-")])
 
 
 def _named_best(path: Path) -> str | None:
