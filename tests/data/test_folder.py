@@ -14,6 +14,7 @@ import torch
 from tests.conftest import free_port
 from tests.formats import random_rgb, write_class_folders
 from vit.data import ImageFolder, ImageNet
+from vit.errors import UserValueError
 
 
 def test_imagefolder_single_folder_mixed_modes_and_non_images(tmp_path, caplog):
@@ -36,6 +37,39 @@ def test_imagefolder_single_folder_mixed_modes_and_non_images(tmp_path, caplog):
     # every mode goes through the eval transform too
     for i in range(len(dm.val_set)):
         assert dm.val_set[i][0].shape == (3, 16, 16)
+
+
+def test_jpegs_named_jfif_or_jpe_and_avif_photos_train_and_heic_is_named_with_what_to_do(tmp_path, caplog):
+    """.jfif (how Windows browsers save JPEGs), .jpe and .avif are formats PIL reads: they were skipped as "not
+    images". HEIC (iPhones) PIL cannot read: skipped, and the warning, or the error for a class of nothing else,
+    says to convert them."""
+    from PIL import features
+
+    from vit.data.io import find_images, load_image
+
+    assert features.check("avif"), "this Pillow reads no AVIF (its wheels do since 11.3)"
+    root = tmp_path / "shop"
+    for c, name in enumerate(["mug", "pen"]):
+        (root / name).mkdir(parents=True)
+        for i, (ext, fmt) in enumerate([(".jfif", "JPEG"), (".JPE", "JPEG"), (".avif", "AVIF"), (".png", "PNG")] * 2):
+            random_rgb(24, seed=10 * c + i).save(root / name / f"{i}{ext}", fmt)
+        (root / name / "IMG_0001.HEIC").write_bytes(b"\x00\x00\x00\x18ftypheic" + bytes(64))
+    with caplog.at_level(logging.WARNING, logger="vit.data.io"):
+        dm = ImageFolder(str(root), val_fraction=0.25, test_fraction=0, batch_size=4, num_workers=0, img_size=16)
+        dm.setup("fit")
+    assert len(dm.train_set) + len(dm.val_set) == 16  # every .jfif, .JPE, .avif and .png
+    assert re.search(r"skipped 2 files .* not images \(2 \.heic\); PIL does not read \.heic photos .* convert them "
+                     "to JPEG or PNG", caplog.text)
+    x, _ = next(iter(dm.train_dataloader()))
+    assert x.shape == (4, 3, 16, 16)
+    assert load_image(root / "mug" / "0.jfif").size == (24, 24)
+    found = find_images([root / "mug"])
+    assert len(found.files) == 8 and "PIL does not read .heic photos" in found.describe_skipped()[0]
+    (root / "pen" / "IMG_0002.heic").write_bytes(b"\x00\x00\x00\x18ftypheic" + bytes(64))
+    for path in (root / "pen").glob("[0-9]*"):
+        path.unlink()
+    with pytest.raises(UserValueError, match=r"class folder .*pen has no images .*; PIL does not read \.heic photos"):
+        ImageFolder(str(root), batch_size=4, num_workers=0, img_size=16).setup("fit")
 
 
 def png_header(width: int, height: int) -> bytes:

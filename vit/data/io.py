@@ -23,12 +23,26 @@ from vit.errors import UserPathError, UserValueError
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
+# torchvision's list, and what else Pillow reads that people have in folders: GIF, AVIF (Pillow >= 11.3's wheels;
+# an older Pillow's header check names such files) and the JPEG names .jfif (what Windows browsers save) and .jpe.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
+                    ".gif", ".avif")
+# Photos PIL cannot read (iPhones save HEIC; cameras their RAW formats): skipped, with a word on what to do.
+UNREADABLE_PHOTO_EXTENSIONS = (".heic", ".heif", ".dng", ".cr2", ".cr3", ".nef", ".arw", ".raf", ".orf", ".rw2")
 
 
 def is_image_file(path: str | os.PathLike) -> bool:
     """Whether the file name has an image extension."""
     return str(path).lower().endswith(IMAGE_EXTENSIONS)
+
+
+def unreadable_photos_hint(paths: Sequence[str | os.PathLike]) -> str:
+    """A sentence on the photos among ``paths`` that PIL cannot read (HEIC, camera RAW), or ""."""
+    kinds = sorted({ext for p in paths if (ext := os.path.splitext(str(p))[1].lower()) in UNREADABLE_PHOTO_EXTENSIONS})
+    if not kinds:
+        return ""
+    return (f"PIL does not read {' or '.join(kinds)} photos (iPhones' HEIC, cameras' RAW): convert them to JPEG or "
+            "PNG to use them")
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -133,27 +147,32 @@ def scan_class_folders(
     classes). Nothing is opened: see `check_image_files` for that.
     """
     samples: list[tuple[str, int]] = []
-    not_images: Counter[str] = Counter()
+    not_images: list[str] = []
     for label, name in enumerate(classes):
         folder = os.path.join(root, name)
         if not os.path.isdir(folder):
             raise UserValueError(f"class {name!r} has no folder {folder}")
-        found = 0
+        found, skipped = 0, []
         # a link inside a class back up to root would pull the other classes' images into this one
         for path in sorted(_files_under(folder, seen={os.path.realpath(root)})):
             if is_image_file(path):
                 samples.append((path, label))
                 found += 1
             else:
-                not_images[os.path.splitext(path)[1].lower() or os.path.basename(path)] += 1
+                skipped.append(path)
         if found == 0 and not allow_empty:
-            raise UserValueError(f"class folder {folder} has no images (expected files like *.jpg, *.png)")
+            hint = unreadable_photos_hint(skipped)
+            raise UserValueError(f"class folder {folder} has no images (expected files like *.jpg, *.png)"
+                                 + (f"; {hint}" if hint else ""))
         if found == 0:
             log.warning("class folder %s has no images: %s has none of class %r", folder, root, name)
+        not_images += skipped
     if not_images:
-        kinds = ", ".join(f"{n} {k}" for k, n in not_images.most_common())
+        kinds = Counter(os.path.splitext(p)[1].lower() or os.path.basename(p) for p in not_images)
+        hint = unreadable_photos_hint(not_images)
         # one log line, not a Python warning with its source line: nothing is wrong with the data
-        log.warning("skipped %d files under %s that are not images (%s)", sum(not_images.values()), root, kinds)
+        log.warning("skipped %d files under %s that are not images (%s)%s", len(not_images), root,
+                    ", ".join(f"{n} {k}" for k, n in kinds.most_common()), f"; {hint}" if hint else "")
     return samples
 
 
@@ -170,7 +189,9 @@ class FoundImages:
         for folder, paths in self.skipped.items():
             examples = ", ".join(os.path.relpath(p, folder) for p in paths[:3])
             noun = "file" if len(paths) == 1 else "files"
-            lines.append(f"skipped {len(paths)} non-image {noun} in {folder} (e.g. {examples})")
+            hint = unreadable_photos_hint(paths)
+            lines.append(f"skipped {len(paths)} non-image {noun} in {folder} (e.g. {examples})"
+                         + (f"; {hint}" if hint else ""))
         return lines
 
 
