@@ -104,6 +104,28 @@ def test_a_run_killed_mid_epoch_trains_every_epoch_on_the_same_lr_schedule(tmp_p
         assert lrs["resumed"][step] == pytest.approx(lrs["straight"][step], rel=1e-12)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["onecycle", "cosine"])
+def test_a_finished_run_resumed_for_more_epochs_trains_them_on_the_longer_schedule(tmp_path, caplog, schedule):
+    """2 epochs, then `--trainer.max_epochs 4 --ckpt_path last`: the run goes on to step 16 with the lr a 4-epoch
+    run has at each of steps 8-15, and says the schedule was re-planned. (With onecycle it stopped at step 9:
+    torch's OneCycleLR took back the checkpoint's 8-step length.)"""
+    options = [f"--model.init_args.schedule={schedule}", "--model.init_args.warmup_epochs=1"]
+    lrs = {}
+    for name, epochs in (("straight", [4]), ("extended", [2, 4])):
+        for i, n in enumerate(epochs):
+            with caplog.at_level(logging.INFO):
+                run = cli(["fit", *epochs_run(tmp_path / name, *options, epochs=n), *(["--ckpt_path", "last"] * i)])
+        assert run.trainer.global_step == 4 * STEPS
+        rows = csv.DictReader((Path(run.trainer.logger.log_dir) / "metrics.csv").open())
+        lrs[name] = {int(r["step"]): float(r["lr-AdamW/decay"]) for r in rows if r.get("lr-AdamW/decay")}
+    assert sorted(lrs["extended"]) == list(range(2 * STEPS, 4 * STEPS))
+    for step, lr in lrs["extended"].items():
+        assert lr == pytest.approx(lrs["straight"][step], rel=1e-12)
+    assert (f"the checkpoint's run planned its lr schedule over {2 * STEPS} optimiser steps, this run over "
+            f"{4 * STEPS}") in caplog.text
+
+
 def test_the_best_checkpoint_holds_the_weights_validation_scored_and_last_ckpt_the_final_step(tmp_path, caplog):
     """last.ckpt every 3 of 8 steps. best-*.ckpt is written after a validation, with the weights it scored:
     `vit validate` on it gives its recorded val_loss. (Saved on the step schedule, as Lightning would, it

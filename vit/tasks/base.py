@@ -35,6 +35,8 @@ class BaseTask(LightningModule):
     (``checkpoint["vit"]["task"]``) into every checkpoint, which it checks again on loading."""
 
     task: ClassVar[str]  # what checkpoint["vit"]["task"] says: "classify", "pretrain" or "translate"
+    planned_steps: int | None = None  # the optimiser steps this fit's lr schedule spans (`VisionTask.schedule_steps`)
+    resumed_plan: int | None = None  # and those of the run whose checkpoint this one resumes
 
     def __init__(self) -> None:
         super().__init__()
@@ -72,10 +74,13 @@ class BaseTask(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[META_KEY] = self.checkpoint_meta()
+        if self.planned_steps is not None:
+            checkpoint[META_KEY]["schedule_steps"] = self.planned_steps
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Before any weight is copied: a checkpoint of another task is a clear error."""
         expect_task(checkpoint, self.task, "the checkpoint")
+        self.resumed_plan = checkpoint[META_KEY].get("schedule_steps")
 
 
 class VisionTask(BaseTask):
@@ -126,6 +131,10 @@ class VisionTask(BaseTask):
             warmup = hp.warmup_steps
         else:
             warmup = round(hp.warmup_epochs * per_epoch_steps(self.trainer, total))
+        if self.resumed_plan not in (None, total):  # e.g. --trainer.max_epochs raised to train a finished run on
+            rank_zero_info(f"the checkpoint's run planned its lr schedule over {self.resumed_plan:,} optimiser steps, "
+                           f"this run over {total:,}: from the checkpoint's step on, the lr follows this run's")
+        self.planned_steps = total
         return min(warmup, total), total
 
     def min_lr_ratio(self, lr: float) -> float:

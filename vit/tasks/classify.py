@@ -32,6 +32,7 @@ from vit.tasks.finetune import apply_freezing, check_strategy, frozen_modules, u
 from vit.tasks.losses import SoftTargetCrossEntropy
 from vit.tasks.mistakes import ConfidentMistakes, log_figures, save_error_report
 from vit.tasks.optim import (
+    LambdaLR,
     adamw,
     describe_param_groups,
     global_batch,
@@ -425,7 +426,7 @@ class ImageClassifier(Prepared, VisionTask):
             rest = total - start
             backbone = lambda step: warmup_cosine(step - start, warmup, rest, min_ratio) if step >= start else 0.0
             lambdas = [schedule if g["name"].startswith("head_") else backbone for g in groups]
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)
+        scheduler = LambdaLR(optimizer, lambdas)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # --- checkpoint (checked on loading by VisionTask.on_load_checkpoint) ---------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -78,15 +79,50 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+class _ThisRunsSchedule:
+    """Mixed into a torch lr scheduler: a checkpoint's state gives it the step reached, and the lr of that step
+    comes from this run's schedule, whose length (``planned``: the attributes that hold it) is kept.
+
+    A finished run resumed for more epochs (``--trainer.max_epochs 60 --ckpt_path last`` after 40) has a longer
+    schedule than the one saved: torch (2.14) restores OneCycleLR's ``total_steps``, so it stopped one step past
+    the old end ("Tried to step 721 times. The specified number of total steps is 720"), and the first step after
+    the resume trained at the old schedule's final lr. Where the length is unchanged, nothing changes: the lr set
+    here is the one the saved step() had set.
+    """
+
+    planned: tuple[str, ...] = ()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        kept = {key: self.__dict__[key] for key in self.planned}
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        self.__dict__.update(kept)
+        with warnings.catch_warnings():  # get_lr() outside step() warns; here it is what step() would have set
+            warnings.simplefilter("ignore", UserWarning)
+            lrs = self.get_lr()  # type: ignore[attr-defined]
+        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):  # type: ignore[attr-defined]
+            group["lr"] = lr
+        self._last_lr = list(lrs)
+
+
+class LambdaLR(_ThisRunsSchedule, torch.optim.lr_scheduler.LambdaLR):
+    """torch's LambdaLR (its functions are not saved: they are this run's), resuming at this run's lr."""
+
+
+class OneCycleLR(_ThisRunsSchedule, torch.optim.lr_scheduler.OneCycleLR):
+    """torch's OneCycleLR, resuming at the saved step of this run's cycle, whatever the saved run's length."""
+
+    planned = ("total_steps", "_schedule_phases")
+
+
 def one_cycle(
     optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int
 ) -> torch.optim.lr_scheduler.LRScheduler:
-    """torch's OneCycleLR peaking at each group's own ``lr`` (layer decay kept), for ``total_steps`` >= 3.
+    """`OneCycleLR` peaking at each group's own ``lr`` (layer decay kept), for ``total_steps`` >= 3.
 
     Each phase needs 2+ steps (torch divides by its length - 1), so the warm-up is clamped to [2, total - 1].
     """
     up = min(max(2, warmup_steps), total_steps - 1)
-    return torch.optim.lr_scheduler.OneCycleLR(
+    return OneCycleLR(
         optimizer, max_lr=[g["lr"] for g in optimizer.param_groups], total_steps=total_steps,
         pct_start=up / total_steps,
     )

@@ -35,7 +35,7 @@ from vit.nn.mae import (
 )
 from vit.nn.vision import VisionTransformer
 from vit.tasks.base import VisionTask
-from vit.tasks.optim import adamw, warmup_cosine
+from vit.tasks.optim import LambdaLR, adamw, warmup_cosine
 
 FIGURE_SEED = 0  # the fixed masking of the figure's images, the same every epoch
 
@@ -209,7 +209,7 @@ class MaskedAutoencoder(VisionTask):
         optimizer = adamw(groups, lr=lr, betas=tuple(hp.betas))
         warmup, total = self.schedule_steps()
         min_ratio = self.min_lr_ratio(lr)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, warmup, total, min_ratio))
+        schedule = LambdaLR(optimizer, lambda s: warmup_cosine(s, warmup, total, min_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     # --- checkpoint (checked on loading by VisionTask.on_load_checkpoint) -----------------------
