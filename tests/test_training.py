@@ -126,6 +126,28 @@ def test_a_finished_run_resumed_for_more_epochs_trains_them_on_the_longer_schedu
             f"{4 * STEPS}") in caplog.text
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("validation", "crash", "saved"), [
+    ("--trainer.check_val_every_n_epoch=3", 9, 2 * STEPS),  # the MAE recipes validate every 10 or 20 epochs
+    ("--trainer.val_check_interval=2", 7, 6),  # twice an epoch: the one after step 6 is mid-epoch
+])
+def test_last_ckpt_is_written_whatever_the_validation_schedule(tmp_path, validation, crash, saved):
+    """Validating every 3rd epoch, a crash in epoch 3 (step 9) left no last.ckpt at all: Lightning's ModelCheckpoint
+    saved only after validations. Now it holds step 8, the end of epoch 2; validating twice an epoch, the step of
+    the last validation. Resumed, either run validates where the uninterrupted run does and ends at step 20."""
+    runs = {}
+    for name, extra in (("straight", []), ("resumed", crash_at(crash))):
+        args = [*epochs_run(tmp_path / name, validation, epochs=5)]
+        if extra:
+            with pytest.raises(RuntimeError, match=f"simulated crash at step {crash}"):
+                main(["fit", *args, *extra])
+            assert torch.load(tmp_path / name / "ckpt" / "last.ckpt", weights_only=True)["global_step"] == saved
+            args += ["--ckpt_path", "last"]
+        assert cli(["fit", *args]).trainer.global_step == 5 * STEPS
+        runs[name] = validations(tmp_path / name)
+    assert runs["resumed"] == runs["straight"]
+
+
 def test_the_best_checkpoint_holds_the_weights_validation_scored_and_last_ckpt_the_final_step(tmp_path, caplog):
     """last.ckpt every 3 of 8 steps. best-*.ckpt is written after a validation, with the weights it scored:
     `vit validate` on it gives its recorded val_loss. (Saved on the step schedule, as Lightning would, it

@@ -23,6 +23,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 from vit.checkpoint import save_checkpoint
@@ -63,12 +64,16 @@ class BestCheckpoint(ModelCheckpoint):
 
 
 class LastCheckpoint(ModelCheckpoint):
-    """last.ckpt: rewritten after every epoch, every checkpoint.every_n_train_steps steps, and when fit ends.
+    """last.ckpt: rewritten after every epoch, every checkpoint.every_n_train_steps steps, after a validation
+    within an epoch (``trainer.val_check_interval``), and when fit ends.
 
     Whatever the metrics say: this is what ``--ckpt_path last`` resumes from, and a finished run's final
     weights. Lightning's own ``save_last`` (2.6) only saves when a top-k checkpoint is saved at the same
     step, so an epoch without a better metric would leave nothing to resume from; and a step interval
     that does not divide the run (or ``max_steps`` inside an epoch) would leave its last steps in no file.
+    Left to decide when to save, ModelCheckpoint saves after validations only once
+    ``check_val_every_n_epoch`` is above 1: the MAE recipes validate every 10 or 20 epochs, and a kill lost
+    every epoch since the last validation (all of them, before the first).
 
     A step that ends an epoch is saved at the epoch's end, after validation, not after the batch:
     Lightning (2.6) resumes a checkpoint of an epoch's last batch without starting the next epoch
@@ -85,6 +90,7 @@ class LastCheckpoint(ModelCheckpoint):
         super().__init__(
             dirpath=dirpath, filename=self.CHECKPOINT_NAME_LAST, monitor=None, save_top_k=1,
             enable_version_counter=False, every_n_train_steps=every_n_train_steps or None,
+            save_on_train_epoch_end=True,  # every epoch, validated or not (a validation within one: below)
         )
         self.every_n_train_steps = every_n_train_steps or None
         self.trained = False  # whether this fit trained at all (a resumed, finished run has nothing to do)
@@ -103,6 +109,12 @@ class LastCheckpoint(ModelCheckpoint):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)  # without a step interval: ModelCheckpoint's epoch save
         if self.every_n_train_steps:
+            self._save(trainer)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)  # saves nothing: save_on_train_epoch_end
+        # a validation within an epoch of fit: its step, as Lightning would save it (the last step: at the epoch's end)
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking and not trainer.is_last_batch:
             self._save(trainer)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
