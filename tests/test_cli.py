@@ -90,6 +90,26 @@ def test_resume_with_ckpt_path_last_continues_from_the_saved_step(tmp_path):
         cli(["fit", *short_run(tmp_path / "fresh"), "--ckpt_path", "last"])
 
 
+def test_best_and_last_are_found_in_the_run_folders_lightning_names_without_checkpoint_dirpath(tmp_path):
+    """A config without checkpoint.dirpath keeps each run's checkpoints in logs/digits/version_N/checkpoints, as
+    Lightning names them: `--ckpt_path last` resumed nothing ("no last*.ckpt in None, None") and `--ckpt_path
+    best` looked in logs/digits/checkpoints. Both now read the newest run's folder."""
+    args = [*short_run(tmp_path, steps=3), "--checkpoint.dirpath=null", "--trainer.max_epochs=2",
+            "--test_after_fit=false"]
+    with pytest.raises(RuntimeError, match="simulated crash at step 4"):
+        main(["fit", *args, "--trainer.callbacks+=tests.dummies.CrashAtStep", "--trainer.callbacks.init_args.step=4"])
+    first = tmp_path / "logs" / "digits" / "version_0" / "checkpoints"
+    assert torch.load(first / "last.ckpt", weights_only=True)["global_step"] == 3
+    resumed = cli(["fit", *args, "--ckpt_path", "last"])
+    assert resumed.trainer.ckpt_path == str(first / "last.ckpt") and resumed.trainer.global_step == 6
+    second = tmp_path / "logs" / "digits" / "version_1" / "checkpoints"
+    (best,) = second.glob("best-*.ckpt")  # the resumed run's, validated after epoch 2 (epoch 1's is in version_0)
+    tested = cli(["test", *short_run(tmp_path), "--checkpoint.dirpath=null", "--ckpt_path", "best"])
+    assert tested.trainer.ckpt_path == str(best)
+    with pytest.raises(FileNotFoundError, match=r"no last checkpoint in .*fresh/logs/digits/<version>/checkpoints"):
+        cli(["fit", *short_run(tmp_path / "fresh"), "--checkpoint.dirpath=null", "--ckpt_path", "last"])
+
+
 @pytest.mark.slow
 def test_wandb_logger_offline_writes_its_run_and_no_network(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -189,8 +189,8 @@ class VitCLI(LightningCLI):
 
     def before_fit(self) -> None:
         config = self._subcommand_config(self.config_init)
-        if config.get("ckpt_path") == "last":
-            config["ckpt_path"] = self._resolve_last(config.get("resume_from_readable"))
+        if config.get("ckpt_path") == "last":  # (the parsed config names folders; config_init holds callbacks)
+            config["ckpt_path"] = self._resolve_last(self._subcommand_config(self.config))
 
     def before_pretrain(self) -> None:
         from vit.tasks.pretrain import MaskedAutoencoder
@@ -200,16 +200,11 @@ class VitCLI(LightningCLI):
                                  f"configs/pretrain/), not a {type(self.model).__name__}: use vit fit for that")
         self.before_fit()
 
-    def _resolve_last(self, fall_back: bool) -> str:
+    def _resolve_last(self, config: Any) -> str:
         """The checkpoint ``--ckpt_path last`` resumes from: an intact last*.ckpt, or a clear error."""
         # Lightning only warns when there is nothing to resume from; a user asked to resume.
-        found = last_checkpoint(self.trainer)
-        if found is None:
-            dirs = [str(cb.dirpath) for cb in self.trainer.checkpoint_callbacks]
-            raise UserPathError(
-                f"--ckpt_path last: no last*.ckpt in {', '.join(dirs) or 'any checkpoint folder'}; "
-                "set `checkpoint.dirpath` to the folder of the interrupted run's checkpoints"
-            )
+        fall_back = config.get("resume_from_readable")
+        found = checkpoint_by_name(config, "last")
         if is_intact(found):
             return found
         folder = Path(found).parent
@@ -341,9 +336,7 @@ def check_checkpoint_exists(config: Any) -> None:
     if not ckpt_path or ckpt_path in ("best", "last", "hpc", "registry") or "://" in str(ckpt_path):
         return  # Lightning's names (`fit --ckpt_path last` is resolved in before_fit), and remote paths
     if not Path(ckpt_path).exists():
-        dirpath = (config.get("checkpoint") or {}).get("dirpath")
-        folder = Path(dirpath) if dirpath else experiment_folder(config.get("trainer") or {}) / "checkpoints"
-        raise UserPathError(missing_message(ckpt_path, [folder]))
+        raise UserPathError(missing_message(ckpt_path, checkpoint_folders(config)))
 
 
 def check_checkpoint_task(config: Any) -> None:
@@ -376,26 +369,33 @@ def experiment_folder(trainer: Any) -> Path:
     return Path(get("save_dir") or root) / str(get("name") or "")
 
 
-def checkpoint_by_name(config: Any, which: str) -> str:
-    """``--ckpt_path best|last`` of validate/test/predict: the latest run's best best-*.ckpt (its best even
-    with checkpoint.save_top_k above 1) or the newest last*.ckpt in the config's checkpoint folder, so a command
-    need not name one run's file."""
+def checkpoint_folders(config: Any) -> list[Path]:
+    """Where this config's runs write their checkpoints: ``checkpoint.dirpath``; or, unset, each run's own folder as
+    Lightning names it, the logger's ``save_dir/name/<version>/checkpoints`` (``default_root_dir/checkpoints``
+    without a logger), newest run first."""
     dirpath = (config.get("checkpoint") or {}).get("dirpath")
-    folder = Path(dirpath) if dirpath else experiment_folder(config.get("trainer") or {}) / "checkpoints"
-    found = newest_checkpoint(folder, which)
-    if found is None:
-        raise UserPathError(f"--ckpt_path {which}: no {which} checkpoint in {folder}; run `vit fit` with this config "
-                            "first, set checkpoint.dirpath to the run's checkpoint folder, or pass --ckpt_path PATH")
-    return str(found)
+    if dirpath:
+        return [Path(dirpath)]
+    trainer = config.get("trainer") or {}
+    experiment = experiment_folder(trainer)
+    if trainer.get("logger") is False:
+        return [experiment / "checkpoints"]
+    runs = [folder for folder in experiment.glob("*/checkpoints") if folder.is_dir()]
+    return sorted(runs, key=lambda folder: max((p.stat().st_mtime for p in folder.glob("*.ckpt")), default=0.0),
+                  reverse=True) or [experiment / "<version>" / "checkpoints"]
 
 
-def last_checkpoint(trainer: Trainer) -> str | None:
-    """The newest last*.ckpt in the trainer's checkpoint folders, or None."""
-    found: list[Path] = []
-    for cb in trainer.checkpoint_callbacks:
-        if cb.dirpath is not None:  # None: decided at fit start from the logger's new version dir
-            found += [p for p in Path(cb.dirpath).glob("last*.ckpt") if p.is_file()]
-    return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
+def checkpoint_by_name(config: Any, which: str) -> str:
+    """``--ckpt_path best|last``: the latest run's best checkpoint (its best even with checkpoint.save_top_k above 1)
+    or its newest last*.ckpt, in the config's checkpoint folder (`checkpoint_folders`), so a command need not name
+    one run's file."""
+    folders = checkpoint_folders(config)
+    for folder in folders:  # the newest run that has one
+        if (found := newest_checkpoint(folder, which)) is not None:
+            return str(found)
+    where = ", ".join(map(str, folders[:3])) + (f" and {len(folders) - 3} more" if len(folders) > 3 else "")
+    raise UserPathError(f"--ckpt_path {which}: no {which} checkpoint in {where}; run `vit fit` with this config "
+                        "first, set checkpoint.dirpath to the run's checkpoint folder, or pass --ckpt_path PATH")
 
 
 class ConfigOnlyCLI(VitCLI):
