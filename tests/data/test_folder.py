@@ -14,7 +14,7 @@ import torch
 from tests.conftest import free_port
 from tests.formats import random_rgb, write_class_folders
 from vit.data import ImageFolder, ImageNet
-from vit.errors import UserValueError
+from vit.errors import UserPathError, UserValueError
 
 
 def test_imagefolder_single_folder_mixed_modes_and_non_images(tmp_path, caplog):
@@ -70,6 +70,28 @@ def test_jpegs_named_jfif_or_jpe_and_avif_photos_train_and_heic_is_named_with_wh
         path.unlink()
     with pytest.raises(UserValueError, match=r"class folder .*pen has no images .*; PIL does not read \.heic photos"):
         ImageFolder(str(root), batch_size=4, num_workers=0, img_size=16).setup("fit")
+
+
+def test_the_validation_folder_may_be_named_valid_or_validation(tmp_path):
+    """Roboflow exports train/valid/test, some Kaggle sets train/validation: "has train/ but no val/ folder". The
+    validation split is read from either; with none of the three the error names all."""
+    from vit.data import UnlabelledFolder
+
+    for name, per_class in (("valid", 2), ("validation", 3)):
+        root = tmp_path / name
+        write_class_folders(root / "train", ["ant", "bee"], per_class=4)
+        write_class_folders(root / name, ["ant", "bee"], per_class=per_class, seed=100)
+        write_class_folders(root / "test", ["ant", "bee"], per_class=1, seed=200)
+        dm = ImageFolder(str(root), batch_size=2, num_workers=0, img_size=16)
+        dm.setup("fit")
+        assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (8, 2 * per_class, 2)
+        assert {Path(path).parts[-3] for path, _ in dm.val_set.samples} == {name}
+        unlabelled = UnlabelledFolder(str(root), batch_size=2, num_workers=0, img_size=16)
+        unlabelled.setup("fit")
+        assert (len(unlabelled.train_set), len(unlabelled.val_set)) == (8, 2 * per_class)
+    (tmp_path / "valid" / "valid").rename(tmp_path / "valid" / "dev")
+    with pytest.raises(UserPathError, match=r"has train/ but no val/ folder \(nor valid/ or validation/\)"):
+        ImageFolder(str(tmp_path / "valid"), batch_size=2, num_workers=0, img_size=16).setup("fit")
 
 
 def png_header(width: int, height: int) -> bytes:

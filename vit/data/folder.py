@@ -38,6 +38,10 @@ from vit.errors import UserError, UserPathError, UserValueError
 log = logging.getLogger(__name__)
 
 
+# The names a validation split's folder goes by: "valid" in Roboflow's exports, "validation" in some Kaggle sets.
+VAL_FOLDERS = ("val", "valid", "validation")
+
+
 class UndecodableImageError(UserError, OSError):
     """An image whose header is fine but whose pixel data cannot be decoded (found while loading)."""
 
@@ -216,14 +220,21 @@ class ImageFolder(ImageDataModule):
             return class_names
         class_names = class_folders(self.root / "train")
         require_two_classes(self.root / "train", class_names)
-        if not (self.root / "val").is_dir():
-            raise UserPathError(f"{self.root} has train/ but no val/ folder; expected {self.root}/val/<class>/<images>")
+        if self.split_folder("val") is None:
+            raise UserPathError(f"{self.root} has train/ but no val/ folder (nor valid/ or validation/); expected "
+                                f"{self.root}/val/<class>/<images>")
         for split in ("val", "test"):
-            if (self.root / split).is_dir():
-                extra = sorted(set(class_folders(self.root / split)) - set(class_names))
+            if (folder := self.split_folder(split)) is not None:
+                extra = sorted(set(class_folders(folder)) - set(class_names))
                 if extra:
-                    raise UserValueError(f"{self.root / split} has classes that {self.root / 'train'} lacks: {extra}")
+                    raise UserValueError(f"{folder} has classes that {self.root / 'train'} lacks: {extra}")
         return class_names
+
+    def split_folder(self, split: str) -> Path | None:
+        """The folder of ``split`` ("train", "val" or "test") in the split layout, or None: val/ may be named
+        valid/ or validation/ (`VAL_FOLDERS`)."""
+        names = VAL_FOLDERS if split == "val" else (split,)
+        return next((self.root / name for name in names if (self.root / name).is_dir()), None)
 
     def _scan(self, folder: Path, allow_empty: bool = False) -> list[tuple[str, int]]:
         present = class_folders(folder)
@@ -234,8 +245,8 @@ class ImageFolder(ImageDataModule):
     def splits(self) -> dict[str, list[tuple[str, int]]]:
         """(path, label) samples of train, val and (when there is one) test."""
         if self.split_folders:
-            return {name: self._scan(self.root / name, allow_empty=name != "train")
-                    for name in ("train", "val", "test") if (self.root / name).is_dir()}
+            return {name: self._scan(folder, allow_empty=name != "train")
+                    for name in ("train", "val", "test") if (folder := self.split_folder(name)) is not None}
         samples = self._scan(self.root)
         fractions = [self.val_fraction] + ([self.test_fraction] if self.test_fraction > 0 else [])
         parts = stratified_split([label for _, label in samples], fractions, self.seed)
@@ -347,7 +358,7 @@ class ImageNet(ImageFolder):
 
     def _read_layout(self) -> list[str]:
         for split in ("train", "val"):
-            if not (self.root / split).is_dir():
+            if self.split_folder(split) is None:
                 raise UserPathError(
                     f"ImageNet folder {self.root / split} not found; expected {self.root}/train/<class>/*.JPEG "
                     f"and {self.root}/val/<class>/*.JPEG (the layout of timm and torchvision's ImageFolder)"

@@ -58,7 +58,7 @@ class UnlabelledFolder(ImageFolder):
     def _read_layout(self) -> list[str]:
         if not self.root.is_dir():
             raise UserPathError(f"image folder not found: {self.root}")
-        self._split_folders = (self.root / "train").is_dir() and (self.root / "val").is_dir()
+        self._split_folders = self.split_folder("train") is not None and self.split_folder("val") is not None
         return ["image"]  # one label for all: pre-training reads none
 
     def _scan(self, folder: Path, allow_empty: bool = False) -> list[tuple[str, int]]:
