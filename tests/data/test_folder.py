@@ -14,7 +14,7 @@ import torch
 from tests.conftest import free_port
 from tests.formats import random_rgb, write_class_folders
 from vit.data import ImageFolder, ImageNet
-from vit.errors import UserPathError, UserValueError
+from vit.errors import UserValueError
 
 
 def test_imagefolder_single_folder_mixed_modes_and_non_images(tmp_path, caplog):
@@ -74,7 +74,7 @@ def test_jpegs_named_jfif_or_jpe_and_avif_photos_train_and_heic_is_named_with_wh
 
 def test_the_validation_folder_may_be_named_valid_or_validation(tmp_path):
     """Roboflow exports train/valid/test, some Kaggle sets train/validation: "has train/ but no val/ folder". The
-    validation split is read from either; with none of the three the error names all."""
+    validation split is read from either. With none of the three, val_fraction of train/ is held out."""
     from vit.data import UnlabelledFolder
 
     for name, per_class in (("valid", 2), ("validation", 3)):
@@ -89,9 +89,13 @@ def test_the_validation_folder_may_be_named_valid_or_validation(tmp_path):
         unlabelled = UnlabelledFolder(str(root), batch_size=2, num_workers=0, img_size=16)
         unlabelled.setup("fit")
         assert (len(unlabelled.train_set), len(unlabelled.val_set)) == (8, 2 * per_class)
+    # train/ and test/ alone (as many datasets come): val_fraction of each class of train/ is held out
     (tmp_path / "valid" / "valid").rename(tmp_path / "valid" / "dev")
-    with pytest.raises(UserPathError, match=r"has train/ but no val/ folder \(nor valid/ or validation/\)"):
-        ImageFolder(str(tmp_path / "valid"), batch_size=2, num_workers=0, img_size=16).setup("fit")
+    dm = ImageFolder(str(tmp_path / "valid"), val_fraction=0.25, batch_size=2, num_workers=0, img_size=16)
+    dm.setup("fit")
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (6, 2, 2)
+    assert Counter(label for _, label in dm.val_set.samples) == {0: 1, 1: 1}
+    assert not {path for path, _ in dm.val_set.samples} & {path for path, _ in dm.train_set.samples}
 
 
 def png_header(width: int, height: int) -> bytes:

@@ -142,7 +142,8 @@ class ImageFiles(Dataset):
 class ImageFolder(ImageDataModule):
     """Your own images: ``root/<class>/<image>`` split into train/val/test by ``val_fraction`` and
     ``test_fraction`` (stratified, seeded; 80/10/10 by default),
-    or ``root/train/<class>/...`` and ``root/val/<class>/...`` (and optionally ``root/test/``).
+    or ``root/train/<class>/...`` and ``root/val/<class>/...`` (``valid/`` or ``validation/``; without one,
+    ``val_fraction`` of train/ is held out) and optionally ``root/test/``.
 
     Images of any common mode (grayscale, palette, RGBA, CMYK, 16-bit) become RGB. Files that are
     not images (by extension) are skipped with one warning. At setup every image's header is checked;
@@ -152,7 +153,7 @@ class ImageFolder(ImageDataModule):
 
     Args:
         root: the dataset folder.
-        val_fraction: share of each class held out for validation (single-folder layout only).
+        val_fraction: share of each class held out for validation (single-folder layout, or train/ without val/).
         test_fraction: share of each class held out for test (single-folder layout only).
         skip_bad_images: leave out files whose header is bad, and replace images that fail to decode
             during training by another of their class (counted and reported every epoch).
@@ -182,8 +183,8 @@ class ImageFolder(ImageDataModule):
         # error from the command rather than a config-validation failure inside jsonargparse.
         if not 0 < val_fraction < 1 or not 0 <= test_fraction < 1 or val_fraction + test_fraction >= 1:
             raise UserValueError(
-                f"val_fraction ({val_fraction}) and test_fraction ({test_fraction}) must be in [0, 1) "
-                "and leave images for training"
+                f"val_fraction ({val_fraction}) must be in (0, 1) and test_fraction ({test_fraction}) in [0, 1), "
+                "leaving images for training"
             )
         self.root = Path(root).expanduser()  # a YAML value or `--root=~/photos` reaches us unexpanded
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
@@ -220,9 +221,6 @@ class ImageFolder(ImageDataModule):
             return class_names
         class_names = class_folders(self.root / "train")
         require_two_classes(self.root / "train", class_names)
-        if self.split_folder("val") is None:
-            raise UserPathError(f"{self.root} has train/ but no val/ folder (nor valid/ or validation/); expected "
-                                f"{self.root}/val/<class>/<images>")
         for split in ("val", "test"):
             if (folder := self.split_folder(split)) is not None:
                 extra = sorted(set(class_folders(folder)) - set(class_names))
@@ -245,8 +243,15 @@ class ImageFolder(ImageDataModule):
     def splits(self) -> dict[str, list[tuple[str, int]]]:
         """(path, label) samples of train, val and (when there is one) test."""
         if self.split_folders:
-            return {name: self._scan(folder, allow_empty=name != "train")
-                    for name in ("train", "val", "test") if (folder := self.split_folder(name)) is not None}
+            found = {name: self._scan(folder, allow_empty=name != "train")
+                     for name in ("train", "val", "test") if (folder := self.split_folder(name)) is not None}
+            if "val" not in found:  # train/ (and test/) alone, as many datasets come: val is held out of train/
+                train = found["train"]
+                rest, val = stratified_split([label for _, label in train], [self.val_fraction], self.seed)
+                found["train"], found["val"] = [train[i] for i in rest], [train[i] for i in val]
+                rank_zero_info(f"{self.root} has no val/ folder: {self.val_fraction:g} of each class of train/ is "
+                               "held out for validation (stratified, seeded)")
+            return found
         samples = self._scan(self.root)
         fractions = [self.val_fraction] + ([self.test_fraction] if self.test_fraction > 0 else [])
         parts = stratified_split([label for _, label in samples], fractions, self.seed)
