@@ -46,3 +46,38 @@ def test_cifar_missing_files_offline_names_folder_and_files(tmp_path):
     assert str(tmp_path / "cifar-10-batches-py") in message
     assert "data_batch_1" in message and "test_batch" in message and "batches.meta" in message
     assert "download: true" in message
+
+
+def test_cifar_from_the_extracted_folder_itself_or_from_an_archive_fetched_by_hand(tmp_path):
+    """`root: data/cifar-10-batches-py` (the extracted folder, not its parent) looked for
+    cifar-10-batches-py/cifar-10-batches-py; `root/cifar-10-python.tar.gz`, downloaded by hand for an offline
+    machine, was "not found" unless download: true. Both now read the same images; a truncated archive is named."""
+    import shutil
+    import tarfile
+
+    written = write_cifar10(tmp_path / "data")
+    extracted = tmp_path / "data" / "cifar-10-batches-py"
+    dm = CIFAR(str(extracted), variant=10, val_size=20, num_workers=0)
+    dm.setup("fit")
+    assert (len(dm.train_set), len(dm.test_set)) == (80, 20)
+
+    offline = tmp_path / "offline"
+    offline.mkdir()
+    with tarfile.open(offline / "cifar-10-python.tar.gz", "w:gz") as archive:
+        archive.add(extracted, arcname="cifar-10-batches-py")
+    dm = CIFAR(str(offline), variant=10, val_size=20, num_workers=0)
+    dm.prepare_data()  # what a Trainer calls first (on one process per machine)
+    dm.setup("fit")
+    assert (offline / "cifar-10-batches-py" / "test_batch").is_file()
+    data, labels = written["test_batch"]
+    plain = CIFAR(str(offline), variant=10, val_size=20, num_workers=0, mean=(0, 0, 0), std=(1, 1, 1))
+    plain.setup("fit")
+    image, label = plain.test_set[5]
+    assert label == labels[5]
+    torch.testing.assert_close(image, torch.tensor(data[5].reshape(3, 32, 32), dtype=torch.float32) / 255)
+
+    shutil.rmtree(offline / "cifar-10-batches-py")
+    whole = (offline / "cifar-10-python.tar.gz").read_bytes()
+    (offline / "cifar-10-python.tar.gz").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match=r"cifar-10-python.tar.gz cannot be extracted .* download it again"):
+        CIFAR(str(offline), variant=10, num_workers=0).setup("fit")

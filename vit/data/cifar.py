@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pickle
+import tarfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10 as CIFAR10Dataset
 from torchvision.datasets import CIFAR100 as CIFAR100Dataset
@@ -104,7 +106,9 @@ class CIFAR(ImageDataModule):
     ``val_size`` training images chosen (stratified) with ``seed``; test is the official test set.
 
     Args:
-        root: folder that holds (or will hold) the extracted dataset.
+        root: folder that holds (or will hold) the extracted dataset; the extracted folder itself
+            (``.../cifar-10-batches-py``) is read too, and an archive downloaded by hand
+            (``root/cifar-10-python.tar.gz``) is extracted beside it, offline.
         variant: 10 or 100.
         download: fetch the dataset when it is missing (needs internet).
         val_size: training images held out for validation (0 = validate on the test set).
@@ -141,12 +145,33 @@ class CIFAR(ImageDataModule):
         if variant not in (10, 100):
             raise UserValueError(f"CIFAR variant must be 10 or 100, got {variant}")
         self.root, self.variant, self.download, self.val_size = Path(root).expanduser(), variant, download, val_size
+        if self.root.name == self.folder.name:  # the extracted folder itself, rather than the folder that holds it
+            self.root = self.root.parent
         self.class_names = list(CIFAR10_CLASSES if variant == 10 else CIFAR100_CLASSES)
 
     @property
     def folder(self) -> Path:
         """Where torchvision keeps the extracted files."""
         return self.root / ("cifar-10-batches-py" if self.variant == 10 else "cifar-100-python")
+
+    @property
+    def archive(self) -> Path:
+        """The archive torchvision downloads into ``root`` (cifar-10-python.tar.gz), which a user may have fetched
+        by hand."""
+        return self.root / (CIFAR10Dataset if self.variant == 10 else CIFAR100Dataset).filename
+
+    def _extract(self) -> None:
+        """Unpack ``archive`` when it is there and the extracted folder is not (no network needed)."""
+        if self.folder.is_dir() or not self.archive.is_file():
+            return
+        from torchvision.datasets.utils import extract_archive
+
+        rank_zero_info(f"extracting {self.archive} into {self.root}")
+        try:
+            extract_archive(str(self.archive), str(self.root))
+        except (tarfile.TarError, EOFError, OSError) as e:
+            raise UserValueError(f"{self.archive} cannot be extracted ({type(e).__name__}: {e}); it is probably "
+                                 "cut short: download it again, or set `download: true`") from e
 
     @property
     def expected_files(self) -> list[str]:
@@ -176,6 +201,7 @@ class CIFAR(ImageDataModule):
             ) from e
 
     def prepare_data(self) -> None:
+        self._extract()
         if self.download:
             self._dataset(train=True, download=True)
             self._dataset(train=False, download=True)
@@ -183,6 +209,7 @@ class CIFAR(ImageDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
+        self._extract()  # (done by prepare_data under a Trainer; here for setup called on its own)
         train_full = self._dataset(train=True, download=False)
         test = self._dataset(train=False, download=False)
         if list(train_full.classes) != self.class_names:
