@@ -98,6 +98,23 @@ def test_the_validation_folder_may_be_named_valid_or_validation(tmp_path):
     assert not {path for path, _ in dm.val_set.samples} & {path for path, _ in dm.train_set.samples}
 
 
+def test_a_val_folder_of_images_without_class_folders_is_named_with_imagenets_way_out(tmp_path):
+    """ImageNet's val as distributed is 50,000 flat JPEGs: "val has no class sub-folders". The error now says it
+    holds images but no labels, and for ILSVRC2012_val_* files how to sort them."""
+    write_class_folders(tmp_path / "train", ["n01440764", "n01443537"], per_class=2)
+    (tmp_path / "val").mkdir()
+    for i in range(1, 4):
+        random_rgb(seed=i).save(tmp_path / "val" / f"ILSVRC2012_val_{i:08d}.JPEG")
+    with pytest.raises(UserValueError, match=r"val holds 3 images but no class folders, so it has no labels.*"
+                       r"ImageNet's validation images come this way.*valprep\.sh"):
+        ImageNet(str(tmp_path), num_workers=0).setup("fit")
+    for path in (tmp_path / "val").iterdir():
+        path.rename(tmp_path / "val" / path.name.replace("ILSVRC2012_val_", "photo_"))
+    with pytest.raises(UserValueError, match=r"val holds 3 images but no class folders, so it has no labels: a "
+                       r"split needs .*val/<class>/<images>, as train/ has\.$"):
+        ImageFolder(str(tmp_path), num_workers=0).setup("fit")
+
+
 def png_header(width: int, height: int) -> bytes:
     """A PNG whose valid header claims ``width`` x ``height`` pixels (a decompression bomb's first bytes)."""
     def chunk(kind: bytes, data: bytes) -> bytes:
