@@ -143,12 +143,12 @@ class ImageFiles(Dataset):
 def check_labelled(folder: Path) -> None:
     """A clear error for a val/ or test/ folder of images without class folders (ImageNet's val, as distributed)."""
     with os.scandir(folder) as entries:
-        names = [e.name for e in entries if not e.name.startswith(".")]
-    if not names or any((folder / name).is_dir() for name in names):
-        return  # class folders (or nothing: class_folders says so)
-    images = sorted(name for name in names if is_image_file(name))
+        visible = [e for e in entries if not e.name.startswith(".")]
+    if any(e.is_dir() for e in visible):
+        return  # class folders
+    images = sorted(e.name for e in visible if is_image_file(e.name))
     if not images:
-        return
+        return  # nothing at all: class_folders says so
     hint = (" ImageNet's validation images come this way: sort them into class folders by the devkit's labels "
             "first (the widely used valprep.sh does it; so does torchvision.datasets.ImageNet(root, split='val'), "
             "from ILSVRC2012_img_val.tar and ILSVRC2012_devkit_t12.tar.gz in a root without this folder)"
