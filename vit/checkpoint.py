@@ -196,8 +196,12 @@ def read_checkpoint(
     if is_sharded(path):
         return read_sharded(path)
     if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.ckpt"))
+        best = newest_checkpoint(path, "best") if inside else None
+        held = (f"; it holds {', '.join(inside[:5])}{' ...' if len(inside) > 5 else ''}: pass one of them"
+                + (f", e.g. its run's best, {best}" if best else "")) if inside else ""
         raise UserPathError(f"{path} is a folder, not a checkpoint (a sharded checkpoint folder holds "
-                            f"{SHARDED_META} and .metadata)")
+                            f"{SHARDED_META} and .metadata){held}")
     if not path.is_file():
         raise UserPathError(missing_message(path))
     if not is_intact(path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -66,6 +67,24 @@ def test_an_output_that_cannot_be_written_is_named_before_any_work(command, opti
     # what is right passes: a new file or folder, also under folders that do not exist yet
     new = "new/p.csv" if option_kind == "file" else "new/folder"
     assert str(parse_args([*rest, "--out", str(tmp_path / new)]).out) == str(tmp_path / new)
+
+
+def test_a_checkpoint_folder_given_as_a_checkpoint_names_its_files_and_its_best(fitted, tmp_path):
+    """`vit predict --ckpt logs/.../checkpoints` said only that a folder is no checkpoint: it now names the
+    checkpoints inside and the run's best, which loads."""
+    from vit.checkpoint import load_classifier, read_checkpoint
+
+    folder = fitted / "ckpt"
+    (best,) = folder.glob("best-*.ckpt")
+    expected = (rf"ckpt is a folder, not a checkpoint .*; it holds {re.escape(best.name)}, last\.ckpt: pass one of "
+                rf"them, e\.g\. its run's best, {re.escape(str(best))}$")
+    with pytest.raises(FileNotFoundError, match=expected) as err:
+        read_checkpoint(folder)
+    assert load_classifier(str(err.value).rsplit(" ", 1)[-1]).class_names
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"empty is a folder, not a checkpoint \(a sharded checkpoint folder "
+                       r"holds meta\.pt and \.metadata\)$"):
+        read_checkpoint(tmp_path / "empty")
 
 
 def test_an_onnx_export_or_its_folder_given_where_the_other_goes_is_named_as_such(tmp_path):
