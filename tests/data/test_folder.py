@@ -115,6 +115,20 @@ def test_a_val_folder_of_images_without_class_folders_is_named_with_imagenets_wa
         ImageFolder(str(tmp_path), num_workers=0).setup("fit")
 
 
+def test_a_folder_that_leaves_nothing_to_validate_on_is_an_error_that_says_why(tmp_path):
+    """One image a class (or an empty val/): the run trained on, with Lightning's warnings that val_acc was never
+    logged, saved no best checkpoint and tested on nothing. Now setup says why there is no validation."""
+    write_class_folders(tmp_path / "one", ["a", "b", "c"], per_class=1)
+    with pytest.raises(UserValueError, match=r"no image is left to validate on \(a class needs two images to give "
+                       r"one to validation, and 3 of the 3 classes have one\)"):
+        ImageFolder(str(tmp_path / "one"), num_workers=0).setup("fit")
+    write_class_folders(tmp_path / "split" / "train", ["a", "b"], per_class=3)
+    (tmp_path / "split" / "val" / "a").mkdir(parents=True)
+    with pytest.raises(UserValueError, match=r"no image is left to validate on \(its validation folder holds no "
+                       r"images\)"):
+        ImageFolder(str(tmp_path / "split"), num_workers=0).setup("fit")
+
+
 def png_header(width: int, height: int) -> bytes:
     """A PNG whose valid header claims ``width`` x ``height`` pixels (a decompression bomb's first bytes)."""
     def chunk(kind: bytes, data: bytes) -> bytes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -297,6 +297,13 @@ class ImageFolder(ImageDataModule):
         splits = self.splits()
         if self.check_images:
             splits = self._without_bad_files(splits)
+        if not splits["val"]:
+            counts = Counter(label for _, label in splits["train"])
+            single = sum(1 for n in counts.values() if n == 1)
+            why = (f"a class needs two images to give one to validation, and {single} of the {len(counts)} classes "
+                   "have one") if not self.split_folders else "its validation folder holds no images"
+            raise UserValueError(f"{self.root}: no image is left to validate on ({why}); add images, or give a "
+                                 f"{self.root}/val/<class>/<images> folder")
         train_tf, eval_tf = self.train_transform(), self.eval_transform()
         make = lambda samples, tf: ImageFiles(samples, tf, replace_bad=self.skip_bad_images,
                                               max_bad_fraction=self.max_bad_fraction)
