@@ -14,7 +14,7 @@ import torch
 from tests.conftest import free_port
 from tests.formats import random_rgb, write_class_folders
 from vit.data import ImageFolder, ImageNet
-from vit.errors import UserValueError
+from vit.errors import UserPathError, UserValueError
 
 
 def test_imagefolder_single_folder_mixed_modes_and_non_images(tmp_path, caplog):
@@ -127,6 +127,27 @@ def test_a_folder_that_leaves_nothing_to_validate_on_is_an_error_that_says_why(t
     with pytest.raises(UserValueError, match=r"no image is left to validate on \(its validation folder holds no "
                        r"images\)"):
         ImageFolder(str(tmp_path / "split"), num_workers=0).setup("fit")
+
+
+def test_a_root_that_is_an_archive_or_a_file_is_named_as_such(tmp_path):
+    """`--data.init_args.root photos.zip` said "image folder not found: photos.zip", beside the file itself."""
+    import shutil
+
+    from vit.data import UnlabelledFolder
+
+    write_class_folders(tmp_path / "photos", ["a", "b"], per_class=2)
+    zipped = Path(shutil.make_archive(str(tmp_path / "photos"), "zip", tmp_path / "photos"))
+    tarred = Path(shutil.make_archive(str(tmp_path / "shots"), "gztar", tmp_path / "photos"))
+    with pytest.raises(UserPathError, match=rf"photos\.zip is an archive, not a folder: extract it and give the "
+                       rf"folder \(e\.g\. `unzip {re.escape(str(zipped))} -d {re.escape(str(tmp_path / 'photos'))}`\)"):
+        ImageFolder(str(zipped), num_workers=0).setup("fit")
+    with pytest.raises(UserPathError, match=r"shots\.tar\.gz is an archive, not a folder: .*`mkdir .*shots && tar xf"):
+        UnlabelledFolder(str(tarred), num_workers=0).setup("fit")
+    image = sorted((tmp_path / "photos" / "a").iterdir())[0]
+    with pytest.raises(UserPathError, match=rf"{re.escape(image.name)} is a file; give the folder that holds the"):
+        ImageFolder(str(image), num_workers=0).setup("fit")
+    with pytest.raises(UserPathError, match=r"image folder not found: .*missing"):
+        ImageFolder(str(tmp_path / "missing"), num_workers=0).setup("fit")
 
 
 def png_header(width: int, height: int) -> bytes:

@@ -30,6 +30,7 @@ from vit.data.io import (
     has_split_folders,
     is_image_file,
     load_image,
+    require_folder,
     require_two_classes,
     scan_class_folders,
     stratified_split,
@@ -230,8 +231,7 @@ class ImageFolder(ImageDataModule):
 
     def _read_layout(self) -> list[str]:
         """Check ``root``'s layout and return its class names."""
-        if not self.root.is_dir():
-            raise UserPathError(f"image folder not found: {self.root}")
+        require_folder(self.root)
         self._split_folders = has_split_folders(self.root)
         if not self._split_folders:
             class_names = class_folders(self.root)

@@ -105,11 +105,29 @@ def _files_under(folder: str, seen: set[str] | None = None) -> Iterator[str]:
                 yield entry.path
 
 
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".7z", ".rar")
+
+
+def require_folder(root: str | os.PathLike) -> None:
+    """A clear error when ``root``, where images are expected, is no folder: missing, an archive, or a file."""
+    root = Path(root)
+    if root.is_dir():
+        return
+    suffix = next((s for s in ARCHIVE_SUFFIXES if root.name.lower().endswith(s)), None)
+    if root.is_file() and suffix is not None:
+        folder = root.parent / root.name[: -len(suffix)]
+        extract = {".zip": f" (e.g. `unzip {root} -d {folder}`)", ".7z": "", ".rar": ""}.get(
+            suffix, f" (e.g. `mkdir {folder} && tar xf {root} -C {folder}`)")
+        raise UserPathError(f"{root} is an archive, not a folder: extract it and give the folder{extract}")
+    if root.is_file():
+        raise UserPathError(f"{root} is a file; give the folder that holds the images")
+    raise UserPathError(f"image folder not found: {root}")
+
+
 def class_folders(root: str | os.PathLike) -> list[str]:
     """Sorted names of the sub-folders of ``root`` (one per class), or a clear error."""
     root = Path(root)
-    if not root.is_dir():
-        raise UserPathError(f"image folder not found: {root}")
+    require_folder(root)
     with os.scandir(root) as entries:
         classes = sorted(e.name for e in entries if e.is_dir() and not _hidden(e.name))
     if not classes:

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vit.data.folder import ImageFolder
-from vit.data.io import find_images
-from vit.errors import UserPathError
+from vit.data.io import find_images, require_folder
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +55,7 @@ class UnlabelledFolder(ImageFolder):
                          auto_augment=auto_augment, re_prob=re_prob, color_jitter=color_jitter, scale=scale, **kwargs)
 
     def _read_layout(self) -> list[str]:
-        if not self.root.is_dir():
-            raise UserPathError(f"image folder not found: {self.root}")
+        require_folder(self.root)
         self._split_folders = self.split_folder("train") is not None and self.split_folder("val") is not None
         return ["image"]  # one label for all: pre-training reads none
 
