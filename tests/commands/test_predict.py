@@ -348,3 +348,19 @@ def test_a_file_named_twice_gets_one_row(digits_ckpt, tmp_path, monkeypatch):
     rows = run(["predict", "--ckpt", str(digits_ckpt), "images", "./images/digit1.png", str(folder),
                 "--out", str(tmp_path / "p.csv")])
     assert [r["path"] for r in rows] == [f"images/digit{i}.png" for i in range(3)]
+
+
+def test_an_archive_or_a_heic_photo_named_to_predict_gets_its_reason(digits_ckpt, tmp_path):
+    """`vit predict photos.zip IMG_1.HEIC a.png`: both rows said "not an image in a format PIL reads"; they now say
+    what each is and what to do."""
+    import shutil
+
+    folder = digit_folder(tmp_path / "images", n=2)
+    archive = shutil.make_archive(str(tmp_path / "photos"), "zip", folder)
+    heic = tmp_path / "IMG_0001.HEIC"
+    heic.write_bytes(b"\x00\x00\x00\x18ftypheic" + bytes(64))
+    rows = run(["predict", "--ckpt", str(digits_ckpt), archive, str(heic), str(folder / "digit0.png"),
+                "--out", str(tmp_path / "p.csv")])
+    assert rows[0]["error"] == "an archive, not an image: extract it and give the images in it"
+    assert rows[1]["error"].startswith("PIL does not read .heic photos (iPhones' HEIC, cameras' RAW): convert them")
+    assert rows[2]["error"] is None and len(rows[2]["top_k"]) == 5

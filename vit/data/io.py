@@ -276,7 +276,9 @@ def check_image_file(path: str) -> str | None:
         return f"{bomb_size(e)}, over PIL's limit of {pil_refusal_limit():,} (a decompression-bomb guard); " \
                "downscale it"
     except UnidentifiedImageError:
-        return "not an image in a format PIL reads"
+        if path.lower().endswith(ARCHIVE_SUFFIXES):
+            return "an archive, not an image: extract it and give the images in it"
+        return unreadable_photos_hint([path]) or "not an image in a format PIL reads"
     except Exception as e:  # anything else a header can do wrong
         return f"unreadable header ({type(e).__name__}: {e})"
     return None
