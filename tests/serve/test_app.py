@@ -79,6 +79,7 @@ def test_health_is_503_until_the_warm_up_batch_has_run(predictor):
 
 # ---- bad inputs ------------------------------------------------------------------------------
 TEXT = b"just some words, not pixels\n"
+HEIC = b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + bytes(64)  # an iPhone photo's first bytes
 
 
 def jpeg() -> bytes:
@@ -95,6 +96,7 @@ BAD = {  # name -> (request kwargs as a function of the limit, status, code)
     "empty body": (lambda: {"content": b"", "headers": {"Content-Type": "image/png"}}, 400, "empty"),
     "missing field": (lambda: {"files": {"image": ("x.png", b"abc")}}, 422, "missing_field"),
     "text file named .jpg": (lambda: multipart(TEXT, "photo.jpg"), 415, "unsupported_image"),
+    "an iPhone's HEIC photo": (lambda: multipart(HEIC, "IMG_0001.HEIC"), 415, "unsupported_image"),
     "truncated JPEG": (lambda: multipart(jpeg()[:300], "cut.jpg"), 400, "bad_image"),
     "0-byte file": (lambda: multipart(b"", "empty.png"), 400, "empty"),
     "over the limit, true length": (
@@ -155,6 +157,18 @@ def test_each_bad_input_gets_its_own_4xx_with_a_detail_and_the_next_request_succ
             assert response.status_code == 405 and response.json()["code"] == "method_not_allowed"
             assert (await client.get("/nowhere")).json()["code"] == "not_found"
     run(go())
+
+
+def test_a_heic_upload_is_told_to_come_as_jpeg():
+    """An iPhone's HEIC photo was "not a JPEG, PNG, ... image", as a text file is."""
+    from vit.serve.core import RequestError, check_upload
+
+    with pytest.raises(RequestError, match=r"not a JPEG, .* image: it is a HEIC photo \(an iPhone's\), which PIL does "
+                       r"not read; send it as JPEG"):
+        check_upload(HEIC, 10**6)
+    with pytest.raises(RequestError) as text:
+        check_upload(TEXT, 10**6)
+    assert "HEIC" not in str(text.value)
 
 
 def test_the_pixel_limit_is_read_from_the_header_before_decoding(predictor):

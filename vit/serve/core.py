@@ -87,7 +87,10 @@ def check_upload(data: bytes, max_pixels: int) -> tuple[int, int]:
         raise RequestError(422, "too_many_pixels", f"the image is {bomb_size(e)}, over this server's limit of "
                            f"{limit}; send a smaller image") from None
     except UnidentifiedImageError:
-        raise RequestError(415, "unsupported_image", f"the upload is not a {ACCEPTED_NAMES} image") from None
+        heic = data[4:8] == b"ftyp" and data[8:12] in (b"heic", b"heix", b"hevc", b"heim", b"heis", b"mif1", b"msf1")
+        raise RequestError(415, "unsupported_image", f"the upload is not a {ACCEPTED_NAMES} image" + (
+            ": it is a HEIC photo (an iPhone's), which PIL does not read; send it as JPEG (the iPhone's Settings > "
+            "Camera > Formats > Most Compatible takes JPEGs)" if heic else "")) from None
     except Exception as e:  # anything else a header can do wrong
         raise RequestError(400, "bad_image", f"unreadable image header ({type(e).__name__}: {e})") from None
     if width * height > max_pixels:
