@@ -90,6 +90,20 @@ def test_resume_with_ckpt_path_last_continues_from_the_saved_step(tmp_path):
         cli(["fit", *short_run(tmp_path / "fresh"), "--ckpt_path", "last"])
 
 
+def test_fit_resumes_from_the_best_checkpoint_with_ckpt_path_best(tmp_path, capsys):
+    """`vit fit --ckpt_path best` was a traceback from Lightning ("ModelCheckpoint is not configured to save the
+    best model"): a new process knows no best. It now resumes the run's best checkpoint, and says so."""
+    from vit.checkpoint import checkpoint_progress
+
+    args = [*short_run(tmp_path, steps=3), "--test_after_fit=false"]
+    main(["fit", *args, "--trainer.max_epochs=2"])
+    (best,) = (tmp_path / "ckpt").glob("best-*.ckpt")
+    epoch, step = checkpoint_progress(best)
+    run = cli(["fit", *args, "--trainer.max_epochs=3", "--ckpt_path", "best"])
+    assert run.trainer.ckpt_path == str(best) and run.trainer.global_step == 9
+    assert f"--ckpt_path best: resuming from {best} (epoch {epoch}, step {step})" in capsys.readouterr().out
+
+
 def test_best_and_last_are_found_in_the_run_folders_lightning_names_without_checkpoint_dirpath(tmp_path):
     """A config without checkpoint.dirpath keeps each run's checkpoints in logs/digits/version_N/checkpoints, as
     Lightning names them: `--ckpt_path last` resumed nothing ("no last*.ckpt in None, None") and `--ckpt_path

@@ -191,6 +191,11 @@ class VitCLI(LightningCLI):
         config = self._subcommand_config(self.config_init)
         if config.get("ckpt_path") == "last":  # (the parsed config names folders; config_init holds callbacks)
             config["ckpt_path"] = self._resolve_last(self._subcommand_config(self.config))
+        elif config.get("ckpt_path") == "best":  # Lightning knows a best checkpoint only within the run that saved it
+            config["ckpt_path"] = checkpoint_by_name(self._subcommand_config(self.config), "best")
+            epoch, step = checkpoint_progress(config["ckpt_path"])
+            self.say(f"--ckpt_path best: resuming from {config['ckpt_path']} (epoch {epoch}, step {step}); the run "
+                     "trains again from there (--ckpt_path last goes on from where it stopped)")
 
     def before_pretrain(self) -> None:
         from vit.tasks.pretrain import MaskedAutoencoder
