@@ -105,14 +105,17 @@ def test_a_val_folder_of_images_without_class_folders_is_named_with_imagenets_wa
     (tmp_path / "val").mkdir()
     for i in range(1, 4):
         random_rgb(seed=i).save(tmp_path / "val" / f"ILSVRC2012_val_{i:08d}.JPEG")
-    with pytest.raises(UserValueError, match=r"val holds 3 images but no class folders, so it has no labels.*"
+    with pytest.raises(UserValueError, match=r"val holds 3 images but no class folders, so they have no labels.*"
                        r"ImageNet's validation images come this way.*valprep\.sh"):
         ImageNet(str(tmp_path), num_workers=0).setup("fit")
     for path in (tmp_path / "val").iterdir():
         path.rename(tmp_path / "val" / path.name.replace("ILSVRC2012_val_", "photo_"))
-    with pytest.raises(UserValueError, match=r"val holds 3 images but no class folders, so it has no labels: a "
-                       r"split needs .*val/<class>/<images>, as train/ has\.$"):
+    with pytest.raises(UserValueError, match=r"val holds 3 images but no class folders, so they have no labels: "
+                       r"expected .*val/<class name>/<image files>\.$"):
         ImageFolder(str(tmp_path), num_workers=0).setup("fit")
+    # the same for a root of images alone (a single-folder layout needs class folders too)
+    with pytest.raises(UserValueError, match=r"holds 3 images but no class folders, so they have no labels"):
+        ImageFolder(str(tmp_path / "val"), num_workers=0).setup("fit")
 
 
 def test_a_folder_that_leaves_nothing_to_validate_on_is_an_error_that_says_why(tmp_path):

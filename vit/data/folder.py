@@ -28,7 +28,6 @@ from vit.data.io import (
     class_folders,
     describe_bad_files,
     has_split_folders,
-    is_image_file,
     load_image,
     require_folder,
     require_two_classes,
@@ -141,23 +140,6 @@ class ImageFiles(Dataset):
         return int(self.failures.sum()), [self.samples[i][0] for i in failed]
 
 
-def check_labelled(folder: Path) -> None:
-    """A clear error for a val/ or test/ folder of images without class folders (ImageNet's val, as distributed)."""
-    with os.scandir(folder) as entries:
-        visible = [e for e in entries if not e.name.startswith(".")]
-    if any(e.is_dir() for e in visible):
-        return  # class folders
-    images = sorted(e.name for e in visible if is_image_file(e.name))
-    if not images:
-        return  # nothing at all: class_folders says so
-    hint = (" ImageNet's validation images come this way: sort them into class folders by the devkit's labels "
-            "first (the widely used valprep.sh does it; so does torchvision.datasets.ImageNet(root, split='val'), "
-            "from ILSVRC2012_img_val.tar and ILSVRC2012_devkit_t12.tar.gz in a root without this folder)"
-            ) if images[0].startswith("ILSVRC2012_val_") else ""
-    raise UserValueError(f"{folder} holds {len(images):,} images but no class folders, so it has no labels: a "
-                         f"split needs {folder}/<class>/<images>, as train/ has.{hint}")
-
-
 class ImageFolder(ImageDataModule):
     """Your own images: ``root/<class>/<image>`` split into train/val/test by ``val_fraction`` and
     ``test_fraction`` (stratified, seeded; 80/10/10 by default),
@@ -241,7 +223,6 @@ class ImageFolder(ImageDataModule):
         require_two_classes(self.root / "train", class_names)
         for split in ("val", "test"):
             if (folder := self.split_folder(split)) is not None:
-                check_labelled(folder)
                 extra = sorted(set(class_folders(folder)) - set(class_names))
                 if extra:
                     raise UserValueError(f"{folder} has classes that {self.root / 'train'} lacks: {extra}")

@@ -129,10 +129,19 @@ def class_folders(root: str | os.PathLike) -> list[str]:
     root = Path(root)
     require_folder(root)
     with os.scandir(root) as entries:
-        classes = sorted(e.name for e in entries if e.is_dir() and not _hidden(e.name))
-    if not classes:
+        visible = [e for e in entries if not _hidden(e.name)]
+    classes = sorted(e.name for e in visible if e.is_dir())
+    if classes:
+        return classes
+    images = sorted(e.name for e in visible if is_image_file(e.name))
+    if not images:
         raise UserValueError(f"{root} has no class sub-folders; expected {root}/<class name>/<image files>")
-    return classes
+    imagenet = (" ImageNet's validation images come this way: sort them into class folders by the devkit's labels "
+                "first (the widely used valprep.sh does it; so does torchvision.datasets.ImageNet(root, split='val'), "
+                "from ILSVRC2012_img_val.tar and ILSVRC2012_devkit_t12.tar.gz in a root without this folder)"
+                ) if images[0].startswith("ILSVRC2012_val_") else ""
+    raise UserValueError(f"{root} holds {len(images):,} images but no class folders, so they have no labels: "
+                         f"expected {root}/<class name>/<image files>.{imagenet}")
 
 
 def has_split_folders(root: str | os.PathLike) -> bool:
