@@ -7,6 +7,7 @@ its full variant for normalised, erased tensors) and PIL itself, on real photos 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -260,3 +261,77 @@ def test_datamodule_normalises_uint8_batches_and_erases_only_in_training(tmp_pat
     assert all((erased[i] != normalised[i]).any() for i in range(4))  # re_prob 1: every image erased
     val = next(iter(dm.val_dataloader()))
     assert val[0].dtype == torch.float32 and dm.on_after_batch_transfer(val, 0)[0] is val[0]  # eval: untouched
+
+
+# ---- JPEGs much larger than the crop --------------------------------------------------------------
+def big_jpeg(path, photo: Image.Image, size=(1600, 1200), mode="RGB", **save) -> Path:
+    """``photo`` enlarged to a size well over the crop's, with a camera's grain (3 grey levels), as a JPEG."""
+    rng = np.random.default_rng(0)
+    pixels = np.asarray(photo.resize(size, Image.Resampling.BICUBIC)).astype(float) + rng.normal(0, 3, (*size[::-1], 3))
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).convert(mode).save(path, quality=90, **save)
+    return path
+
+
+def record_decoded_sizes(monkeypatch) -> list:
+    """Make `vit.data.fast` remember the size of every image it decodes."""
+    sizes, decode = [], fast.decode
+    monkeypatch.setattr(fast, "decode", lambda img: sizes.append(img.size) or decode(img))
+    return sizes
+
+
+@pytest.mark.parametrize("kind", ["rgb", "progressive", "grey", "cmyk"])
+def test_a_jpeg_much_larger_than_the_crop_decodes_reduced_and_crops_as_timm_does_from_the_whole(
+        kind, tmp_path, photos, monkeypatch):
+    """A phone-sized JPEG, opened but not decoded, is decoded at 1/2-1/8 scale where the crop box allows; the
+    crop is timm's crop of the whole decode (same draws, same box) within ~1 grey level on average: the 8x8 block
+    mean and the wide bicubic filter smooth the camera's grain apart. A box rounded to whole reduced pixels is
+    off by ~4 on average (measured), so the bar below tells the two apart."""
+    from vit.data.io import load_image, open_image
+
+    mode, save = {"rgb": ("RGB", {}), "progressive": ("RGB", {"progressive": True}), "grey": ("L", {}),
+                  "cmyk": ("CMYK", {})}[kind]
+    path = big_jpeg(tmp_path / "photo.jpg", photos[0], mode=mode, **save)
+    size = 64
+    plain = Augmentation(auto_augment=None, color_jitter=0.0)  # the crop and flip: the ops act on the crop after
+    ours = train_transform(plain, size, "bicubic", IMAGENET_MEAN, IMAGENET_STD)
+    reference = create_transform(size, is_training=True, interpolation="bicubic", separate=True)[0]  # crop, flip
+    whole = load_image(path)
+    decoded = record_decoded_sizes(monkeypatch)
+    diffs = []
+    for i in range(24):
+        seed_all(i)
+        expected = np.asarray(reference(whole)).astype(float)  # PIL (S, S, 3)
+        seed_all(i)
+        with open_image(path) as img:
+            got = ours(img).numpy().transpose(1, 2, 0).astype(float)
+        diffs.append(np.abs(got - expected).mean())
+    reduced = [s for s in decoded if s[0] < whole.width]
+    assert len(reduced) >= 20 and min(s[0] for s in reduced) == whole.width // 8, decoded  # 1/2 .. 1/8
+    assert np.mean(diffs) < 2.0 and max(diffs) < 4.0, np.round(diffs, 2)
+    seed_all(0)
+    assert torch.equal(ours(whole), (seed_all(0), ours(whole))[1])  # a decoded image: whole, as before
+    assert decoded[-1] == whole.size
+
+
+@pytest.mark.parametrize("source", ["folder", "shards"])
+def test_training_splits_hand_the_transform_undecoded_images_and_eval_splits_decoded_ones(
+        source, tmp_path, photos, monkeypatch):
+    from vit.data import ImageFolder, ImageShards
+    from vit.data.shards import write_shards
+
+    for c in ("a", "b"):
+        (tmp_path / "photos" / c).mkdir(parents=True)
+        for i in range(4):
+            big_jpeg(tmp_path / "photos" / c / f"{i}.jpg", photos[i % 2], size=(800, 600))
+    opts = dict(batch_size=2, num_workers=0, img_size=32, val_fraction=0.25)
+    if source == "shards":
+        write_shards(tmp_path / "photos", tmp_path / "shards", num_workers=1, val_fraction=0.25)
+        dm = ImageShards(str(tmp_path / "shards"), **{k: v for k, v in opts.items() if k != "val_fraction"})
+    else:
+        dm = ImageFolder(str(tmp_path / "photos"), **opts)
+    dm.setup("fit")
+    decoded = record_decoded_sizes(monkeypatch)
+    x, _ = next(iter(dm.train_dataloader()))
+    assert x.shape == (2, 3, 32, 32) and all(w < 800 for w, _ in decoded), decoded
+    x, _ = next(iter(dm.val_dataloader()))
+    assert x.shape[1:] == (3, 32, 32) and len(decoded) == 2  # the evaluation transform decodes whole, in load_image

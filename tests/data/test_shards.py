@@ -207,11 +207,11 @@ def test_timm_reads_the_webdataset_export(sharded):
 
 
 def _raw(dataset, i: int) -> tuple[bytes, int]:
-    from vit.data.shards import decode
+    from vit.data.shards import decode_sample
     from vit.data.stream import ShardSet
 
     item = super(ShardSet, dataset).__getitem__(i)
-    return decode(item["image"], item["id"]).tobytes(), int(item["label"])
+    return decode_sample(item["image"], item["id"]).tobytes(), int(item["label"])
 
 
 def test_max_side_reencodes_only_larger_images(tmp_path):

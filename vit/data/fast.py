@@ -2,9 +2,10 @@
 
 One training image, as a DataLoader worker sees it (timm's ``create_transform`` does the same steps)::
 
-    decoded PIL RGB image (H0, W0)
+    PIL image (H0, W0), opened        its header read; decoded here, once the crop box is known
       -> enlarged to cover (S, S)       only if smaller (`enlarge_to`): crop boxes are whole source pixels
-      -> random resized crop + resize   timm's own box sampler; torch's uint8 antialiased resize (AVX2)
+      -> random resized crop + resize   timm's own box sampler; torch's uint8 antialiased resize (AVX2);
+                                        a JPEG >= 2x the box's output decoded at 1/2-1/8 (`decode_for_crop`)
       -> horizontal flip                torch.rand(1) < p, as torchvision draws it
       -> RandAugment / AutoAugment ...  timm's own objects; shear and translate swapped for exact numpy ops
       -> uint8 tensor (3, S, S)         no float conversion here
@@ -19,6 +20,8 @@ augmentation ops as under timm's transform (tests/data/test_fast.py). Where the 
 * the resize: torch's antialiased bicubic/bilinear is PIL's filter, applied in PIL's order of
   passes but rounded in another fixed-point order: within 2 grey levels of PIL, and off by one
   on about 0.3% of pixels;
+* a JPEG whose crop box is at least twice the output (phone photos, not ImageNet's 500x375): decoded at a
+  reduced scale and resized from there by PIL, within a grey level of the whole decode on average;
 * nothing else: the numpy shear/translate ops reproduce PIL's bicubic affine bit for bit
   (the same double arithmetic in the same order).
 
@@ -42,6 +45,8 @@ from torch import Tensor
 from torch.utils.data import default_collate
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
+
+from vit.data.io import decode
 
 BICUBIC = Image.Resampling.BICUBIC
 
@@ -188,21 +193,24 @@ def exact_ops() -> dict[Callable, Callable]:
 _TORCH_MODES = {InterpolationMode.BICUBIC: "bicubic", InterpolationMode.BILINEAR: "bilinear"}
 
 
-def resized_crop(img: Image.Image, box: tuple[int, int, int, int], size: tuple[int, int],
+def resized_crop(img: Image.Image, box: tuple[float, float, float, float], size: tuple[int, int],
                  interpolation: InterpolationMode, flip: bool = False) -> np.ndarray:
     """torchvision's ``resized_crop`` (crop ``box`` = (top, left, height, width), resize to ``size``)
     and optionally a horizontal flip, as uint8 planes (3, S, S).
 
     Bicubic and bilinear go through torch's uint8 antialiased kernel (AVX2): PIL's filter, passes
     in PIL's order, rounded in another fixed-point order; within 2 grey levels of PIL, and off by
-    one on about 0.3% of pixels.
+    one on about 0.3% of pixels. A box in fractions of a pixel goes through PIL's resize.
     """
     mode = _TORCH_MODES.get(interpolation)
-    if mode is None or img.mode != "RGB":
+    top, left, height, width = box
+    if any(v != int(v) for v in box):  # fractions of a pixel (`decode_for_crop`): PIL's resize takes such a box
+        img = img.resize(size[::-1], Image.Resampling[interpolation.name], box=(left, top, left + width, top + height))
+        planes = np.stack([np.asarray(band) for band in img.split()])
+    elif mode is None or img.mode != "RGB":
         img = TF.resized_crop(img, *box, list(size), interpolation)
         planes = np.stack([np.asarray(band) for band in img.split()])
     else:
-        top, left, height, width = box
         crop = img.crop((left, top, left + width, top + height))  # a cheap copy in C
         # PIL resizes the height first when it shrinks more than twice as much as the width
         # (Resample.c); torch always starts with the width. Transposing keeps PIL's order, and so its
@@ -234,12 +242,36 @@ def enlarge_to(img: Image.Image, size: tuple[int, int], interpolation: Interpola
     return TF.resize(img, [max(size[0], round(h * scale)), max(size[1], round(w * scale))], interpolation)
 
 
+def decode_for_crop(img: Image.Image, box: tuple[int, int, int, int], size: tuple[int, int]
+                    ) -> tuple[Image.Image, tuple[float, float, float, float]]:
+    """Decode ``img`` (from `vit.data.io.open_image`) for crop ``box`` (top, left, height, width) resized to
+    ``size`` (H, W): a JPEG at 1/2, 1/4 or 1/8 scale when the box stays at least ``size`` at that scale, else
+    whole. Returns the RGB image and the box in its pixels (fractions of one, when reduced).
+
+    A phone's 12 MP photo takes ~60 ms to decode whole and ~25 ms at 1/8 (libjpeg's DCT scaling: an 8x8 block
+    becomes its mean), and the resize then reads 1/64 of the pixels. The crop comes out within a grey level of
+    the whole decode's on average (docs/speed.md). An image already decoded, not a JPEG, or with a box under
+    twice ``size``, is decoded whole: the pixels are then timm's.
+    """
+    top, left, height, width = box
+    reduction = next((r for r in (8, 4, 2) if height >= r * size[0] and width >= r * size[1]), 1)
+    if reduction > 1 and img.format == "JPEG":
+        w, h = img.size
+        drafted = img.draft(None, (w // reduction, h // reduction))  # None: already decoded, nothing done
+        if drafted is not None:
+            scale = w / drafted[1][2]  # libjpeg's choice: the largest of 1, 2, 4, 8 that keeps the asked size
+            return decode(img), (top / scale, left / scale, height / scale, width / scale)
+    return decode(img), box
+
+
 class FastTrainTransform:
     """timm's training transform without its last float steps: PIL RGB image -> uint8 (3, S, S).
 
     Built from timm's own pieces (``create_transform(..., separate=True)``): its random resized
     crop supplies the box sampler and interpolation, ``ops`` is its RandAugment / AutoAugment /
     AugMix / colour jitter (with exact fast ops swapped in). Normalise and erase with `BatchTransform`.
+    The image may come opened but not decoded (`vit.data.io.open_image`): a JPEG much larger than the crop is
+    then decoded at a fraction of its size (`decode_for_crop`).
     """
 
     def __init__(self, crop: Callable, hflip: float, ops: Callable | None = None) -> None:
@@ -249,8 +281,12 @@ class FastTrainTransform:
         crop = self.crop
         interpolation = crop.interpolation
         random_interpolation = isinstance(interpolation, (list, tuple))
-        img = enlarge_to(img, crop.size, InterpolationMode.BICUBIC if random_interpolation else interpolation)
-        box = crop.get_params(img, crop.scale, crop.ratio)  # timm's draws: python `random`, in timm's order
+        w, h = img.size
+        if w < crop.size[1] or h < crop.size[0]:  # a small image: whole, enlarged
+            img = enlarge_to(decode(img), crop.size, InterpolationMode.BICUBIC if random_interpolation
+                             else interpolation)
+        box = crop.get_params(img, crop.scale, crop.ratio)  # timm's draws (python `random`, timm's order): the size
+        img, box = decode_for_crop(img, box, crop.size)
         if random_interpolation:
             interpolation = random.choice(interpolation)
         flip = self.hflip > 0 and bool(torch.rand(1) < self.hflip)  # torchvision's RandomHorizontalFlip draw

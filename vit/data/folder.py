@@ -22,6 +22,7 @@ from PIL import Image
 from torch.utils.data import Dataset, Sampler, WeightedRandomSampler
 
 from vit.data.base import ImageDataModule, no_test_reason
+from vit.data.fast import FastTrainTransform
 from vit.data.fingerprint import files_fingerprint
 from vit.data.io import (
     check_image_files,
@@ -29,6 +30,7 @@ from vit.data.io import (
     describe_bad_files,
     has_split_folders,
     load_image,
+    open_image,
     require_folder,
     require_two_classes,
     scan_class_folders,
@@ -48,7 +50,9 @@ class UndecodableImageError(UserError, OSError):
 
 
 class ImageFiles(Dataset):
-    """(path, label) samples decoded to RGB and transformed.
+    """(path, label) samples decoded to RGB and transformed. The training transform (`FastTrainTransform`) gets
+    each file opened but not decoded and decodes it itself: a JPEG much larger than its crop at a fraction of
+    its size.
 
     A file that fails to decode raises an error naming it; with ``replace_bad`` it is replaced by the
     next decodable image of its class instead. Failures are counted per file in shared memory, so the
@@ -85,6 +89,9 @@ class ImageFiles(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, label = self.samples[index]
         try:
+            if isinstance(self.transform, FastTrainTransform):  # it decodes: a big JPEG at a fraction of its size
+                with open_image(path) as img:
+                    return self.transform(img), label
             img = load_image(path)
         except OSError as e:
             if not self.replace_bad:

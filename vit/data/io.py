@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -64,15 +65,38 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def load_image(path: str | os.PathLike, mode: str = "RGB") -> Image.Image:
-    """Open and fully decode an image as RGB (or "L"), or raise an OSError that names the file."""
+def open_image(source: str | os.PathLike | BinaryIO) -> Image.Image:
+    """``source`` opened but not decoded: size, mode and format read from the header (`decode` reads the pixels),
+    or an OSError that names the file. Use it as a context manager, which closes the file."""
     try:
-        with Image.open(path) as img:
-            img.load()
-            rgb = to_rgb(img)
+        return Image.open(source)
     except Exception as e:  # PIL raises several types for bad files; all mean the same to a user
-        raise OSError(f"cannot read image {path}: {type(e).__name__}: {e}") from e
+        raise OSError(f"cannot read image {_name(source)}: {type(e).__name__}: {e}") from e
+
+
+def decode(img: Image.Image, mode: str = "RGB") -> Image.Image:
+    """The pixels of an image from `open_image` as RGB (or "L"), or an OSError that names the file."""
+    try:
+        img.load()
+        rgb = to_rgb(img)
+    except Exception as e:  # truncated or corrupt data: found only here, as PIL decodes lazily
+        source = getattr(img, "filename", "") or getattr(img, "fp", None)  # a path, or a file object
+        raise OSError(f"cannot read image {_name(source)}: {type(e).__name__}: {e}") from e
     return rgb.convert("L") if mode == "L" else rgb
+
+
+def load_image(source: str | os.PathLike | BinaryIO, mode: str = "RGB") -> Image.Image:
+    """Open and fully decode an image as RGB (or "L"), or raise an OSError that names the file."""
+    with open_image(source) as img:
+        return decode(img, mode)
+
+
+def _name(source: object) -> str:
+    """A file's path for a message: the path itself, or the ``name`` of a file object (an in-memory one has none)."""
+    if isinstance(source, (str, os.PathLike)):
+        return str(source)
+    name = getattr(source, "name", None)
+    return str(name) if isinstance(name, (str, os.PathLike)) and name else "(in memory)"
 
 
 # ---- folders ---------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from urllib.parse import urlparse
 
 from PIL import Image
 
-from vit.data.io import describe_bad_files, to_rgb
+from vit.data.io import decode, describe_bad_files, open_image, to_rgb
 from vit.errors import UserPathError, UserValueError
 from vit.files import cache_dir
 from vit.network import unreachable
@@ -304,11 +304,18 @@ def split_dir(root: str, split: str, cache_dir: str | os.PathLike | None) -> Any
     return Dir(path=str(Path(cache_dir or url_cache_dir(root)) / split), url=f"{root.rstrip('/')}/{split}")
 
 
-def decode(data: Sequence[int] | bytes | memoryview, sample_id: str) -> Image.Image:
-    """A shard sample's bytes decoded to RGB, as `vit.data.io.load_image` decodes a file."""
-    from vit.data.io import load_image
-
+@contextlib.contextmanager
+def opened(data: Sequence[int] | bytes | memoryview, sample_id: str) -> Iterator[Image.Image]:
+    """A shard sample's bytes opened but not decoded (`vit.data.io.open_image`), for a transform that decodes
+    (`FastTrainTransform`); a failure to read it, there or in the ``with`` body, is an OSError naming the sample."""
     try:
-        return load_image(io.BytesIO(bytes(data)))
+        with open_image(io.BytesIO(bytes(data))) as img:
+            yield img
     except OSError as e:
         raise OSError(f"cannot decode shard sample {sample_id}: {e.__cause__ or e}") from e
+
+
+def decode_sample(data: Sequence[int] | bytes | memoryview, sample_id: str) -> Image.Image:
+    """A shard sample's bytes decoded to RGB, as `vit.data.io.load_image` decodes a file."""
+    with opened(data, sample_id) as img:
+        return decode(img)

@@ -35,8 +35,8 @@ from litdata import StreamingDataLoader, StreamingDataset
 from torch import Tensor
 
 from vit.data.base import ImageDataModule
-from vit.data.fast import collate
-from vit.data.shards import decode, is_url, read_info, split_dir
+from vit.data.fast import FastTrainTransform, collate
+from vit.data.shards import decode_sample, is_url, opened, read_info, split_dir
 from vit.errors import UserValueError
 
 _MASK64 = (1 << 64) - 1
@@ -93,13 +93,15 @@ class ShardSet(StreamingDataset):
 
     def __getitem__(self, index: Any) -> tuple[Any, int]:
         item = super().__getitem__(index)
-        img = decode(item["image"], item["id"])
         if self.image_transform is None:
-            return img, int(item["label"])
+            return decode_sample(item["image"], item["id"]), int(item["label"])
         if self.seeded:
             position = int(getattr(index, "index", index))  # litdata's ChunkedIndex, or an int
             seed_transform(mixed_seed(self.seed, self.current_epoch, position))
-        return self.image_transform(img), int(item["label"])
+        if isinstance(self.image_transform, FastTrainTransform):  # it decodes: a big JPEG at a fraction of its size
+            with opened(item["image"], item["id"]) as img:
+                return self.image_transform(img), int(item["label"])
+        return self.image_transform(decode_sample(item["image"], item["id"])), int(item["label"])
 
     def item_name(self, index: int) -> str:
         """The sample's path in the image folder it was sharded from."""
