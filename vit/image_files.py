@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 
 from vit.data.io import check_image_file, load_image
 from vit.errors import UserError
+from vit.preprocessing import MAX_RESIZED_PIXELS, resized_pixels
 
 
 # ---- reading files, bad ones included ---------------------------------------------------------
@@ -42,10 +43,16 @@ def read_failure(path: str | Path, error: Exception) -> str:
 
 class ImagePaths(Dataset):
     """Image files decoded in the model's mode and prepared by ``transform``; a file that cannot be
-    decoded yields `Unreadable` in place of its tensor, so one bad file costs one row, not the run."""
+    decoded yields `Unreadable` in place of its tensor, so one bad file costs one row, not the run.
 
-    def __init__(self, files: Sequence[Path], transform: Callable, mode: str) -> None:
+    With ``short_side`` (what ``transform`` scales the short side to), so does an image that scaling would make
+    larger than ``max_pixels``: a very elongated one (`vit.preprocessing.MAX_RESIZED_PIXELS`).
+    """
+
+    def __init__(self, files: Sequence[Path], transform: Callable, mode: str, short_side: int | None = None,
+                 max_pixels: int = MAX_RESIZED_PIXELS) -> None:
         self.files, self.transform, self.mode = list(files), transform, mode
+        self.short_side, self.max_pixels = short_side, max_pixels
 
     def __len__(self) -> int:
         return len(self.files)
@@ -55,6 +62,11 @@ class ImagePaths(Dataset):
             image = load_image(self.files[index], mode=self.mode)
         except OSError as e:  # load_image turns every decoding failure into an OSError
             return index, Unreadable(read_failure(self.files[index], e))
+        if self.short_side and (resized := resized_pixels(*image.size, self.short_side)) > self.max_pixels:
+            w, h = image.size
+            return index, Unreadable(f"{w}x{h}: scaling its short side to the model's {self.short_side} pixels "
+                                     f"would make it {resized:,.0f} pixels, over the limit of {self.max_pixels:,}; "
+                                     "crop it to a less elongated shape")
         return index, self.transform(image)
 
 

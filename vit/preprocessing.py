@@ -17,6 +17,7 @@ through, which `vit fit` uses for every DataModule option the config leaves unse
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,22 @@ from typing import Any
 PREPROCESSING_KEYS = ("mean", "std", "crop_pct", "interpolation")
 # The DataModule options a pretrained source can fill: the record and the input side.
 DATA_KEYS = ("img_size", *PREPROCESSING_KEYS)
+
+
+# The most pixels an image may have once the evaluation resize has scaled it (~120 MB as RGB bytes): a 4-kB PNG of
+# 1,000,000 x 1 pixels would otherwise become 248,000,000 x 248 for a 224 model, and its MemoryError end the run.
+MAX_RESIZED_PIXELS = 40_000_000
+
+
+def eval_short_side(img_size: Sequence[int], crop_pct: float) -> int:
+    """The short side the evaluation transform scales an image to before its centre crop (timm: the crop over
+    crop_pct; rounded up, so a bound)."""
+    return math.ceil(max(img_size) / crop_pct)
+
+
+def resized_pixels(width: int, height: int, short_side: int) -> float:
+    """The pixels of a ``width`` x ``height`` image once its short side is scaled to ``short_side``, aspect kept."""
+    return max(width, height) * short_side / max(1, min(width, height)) * short_side
 
 
 @dataclass(frozen=True)

@@ -364,3 +364,17 @@ def test_an_archive_or_a_heic_photo_named_to_predict_gets_its_reason(digits_ckpt
     assert rows[0]["error"] == "an archive, not an image: extract it and give the images in it"
     assert rows[1]["error"].startswith("PIL does not read .heic photos (iPhones' HEIC, cameras' RAW): convert them")
     assert rows[2]["error"] is None and len(rows[2]["top_k"]) == 5
+
+
+def test_predict_reports_an_image_the_resize_would_blow_up_and_writes_every_other_row(digits_ckpt, tmp_path):
+    """A 3-kB PNG of 2,000,000 x 1 pixels: the 8x8 model's resize (short side to 8) would make it 16,000,000 x 8,
+    and a 224 model's 248,000,000 x 248, whose MemoryError ended the whole run."""
+    folder = digit_folder(tmp_path / "images", n=3)
+    Image.new("L", (2_000_000, 1)).save(folder / "b_panorama.png")
+    Image.new("L", (2_000, 1)).save(folder / "c_strip.png")  # 16,000 x 8 when resized: fine
+    rows = run(["predict", "--ckpt", str(digits_ckpt), str(folder), "--out", str(tmp_path / "p.csv")])
+    errors = {Path(r["path"]).name: r["error"] for r in rows}
+    assert errors["b_panorama.png"] == ("2000000x1: scaling its short side to the model's 8 pixels would make it "
+                                        "128,000,000 pixels, over the limit of 40,000,000; crop it to a less "
+                                        "elongated shape")
+    assert len(rows) == 5 and sum(e is None for e in errors.values()) == 4  # the strip and the digits

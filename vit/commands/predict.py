@@ -38,6 +38,7 @@ from vit.image_files import (
     failures,
 )
 from vit.inference import PRECISIONS, OnnxClassifier, autocast, ranked, record
+from vit.preprocessing import eval_short_side
 from vit.progress import progress
 
 
@@ -60,7 +61,9 @@ def predict_files(
                              f"{classifier.backend} runs in its own precision")
     top_k = min(top_k, len(classifier.class_names))
     mode = "L" if classifier.in_chans == 1 else "RGB"
-    dataset = ImagePaths(files, classifier.eval_transform(crop_pct), mode)
+    crop_pct = classifier.crop_pct if crop_pct is None else crop_pct
+    short_side = eval_short_side(classifier.img_size, crop_pct)  # an image too elongated for it is one row's error
+    dataset = ImagePaths(files, classifier.eval_transform(crop_pct), mode, short_side)
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_readable)
     rows: list[dict | None] = [None] * len(dataset)
     for batch in progress(loader, len(loader), "predicting"):

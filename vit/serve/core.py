@@ -17,7 +17,6 @@ import base64
 import contextlib
 import io
 import logging
-import math
 import os
 import time
 import warnings
@@ -34,6 +33,7 @@ from torch import Tensor
 from vit.checkpoint import Classifier
 from vit.data.io import bomb_size, load_image, pil_refusal_limit
 from vit.inference import OnnxClassifier, ranked, record
+from vit.preprocessing import eval_short_side, resized_pixels
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def check_resized(width: int, height: int, short_side: int, max_pixels: int) -> 
     """A 422 for an image the eval transform would blow up past ``max_pixels`` by scaling its short side up to
     ``short_side`` before the centre crop: a 4-kB PNG of 4,000,000 x 1 pixels passes the header check and
     would become 16 x 64,000,000 pixels (3 GB) for an 8x8 model."""
-    resized = max(width, height) * short_side / max(1, min(width, height)) * short_side
+    resized = resized_pixels(width, height, short_side)
     if resized > max_pixels:
         raise RequestError(422, "too_many_pixels", f"the image is {width}x{height}: scaling its short side to the "
                            f"model's {short_side} pixels would make it {resized:,.0f} pixels, over this server's "
@@ -149,8 +149,7 @@ class Predictor:
         self.classifier = classifier
         self.mode = "L" if classifier.in_chans == 1 else "RGB"  # as `vit predict` decodes
         self.transform = classifier.eval_transform()
-        # the short side the transform resizes to before its centre crop (timm: the crop over crop_pct)
-        self.short_side = math.ceil(max(classifier.img_size) / classifier.crop_pct)
+        self.short_side = eval_short_side(classifier.img_size, classifier.crop_pct)  # resized to, then cropped
         # Rollout reads the eager fp32 ViT's attention: not an ONNX file's, nor a bf16, compiled or OpenVINO one's,
         # nor a convnet's (teacher_small's).
         self.attention = isinstance(classifier, Classifier) and classifier.is_vit
