@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,6 +44,11 @@ log = logging.getLogger(__name__)
 
 # The names a validation split's folder goes by: "valid" in Roboflow's exports, "validation" in some Kaggle sets.
 VAL_FOLDERS = ("val", "valid", "validation")
+
+
+def nfc(name: str) -> str:
+    """``name`` in Unicode's composed form (NFC): macOS's HFS+ and zips made there store names decomposed."""
+    return unicodedata.normalize("NFC", name)
 
 
 class UndecodableImageError(UserError, OSError):
@@ -230,7 +236,7 @@ class ImageFolder(ImageDataModule):
         require_two_classes(self.root / "train", class_names)
         for split in ("val", "test"):
             if (folder := self.split_folder(split)) is not None:
-                extra = sorted(set(class_folders(folder)) - set(class_names))
+                extra = sorted({nfc(c) for c in class_folders(folder)} - {nfc(c) for c in class_names})
                 if extra:
                     raise UserValueError(f"{folder} has classes that {self.root / 'train'} lacks: {extra}")
         return class_names
@@ -244,7 +250,9 @@ class ImageFolder(ImageDataModule):
     def _scan(self, folder: Path, allow_empty: bool = False) -> list[tuple[str, int]]:
         present = class_folders(folder)
         # val/test may lack some classes (a folder, or its images); labels always follow train's class list.
-        remap = [self.class_names.index(name) for name in present]
+        # by name as displayed: a folder unzipped from a Mac may spell "café" decomposed (NFD) where train/ has NFC
+        label = {nfc(name): i for i, name in enumerate(self.class_names)}
+        remap = [label[nfc(name)] for name in present]
         return [(path, remap[label]) for path, label in scan_class_folders(folder, present, allow_empty=allow_empty)]
 
     def splits(self) -> dict[str, list[tuple[str, int]]]:
