@@ -211,6 +211,17 @@ def test_teacher_best_is_the_newest_best_checkpoint_of_teacher_dir(tmp_path, tea
     trainer(tmp_path, max_steps=1).fit(model, loader())
     assert model.teacher.source == str(folder / "best-epoch=0-step=1.ckpt")
 
+    # teacher_dir may be the run folder Lightning wrote: its checkpoints/, or its newest <version>/checkpoints/
+    from vit.tasks.distill import resolve
+
+    assert resolve("best", str(tmp_path)) == folder / "best-epoch=0-step=1.ckpt"
+    runs = tmp_path / "logs" / "teacher_small"
+    for version, mtime in (("version_0", 2e9), ("version_1", 1e9)):
+        (runs / version / "checkpoints").mkdir(parents=True)
+        shutil.copy(teacher_ckpt, runs / version / "checkpoints" / "best-epoch=0-step=1.ckpt")
+        os.utime(runs / version / "checkpoints" / "best-epoch=0-step=1.ckpt", (mtime, mtime))
+    assert resolve("best", str(runs)) == runs / "version_0" / "checkpoints" / "best-epoch=0-step=1.ckpt"
+
 
 def test_a_timm_convnet_teacher_from_a_name_and_weights(tmp_path):
     from safetensors.torch import save_file

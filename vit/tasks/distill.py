@@ -151,12 +151,15 @@ def resolve(teacher: str, folder: str | None) -> Path:
         if folder is None:
             raise UserValueError(f"teacher: {teacher} needs teacher_dir, the teacher run's checkpoint folder "
                                  "(configs/teacher_small.yaml writes logs/teacher_small/checkpoints)")
-        found = newest_checkpoint(folder, teacher)
-        if found is None:
-            raise UserPathError(f"teacher: {teacher}: no {teacher}*.ckpt in {folder}. Train the teacher first: "
-                                "vit fit --config configs/teacher_small.yaml --data.init_args.root YOUR_FOLDER "
-                                "(or give teacher: PATH.ckpt)")
-        return found
+        # the folder itself, or a run folder Lightning wrote: its checkpoints/, or <version>/checkpoints/, newest first
+        newest = lambda run: max((p.stat().st_mtime for p in run.glob("*.ckpt")), default=0.0)
+        runs = sorted(Path(folder).glob("*/checkpoints"), key=newest, reverse=True)
+        for candidate in (Path(folder), Path(folder) / "checkpoints", *runs):
+            if (found := newest_checkpoint(candidate, teacher)) is not None:
+                return found
+        raise UserPathError(f"teacher: {teacher}: no {teacher}*.ckpt in {folder} (nor in a checkpoints/ folder "
+                            "below it). Train the teacher first: vit fit --config configs/teacher_small.yaml "
+                            "--data.init_args.root YOUR_FOLDER (or give teacher: PATH.ckpt)")
     if not Path(teacher).exists():
         raise UserPathError("teacher: " + missing_message(teacher, [folder] if folder else []))
     return Path(teacher)
