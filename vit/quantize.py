@@ -147,9 +147,7 @@ def calibration_images(source: str | os.PathLike, transform: Callable, mode: str
     if not source.is_dir():
         raise UserPathError(f"--calibration {source}: expected a folder of training images or a `vit fit` config "
                             "(.yaml), and found neither")
-    from PIL import Image
-
-    from vit.data.io import find_images, has_split_folders
+    from vit.data.io import find_images, has_split_folders, load_image
 
     root = source / "train" if has_split_folders(source) else source
     files = find_images([root]).files
@@ -158,8 +156,7 @@ def calibration_images(source: str | os.PathLike, transform: Callable, mode: str
     order = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed))[:count]
     images = []
     for index in order.tolist():
-        with Image.open(files[index]) as image:
-            images.append(transform(image.convert(mode)))
+        images.append(transform(load_image(files[index], mode)))  # as `vit predict` decodes it
     return torch.stack(images)
 
 

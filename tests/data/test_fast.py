@@ -279,7 +279,7 @@ def record_decoded_sizes(monkeypatch) -> list:
     return sizes
 
 
-@pytest.mark.parametrize("kind", ["rgb", "progressive", "grey", "cmyk"])
+@pytest.mark.parametrize("kind", ["rgb", "progressive", "grey", "cmyk", "portrait"])
 def test_a_jpeg_much_larger_than_the_crop_decodes_reduced_and_crops_as_timm_does_from_the_whole(
         kind, tmp_path, photos, monkeypatch):
     """A phone-sized JPEG, opened but not decoded, is decoded at 1/2-1/8 scale where the crop box allows; the
@@ -288,14 +288,18 @@ def test_a_jpeg_much_larger_than_the_crop_decodes_reduced_and_crops_as_timm_does
     off by ~4 on average (measured), so the bar below tells the two apart."""
     from vit.data.io import load_image, open_image
 
+    portrait = Image.Exif()
+    portrait[0x0112] = 6  # stored landscape, shown turned a quarter: a phone's portrait photo
     mode, save = {"rgb": ("RGB", {}), "progressive": ("RGB", {"progressive": True}), "grey": ("L", {}),
-                  "cmyk": ("CMYK", {})}[kind]
+                  "cmyk": ("CMYK", {}), "portrait": ("RGB", {"exif": portrait})}[kind]
     path = big_jpeg(tmp_path / "photo.jpg", photos[0], mode=mode, **save)
+    stored = Image.open(path).size
     size = 64
     plain = Augmentation(auto_augment=None, color_jitter=0.0)  # the crop and flip: the ops act on the crop after
     ours = train_transform(plain, size, "bicubic", IMAGENET_MEAN, IMAGENET_STD)
     reference = create_transform(size, is_training=True, interpolation="bicubic", separate=True)[0]  # crop, flip
-    whole = load_image(path)
+    whole = load_image(path)  # as shown: timm's transform of it is the reference (timm itself ignores EXIF)
+    assert whole.size == (stored[::-1] if kind == "portrait" else stored)
     decoded = record_decoded_sizes(monkeypatch)
     diffs = []
     for i in range(24):
@@ -305,8 +309,8 @@ def test_a_jpeg_much_larger_than_the_crop_decodes_reduced_and_crops_as_timm_does
         with open_image(path) as img:
             got = ours(img).numpy().transpose(1, 2, 0).astype(float)
         diffs.append(np.abs(got - expected).mean())
-    reduced = [s for s in decoded if s[0] < whole.width]
-    assert len(reduced) >= 20 and min(s[0] for s in reduced) == whole.width // 8, decoded  # 1/2 .. 1/8
+    reduced = [s for s in decoded if s[0] < stored[0]]
+    assert len(reduced) >= 20 and min(s[0] for s in reduced) == stored[0] // 8, decoded  # 1/2 .. 1/8
     assert np.mean(diffs) < 2.0 and max(diffs) < 4.0, np.round(diffs, 2)
     seed_all(0)
     assert torch.equal(ours(whole), (seed_all(0), ours(whole))[1])  # a decoded image: whole, as before

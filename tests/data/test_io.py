@@ -85,3 +85,47 @@ def test_the_header_check_refuses_only_images_pil_refuses(side, tmp_path):
                           "downscale it"
     else:
         assert problem is None
+
+
+def save_turned(path, pixels: np.ndarray, orientation: int, **save) -> None:
+    """``pixels`` saved as stored, with an EXIF orientation tag (what a phone writes for a portrait photo: 6)."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    Image.fromarray(pixels).save(path, exif=exif, **save)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_a_photo_is_read_as_its_exif_orientation_shows_it(orientation, tmp_path):
+    from PIL import ImageOps
+
+    from vit.data.io import exif_orientation, open_image
+
+    pixels = np.random.default_rng(orientation).integers(0, 256, (30, 40, 3), dtype=np.uint8)  # stored 40 x 30
+    for name, save in (("photo.jpg", {"quality": 95}), ("photo.png", {})):
+        save_turned(tmp_path / name, pixels, orientation, **save)
+        with open_image(tmp_path / name) as img:
+            assert exif_orientation(img) == orientation and img.size == (40, 30)  # from the header
+        expected = ImageOps.exif_transpose(Image.open(tmp_path / name)).convert("RGB")  # Pillow's own turn
+        got = load_image(tmp_path / name)
+        assert got.size == ((30, 40) if orientation > 4 else (40, 30))
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+
+
+def test_a_damaged_exif_block_leaves_the_photo_as_stored(tmp_path):
+    pixels = np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "photo.jpg", exif=b"Exif\x00\x00MM\x00*\x00\x00\xff\xff", quality=95)
+    assert load_image(tmp_path / "photo.jpg").size == (40, 30)
+
+
+def test_reading_the_orientation_decodes_nothing(tmp_path):
+    """PIL's getexif() decodes a PNG to look for a late eXIf chunk; a broken one then counted as loaded, and its
+    junk pixels went on to the model (caught by `vit serve`'s test of a 195 MP PNG of 4 junk bytes)."""
+    from vit.data.io import exif_orientation, open_image
+
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    data = (tmp_path / "a.png").read_bytes()
+    (tmp_path / "cut.png").write_bytes(data[: len(data) // 2] + data[-12:])  # its IDAT cut short, then IEND
+    with open_image(tmp_path / "cut.png") as img:
+        assert exif_orientation(img) == 1
+    with pytest.raises(OSError, match=r"cannot read image .*cut\.png"):
+        load_image(tmp_path / "cut.png")

@@ -455,3 +455,36 @@ def test_every_shard_recipe_builds_its_datamodule_from_its_yaml_and_streams(path
     dm.setup("fit")
     x, y = next(iter(dm.train_dataloader()))
     assert x.dtype == torch.uint8 and x.shape == (4, 3, dm.img_size, dm.img_size) and y.max() < 3
+
+
+def test_a_phones_portrait_photo_is_shown_turned_in_shards_and_in_the_webdataset(tmp_path):
+    """A photo stored 60x40 with EXIF orientation 6 shows 40x60. Re-encoded (--max_side, which keeps no EXIF, and
+    the webdataset for timm, whose reader ignores EXIF) it must be stored as shown, or it trains on its side."""
+    import tarfile
+
+    from vit.data.shards import decode_sample
+    from vit.data.stream import ShardSet
+
+    folder = tmp_path / "photos"
+    write_class_folders(folder, ["a", "b"], per_class=6, size=20)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    pixels = np.random.default_rng(0).integers(0, 256, (40, 60, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(folder / "a" / "portrait.jpg", exif=exif, quality=95)
+    for max_side, shown in ((None, (40, 60)), (32, (32, 48))):
+        out = tmp_path / f"out_{max_side}"
+        write_shards(folder, out, max_side=max_side, webdataset=True, num_workers=1)
+        items = []
+        for split in ("train", "val", "test"):
+            stored = ShardSet(str(out / split), None)
+            items += [super(ShardSet, stored).__getitem__(i) for i in range(len(stored))]
+        item = next(item for item in items if item["id"] == "a/portrait.jpg")
+        assert decode_sample(item["image"], item["id"]).size == shown
+        members = {}
+        for tar in sorted((out / "wds").glob("*.tar")):
+            with tarfile.open(tar) as t:
+                members.update({m.name: t.extractfile(m).read() for m in t.getmembers()})
+        key = next(name[:-5] for name, data in members.items()
+                   if name.endswith(".json") and json.loads(data)["id"] == "a/portrait.jpg")
+        with Image.open(io.BytesIO(members[f"{key}.jpg"])) as img:  # as timm's reader opens it: no EXIF turn
+            assert img.size == shown and img.getexif().get(0x0112, 1) == 1

@@ -39,10 +39,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str]) -> dict:
     """Run `vit attention --faithfulness ...` (without the command name); returns the numbers."""
     args = parse_args(argv)
-    from PIL import Image
-
     from vit.checkpoint import load_classifier
-    from vit.data.io import find_images
+    from vit.data.io import find_images, load_image
     from vit.explain.checks import MAPS, cascading_randomisation, faithfulness_table
 
     files = find_images(args.images).files[: args.max_images]
@@ -52,8 +50,7 @@ def main(argv: Sequence[str]) -> dict:
     tensors, unreadable = [], []
     for path in files:
         try:
-            with Image.open(path) as image:
-                tensors.append(transform(image.convert(mode)))
+            tensors.append(transform(load_image(path, mode)))  # as `vit predict` decodes it
         except OSError as error:
             unreadable.append(f"{path}: {error}")
     if not tensors:

@@ -46,7 +46,7 @@ from torch.utils.data import default_collate
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
 
-from vit.data.io import decode
+from vit.data.io import decode, exif_orientation
 
 BICUBIC = Image.Resampling.BICUBIC
 
@@ -249,7 +249,8 @@ def decode_for_crop(img: Image.Image, box: tuple[int, int, int, int], size: tupl
     whole. Returns the RGB image and the box in its pixels (fractions of one, when reduced).
 
     A phone's 12 MP photo takes ~60 ms to decode whole and ~25 ms at 1/8 (libjpeg's DCT scaling: an 8x8 block
-    becomes its mean), and the resize then reads 1/64 of the pixels. The crop comes out within a grey level of
+    becomes its mean), and the resize then reads 1/64 of the pixels. ``box`` is in the image as shown (`decode`
+    turns it as its EXIF orientation says); the scale is the same both ways. The crop comes out within a grey level of
     the whole decode's on average (docs/speed.md). An image already decoded, not a JPEG, or with a box under
     twice ``size``, is decoded whole: the pixels are then timm's.
     """
@@ -281,11 +282,15 @@ class FastTrainTransform:
         crop = self.crop
         interpolation = crop.interpolation
         random_interpolation = isinstance(interpolation, (list, tuple))
-        w, h = img.size
+        w, h = img.size[::-1] if exif_orientation(img) > 4 else img.size  # as shown: `decode` turns it so
         if w < crop.size[1] or h < crop.size[0]:  # a small image: whole, enlarged
             img = enlarge_to(decode(img), crop.size, InterpolationMode.BICUBIC if random_interpolation
                              else interpolation)
-        box = crop.get_params(img, crop.scale, crop.ratio)  # timm's draws (python `random`, timm's order): the size
+            w, h = img.size
+        # timm's draws (python `random`, timm's order), from the size as shown; for a photo stored turned a quarter
+        # the sampler gets a tensor of that shape that holds no memory
+        shown = img if img.size == (w, h) else torch.empty(()).expand(h, w)
+        box = crop.get_params(shown, crop.scale, crop.ratio)
         img, box = decode_for_crop(img, box, crop.size)
         if random_interpolation:
             interpolation = random.choice(interpolation)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from vit.errors import UserPathError, UserValueError
 
@@ -74,11 +74,28 @@ def open_image(source: str | os.PathLike | BinaryIO) -> Image.Image:
         raise OSError(f"cannot read image {_name(source)}: {type(e).__name__}: {e}") from e
 
 
-def decode(img: Image.Image, mode: str = "RGB") -> Image.Image:
-    """The pixels of an image from `open_image` as RGB (or "L"), or an OSError that names the file."""
+def exif_orientation(img: Image.Image) -> int:
+    """The EXIF orientation of an opened image, read from its header: 1 (as stored) to 8; 5-8 turn it a quarter,
+    so it shows ``img.size`` swapped. Phones store portrait photos landscape with orientation 6 or 8."""
+    data = img.info.get("exif")  # what the header gave (JPEG's APP1, WebP's, PNG's before the pixels); not
+    if not data:                 # img.getexif(), which decodes a PNG (with junk pixels, then "loaded")
+        return 1
     try:
+        exif = Image.Exif()
+        exif.load(data)
+        orientation = exif.get(ExifTags.Base.Orientation, 1)
+    except Exception:  # a damaged EXIF block: the pixels may still be fine, so show them as stored
+        return 1
+    return orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
+
+
+def decode(img: Image.Image, mode: str = "RGB") -> Image.Image:
+    """The pixels of an image from `open_image` as RGB (or "L"), turned as its EXIF orientation says (as a photo
+    viewer shows it), or an OSError that names the file."""
+    try:
+        turned = exif_orientation(img) != 1
         img.load()
-        rgb = to_rgb(img)
+        rgb = to_rgb(ImageOps.exif_transpose(img) if turned else img)  # exif_transpose copies even when upright
     except Exception as e:  # truncated or corrupt data: found only here, as PIL decodes lazily
         source = getattr(img, "filename", "") or getattr(img, "fp", None)  # a path, or a file object
         raise OSError(f"cannot read image {_name(source)}: {type(e).__name__}: {e}") from e
