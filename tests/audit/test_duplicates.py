@@ -77,6 +77,22 @@ def test_content_hash_is_the_decoded_pixels():
     assert content_hash(Image.fromarray(pixels.T.copy())) != same[0]  # same bytes, another shape
 
 
+def test_a_phones_tagged_original_and_its_upright_export_are_the_same_picture(tmp_path):
+    """A portrait photo stored on its side with EXIF orientation 6, and the copy an editor exported upright (no
+    tag): training sees one picture, so the audit's exact-copy hash must too, or a train/test leak goes unseen."""
+    from vit.data.folder import ImageFiles
+
+    pixels = np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(pixels).save(tmp_path / "original.png", exif=exif)
+    Image.fromarray(pixels).transpose(Image.Transpose.ROTATE_270).save(tmp_path / "export.png")  # Pillow's turn for 6
+    files = ImageFiles([(str(tmp_path / "original.png"), 0), (str(tmp_path / "export.png"), 0)])
+    original, export = files.raw_image(0), files.raw_image(1)
+    assert original.size == export.size == (30, 40) and original.format == export.format == "PNG"
+    assert content_hash(original) == content_hash(export)
+
+
 def test_find_duplicates_lists_exact_pairs_once_and_verifies_the_near_ones():
     contents = ["a", "b", "a", "c", "a"]
     hashes = [0, 0b111, 0, 0b1, 0]  # "c" is near "a" (1 bit); "b" is 3 bits from "a"

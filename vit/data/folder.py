@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
-from PIL import Image
+from PIL import Image, ImageOps
 from torch.utils.data import Dataset, Sampler, WeightedRandomSampler
 
 from vit.data.base import ImageDataModule, no_test_reason
@@ -29,6 +29,7 @@ from vit.data.io import (
     check_image_files,
     class_folders,
     describe_bad_files,
+    exif_orientation,
     has_split_folders,
     load_image,
     open_image,
@@ -142,10 +143,17 @@ class ImageFiles(Dataset):
         return self.samples[index][0]
 
     def raw_image(self, index: int) -> Image.Image:
-        """Item ``index`` decoded as stored (its own mode and size, ``.format`` set), untransformed."""
+        """Item ``index`` decoded in its own mode, untransformed, ``.format`` set: as stored, but turned as its EXIF
+        orientation says, as training sees it (`vit audit` then finds a phone's tagged original beside its upright
+        export)."""
         with Image.open(self.samples[index][0]) as img:
+            turned = exif_orientation(img) != 1
             img.load()
-        return img
+        if not turned:
+            return img
+        shown = ImageOps.exif_transpose(img)
+        shown.format = img.format
+        return shown
 
     def replacements(self) -> tuple[int, list[str]]:
         """How many times an image was replaced so far (all workers together), and the files that failed."""
