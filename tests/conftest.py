@@ -65,6 +65,23 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def without_pillow_heif(monkeypatch) -> None:
+    """As where the optional pillow-heif is not installed: PIL has no HEIF reader, and vit names .heic files as
+    photos it cannot read (the test environment installs pillow-heif, with the dev extra)."""
+    from vit.data import io
+    from vit.serve import core
+
+    monkeypatch.setattr(Image, "ID", [plugin for plugin in Image.ID if plugin != "HEIF"])
+    monkeypatch.delitem(Image.OPEN, "HEIF", raising=False)
+    monkeypatch.setattr(io, "READS_HEIC", False)
+    monkeypatch.setattr(io, "IMAGE_EXTENSIONS", tuple(e for e in io.IMAGE_EXTENSIONS if e not in io.HEIF_EXTENSIONS))
+    monkeypatch.setattr(io, "UNREADABLE_PHOTO_EXTENSIONS", io.HEIF_EXTENSIONS + io.UNREADABLE_PHOTO_EXTENSIONS)
+    monkeypatch.setattr(core, "READS_HEIC", False)
+    monkeypatch.setattr(core, "ACCEPTED_FORMATS", tuple(f for f in core.ACCEPTED_FORMATS if f != "HEIF"))
+    monkeypatch.setattr(core, "ACCEPTED_NAMES", core.ACCEPTED_NAMES.replace(", PNM or HEIC", " or PNM"))
+
+
 @pytest.fixture(autouse=True)
 def _logger_levels_restored() -> Iterator[None]:
     """Logger levels a test (or a script's main() it runs) sets do not leak into later tests: the scripts quiet

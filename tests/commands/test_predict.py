@@ -350,7 +350,7 @@ def test_a_file_named_twice_gets_one_row(digits_ckpt, tmp_path, monkeypatch):
     assert [r["path"] for r in rows] == [f"images/digit{i}.png" for i in range(3)]
 
 
-def test_an_archive_or_a_heic_photo_named_to_predict_gets_its_reason(digits_ckpt, tmp_path):
+def test_an_archive_or_a_heic_photo_named_to_predict_gets_its_reason(digits_ckpt, tmp_path, without_pillow_heif):
     """`vit predict photos.zip IMG_1.HEIC a.png`: both rows said "not an image in a format PIL reads"; they now say
     what each is and what to do."""
     import shutil
@@ -378,3 +378,11 @@ def test_predict_reports_an_image_the_resize_would_blow_up_and_writes_every_othe
                                         "128,000,000 pixels, over the limit of 40,000,000; crop it to a less "
                                         "elongated shape")
     assert len(rows) == 5 and sum(e is None for e in errors.values()) == 4  # the strip and the digits
+
+
+def test_with_pillow_heif_a_heic_photo_gets_its_prediction(digits_ckpt, tmp_path):
+    folder = digit_folder(tmp_path / "images", n=2)
+    Image.open(folder / "digit0.png").save(tmp_path / "IMG_0001.HEIC", "HEIF", quality=95)
+    rows = run(["predict", "--ckpt", str(digits_ckpt), str(tmp_path / "IMG_0001.HEIC"), str(folder / "digit0.png"),
+                "--out", str(tmp_path / "p.csv")])
+    assert [r["error"] for r in rows] == [None, None] and len(rows[0]["top_k"]) == 5

@@ -39,10 +39,11 @@ def test_imagefolder_single_folder_mixed_modes_and_non_images(tmp_path, caplog):
         assert dm.val_set[i][0].shape == (3, 16, 16)
 
 
+@pytest.mark.usefixtures("without_pillow_heif")
 def test_jpegs_named_jfif_or_jpe_and_avif_photos_train_and_heic_is_named_with_what_to_do(tmp_path, caplog):
     """.jfif (how Windows browsers save JPEGs), .jpe and .avif are formats PIL reads: they were skipped as "not
-    images". HEIC (iPhones) PIL cannot read: skipped, and the warning, or the error for a class of nothing else,
-    says to convert them."""
+    images". HEIC (iPhones) PIL cannot read without pillow-heif: skipped, and the warning, or the error for a class
+    of nothing else, says to convert them."""
     from PIL import features
 
     from vit.data.io import find_images, load_image
@@ -70,6 +71,25 @@ def test_jpegs_named_jfif_or_jpe_and_avif_photos_train_and_heic_is_named_with_wh
         path.unlink()
     with pytest.raises(UserValueError, match=r"class folder .*pen has no images .*; PIL does not read \.heic photos"):
         ImageFolder(str(root), batch_size=4, num_workers=0, img_size=16).setup("fit")
+
+
+def test_with_pillow_heif_an_iphones_heic_photos_train(tmp_path):
+    """The test environment has the optional pillow-heif (the dev extra): .heic files are then images like any
+    other, in training and in evaluation."""
+    from vit.data.io import find_images, load_image
+
+    root = tmp_path / "shop"
+    for c, name in enumerate(["mug", "pen"]):
+        (root / name).mkdir(parents=True)
+        for i in range(4):
+            random_rgb(24, seed=10 * c + i).save(root / name / f"IMG_{i:04d}.HEIC", "HEIF", quality=95)
+    dm = ImageFolder(str(root), val_fraction=0.25, test_fraction=0, batch_size=4, num_workers=0, img_size=16)
+    dm.setup("fit")
+    assert len(dm.train_set) == 6 and len(dm.val_set) == 2
+    assert next(iter(dm.train_dataloader()))[0].shape == (4, 3, 16, 16)
+    assert next(iter(dm.val_dataloader()))[0].shape == (2, 3, 16, 16)
+    assert load_image(root / "mug" / "IMG_0000.HEIC").size == (24, 24)
+    assert len(find_images([root]).files) == 8
 
 
 def test_the_validation_folder_may_be_named_valid_or_validation(tmp_path):

@@ -24,12 +24,24 @@ from vit.errors import UserPathError, UserValueError
 
 log = logging.getLogger(__name__)
 
+# iPhones save HEIC, which PIL reads once the optional pillow-heif (`pip install "vit[heic]"`) registers its reader.
+try:
+    import pillow_heif
+except ImportError:  # HEIC files are then skipped, with what to do (`unreadable_photos_hint`)
+    pillow_heif = None
+else:
+    pillow_heif.register_heif_opener()
+READS_HEIC = pillow_heif is not None
+HEIF_EXTENSIONS = (".heic", ".heif")
+
 # torchvision's list, and what else Pillow reads that people have in folders: GIF, AVIF (Pillow >= 11.3's wheels;
-# an older Pillow's header check names such files) and the JPEG names .jfif (what Windows browsers save) and .jpe.
+# an older Pillow's header check names such files), the JPEG names .jfif (what Windows browsers save) and .jpe,
+# and HEIC with pillow-heif.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
-                    ".gif", ".avif")
-# Photos PIL cannot read (iPhones save HEIC; cameras their RAW formats): skipped, with a word on what to do.
-UNREADABLE_PHOTO_EXTENSIONS = (".heic", ".heif", ".dng", ".cr2", ".cr3", ".nef", ".arw", ".raf", ".orf", ".rw2")
+                    ".gif", ".avif") + (HEIF_EXTENSIONS if READS_HEIC else ())
+# Photos PIL cannot read (cameras' RAW formats; HEIC without pillow-heif): skipped, with a word on what to do.
+UNREADABLE_PHOTO_EXTENSIONS = (() if READS_HEIC else HEIF_EXTENSIONS) + (
+    ".dng", ".cr2", ".cr3", ".nef", ".arw", ".raf", ".orf", ".rw2")
 
 
 def is_image_file(path: str | os.PathLike) -> bool:
@@ -42,8 +54,9 @@ def unreadable_photos_hint(paths: Sequence[str | os.PathLike]) -> str:
     kinds = sorted({ext for p in paths if (ext := os.path.splitext(str(p))[1].lower()) in UNREADABLE_PHOTO_EXTENSIONS})
     if not kinds:
         return ""
+    heic = " (or, for HEIC, `pip install pillow-heif`: vit then reads them)" if set(kinds) & {".heic", ".heif"} else ""
     return (f"PIL does not read {' or '.join(kinds)} photos (iPhones' HEIC, cameras' RAW): convert them to JPEG or "
-            "PNG to use them")
+            f"PNG to use them{heic}")
 
 
 def to_rgb(img: Image.Image) -> Image.Image:

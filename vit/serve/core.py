@@ -31,15 +31,15 @@ from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
 from vit.checkpoint import Classifier
-from vit.data.io import bomb_size, load_image, pil_refusal_limit
+from vit.data.io import READS_HEIC, bomb_size, load_image, pil_refusal_limit
 from vit.inference import OnnxClassifier, ranked, record
 from vit.preprocessing import eval_short_side, resized_pixels
 
 log = logging.getLogger(__name__)
 
 # The PIL plugins that may open an upload (JPEG also opens the multi-picture MPO files of phone cameras).
-ACCEPTED_FORMATS = ("JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP", "PPM")
-ACCEPTED_NAMES = "JPEG, PNG, GIF, BMP, TIFF, WebP or PNM"
+ACCEPTED_FORMATS = ("JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP", "PPM") + (("HEIF",) if READS_HEIC else ())
+ACCEPTED_NAMES = "JPEG, PNG, GIF, BMP, TIFF, WebP" + (", PNM or HEIC" if READS_HEIC else " or PNM")
 OVERLAY_SIDE = 224  # the attention overlay's short side: an 8x8 digit is drawn with visible pixels
 
 
@@ -87,10 +87,11 @@ def check_upload(data: bytes, max_pixels: int) -> tuple[int, int]:
         raise RequestError(422, "too_many_pixels", f"the image is {bomb_size(e)}, over this server's limit of "
                            f"{limit}; send a smaller image") from None
     except UnidentifiedImageError:
-        heic = data[4:8] == b"ftyp" and data[8:12] in (b"heic", b"heix", b"hevc", b"heim", b"heis", b"mif1", b"msf1")
+        heic = not READS_HEIC and data[4:8] == b"ftyp" and data[8:12] in (
+            b"heic", b"heix", b"hevc", b"heim", b"heis", b"mif1", b"msf1")
         raise RequestError(415, "unsupported_image", f"the upload is not a {ACCEPTED_NAMES} image" + (
-            ": it is a HEIC photo (an iPhone's), which PIL does not read; send it as JPEG (the iPhone's Settings > "
-            "Camera > Formats > Most Compatible takes JPEGs)" if heic else "")) from None
+            ": it is a HEIC photo (an iPhone's), which this server reads only with pillow-heif installed; send it as "
+            "JPEG (the iPhone's Settings > Camera > Formats > Most Compatible takes JPEGs)" if heic else "")) from None
     except Exception as e:  # anything else a header can do wrong
         raise RequestError(400, "bad_image", f"unreadable image header ({type(e).__name__}: {e})") from None
     if width * height > max_pixels:
