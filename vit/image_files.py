@@ -46,7 +46,8 @@ class ImagePaths(Dataset):
     decoded yields `Unreadable` in place of its tensor, so one bad file costs one row, not the run.
 
     With ``short_side`` (what ``transform`` scales the short side to), so does an image that scaling would make
-    larger than ``max_pixels``: a very elongated one (`vit.preprocessing.MAX_RESIZED_PIXELS`).
+    larger than ``max_pixels``: a very elongated one (`vit.preprocessing.MAX_RESIZED_PIXELS`); and a large JPEG is
+    decoded at the scale the resize needs (`vit.data.io.load_image`).
     """
 
     def __init__(self, files: Sequence[Path], transform: Callable, mode: str, short_side: int | None = None,
@@ -59,7 +60,7 @@ class ImagePaths(Dataset):
 
     def __getitem__(self, index: int) -> tuple[int, Tensor | Unreadable]:
         try:
-            image = load_image(self.files[index], mode=self.mode)
+            image = load_image(self.files[index], mode=self.mode, short_side=self.short_side)
         except OSError as e:  # load_image turns every decoding failure into an OSError
             return index, Unreadable(read_failure(self.files[index], e))
         if self.short_side and (resized := resized_pixels(*image.size, self.short_side)) > self.max_pixels:

@@ -386,3 +386,31 @@ def test_with_pillow_heif_a_heic_photo_gets_its_prediction(digits_ckpt, tmp_path
     rows = run(["predict", "--ckpt", str(digits_ckpt), str(tmp_path / "IMG_0001.HEIC"), str(folder / "digit0.png"),
                 "--out", str(tmp_path / "p.csv")])
     assert [r["error"] for r in rows] == [None, None] and len(rows[0]["top_k"]) == 5
+
+
+def test_predict_serve_and_the_evaluation_splits_decode_a_large_jpeg_at_the_resize_scale(digits_ckpt, tmp_path,
+                                                                                         monkeypatch):
+    """The 8x8 digits model resizes the short side to 8: an 800x600 JPEG decodes at 1/8 (100x75) wherever the
+    evaluation transform follows, so `vit predict`, `vit serve`, `vit attention` and `vit test` see one image."""
+    from vit.data import ImageFolder, io
+    from vit.serve.core import Predictor
+
+    sizes, decode = [], io.decode
+    monkeypatch.setattr(io, "decode", lambda img, mode="RGB": sizes.append(img.size) or decode(img, mode))
+    photo = Image.fromarray(np.random.default_rng(0).integers(0, 256, (600, 800, 3), dtype=np.uint8))
+    for c in "ab":
+        (tmp_path / "photos" / c).mkdir(parents=True)
+        for i in range(4):
+            photo.save(tmp_path / "photos" / c / f"{i}.jpg")
+    big = tmp_path / "photos" / "a" / "0.jpg"
+    run(["predict", "--ckpt", str(digits_ckpt), str(big), "--out", str(tmp_path / "p.csv")])
+    assert sizes == [(100, 75)]
+    run(["attention", "--ckpt", str(digits_ckpt), str(big), "--out", str(tmp_path / "maps")])
+    assert sizes[-1] == (100, 75)
+    Predictor(load_classifier(digits_ckpt)).prepare(big.read_bytes(), 10**7)
+    assert sizes[-1] == (100, 75)
+    dm = ImageFolder(str(tmp_path / "photos"), num_workers=0, img_size=8, crop_pct=1.0, val_fraction=0.25,
+                     test_fraction=0.25)
+    dm.setup("fit")
+    _ = dm.val_set[0], dm.test_set[0]  # each decoded through its split
+    assert sizes[-2:] == [(100, 75), (100, 75)]

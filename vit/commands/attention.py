@@ -45,6 +45,7 @@ from vit.image_files import (
 )
 from vit.inference import record, top_k_entries
 from vit.nn.vision import VisionTransformer
+from vit.preprocessing import eval_short_side
 
 ROLLOUTS = ("mean", "max", "min", "grad", "none")
 DISPLAY_SIDE = 224  # small inputs (8x8 digits) are drawn larger, with visible pixels
@@ -255,7 +256,9 @@ def main(argv: Sequence[str]) -> list[dict]:
     mode = "L" if classifier.in_chans == 1 else "RGB"
     # The loader of `vit predict`, one image at a time (sizes differ with --native_size): a file that
     # cannot be decoded comes back as Unreadable instead of stopping the run.
-    images = ImagePaths(files, partial(prepare_image, classifier=classifier, native_size=args.native_size), mode)
+    short_side = None if args.native_size else eval_short_side(classifier.img_size, classifier.crop_pct)
+    images = ImagePaths(files, partial(prepare_image, classifier=classifier, native_size=args.native_size), mode,
+                        short_side)
 
     args.out.mkdir(parents=True, exist_ok=True)
     results = []

@@ -20,7 +20,7 @@ augmentation ops as under timm's transform (tests/data/test_fast.py). Where the 
 * the resize: torch's antialiased bicubic/bilinear is PIL's filter, applied in PIL's order of
   passes but rounded in another fixed-point order: within 2 grey levels of PIL, and off by one
   on about 0.3% of pixels;
-* a JPEG whose crop box is at least twice the output (phone photos, not ImageNet's 500x375): decoded at a
+* a JPEG whose crop box is at least 4x the output (phone photos, not ImageNet's 500x375): decoded at a
   reduced scale and resized from there by PIL, within a grey level of the whole decode on average;
 * nothing else: the numpy shear/translate ops reproduce PIL's bicubic affine bit for bit
   (the same double arithmetic in the same order).
@@ -46,7 +46,7 @@ from torch.utils.data import default_collate
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
 
-from vit.data.io import decode, exif_orientation
+from vit.data.io import dct_reduction, decode, exif_orientation
 
 BICUBIC = Image.Resampling.BICUBIC
 
@@ -245,17 +245,18 @@ def enlarge_to(img: Image.Image, size: tuple[int, int], interpolation: Interpola
 def decode_for_crop(img: Image.Image, box: tuple[int, int, int, int], size: tuple[int, int]
                     ) -> tuple[Image.Image, tuple[float, float, float, float]]:
     """Decode ``img`` (from `vit.data.io.open_image`) for crop ``box`` (top, left, height, width) resized to
-    ``size`` (H, W): a JPEG at 1/2, 1/4 or 1/8 scale when the box stays at least ``size`` at that scale, else
-    whole. Returns the RGB image and the box in its pixels (fractions of one, when reduced).
+    ``size`` (H, W): a JPEG at 1/2, 1/4 or 1/8 scale when the box stays at least twice ``size`` at that scale
+    (`vit.data.io.dct_reduction`), else whole. Returns the RGB image and the box in its pixels (fractions of one,
+    when reduced).
 
-    A phone's 12 MP photo takes ~60 ms to decode whole and ~25 ms at 1/8 (libjpeg's DCT scaling: an 8x8 block
-    becomes its mean), and the resize then reads 1/64 of the pixels. ``box`` is in the image as shown (`decode`
-    turns it as its EXIF orientation says); the scale is the same both ways. The crop comes out within a grey level of
-    the whole decode's on average (docs/speed.md). An image already decoded, not a JPEG, or with a box under
-    twice ``size``, is decoded whole: the pixels are then timm's.
+    A phone's 12 MP photo takes ~60 ms to decode whole and ~30 ms at 1/4 (libjpeg's DCT scaling), and the resize
+    then reads a sixteenth of the pixels. ``box`` is in the image as shown (`decode` turns it as its EXIF
+    orientation says); the scale is the same both ways. The crop comes out within a grey level of the whole
+    decode's on average (docs/speed.md). An image already decoded, not a JPEG, or with a box under 4x ``size``,
+    is decoded whole: the pixels are then timm's.
     """
     top, left, height, width = box
-    reduction = next((r for r in (8, 4, 2) if height >= r * size[0] and width >= r * size[1]), 1)
+    reduction = min(dct_reduction(height, size[0]), dct_reduction(width, size[1]))
     if reduction > 1 and img.format == "JPEG":
         w, h = img.size
         drafted = img.draft(None, (w // reduction, h // reduction))  # None: already decoded, nothing done

@@ -39,6 +39,7 @@ from vit.data.io import (
     stratified_split,
 )
 from vit.errors import UserError, UserPathError, UserValueError
+from vit.preprocessing import eval_short_side
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,11 @@ class ImageFiles(Dataset):
 
     def __init__(
         self, samples: Sequence[tuple[str, int]], transform: Callable | None = None, *,
-        replace_bad: bool = False, max_bad_fraction: float = 0.01,
+        replace_bad: bool = False, max_bad_fraction: float = 0.01, short_side: int | None = None,
     ) -> None:
         self.samples = list(samples)
         self.transform = transform
+        self.short_side = short_side  # the evaluation transform's resize: a large JPEG decodes at that scale
         self.replace_bad = replace_bad
         self.max_bad_fraction = max_bad_fraction
         self.failures = torch.zeros(len(self.samples), dtype=torch.int32).share_memory_()  # per file
@@ -99,7 +101,7 @@ class ImageFiles(Dataset):
             if isinstance(self.transform, FastTrainTransform):  # it decodes: a big JPEG at a fraction of its size
                 with open_image(path) as img:
                     return self.transform(img), label
-            img = load_image(path)
+            img = load_image(path, short_side=self.short_side)
         except OSError as e:
             if not self.replace_bad:
                 raise UndecodableImageError(
@@ -309,11 +311,12 @@ class ImageFolder(ImageDataModule):
             raise UserValueError(f"{self.root}: no image is left to validate on ({why}); add images, or give a "
                                  f"{self.root}/val/<class>/<images> folder")
         train_tf, eval_tf = self.train_transform(), self.eval_transform()
-        make = lambda samples, tf: ImageFiles(samples, tf, replace_bad=self.skip_bad_images,
-                                              max_bad_fraction=self.max_bad_fraction)
+        make = lambda samples, tf, **kwargs: ImageFiles(samples, tf, replace_bad=self.skip_bad_images,
+                                                        max_bad_fraction=self.max_bad_fraction, **kwargs)
+        short_side = eval_short_side((self.img_size,), self.crop_pct)  # as `vit predict` and `vit serve` decode
         self.train_set = make(splits["train"], train_tf)
-        self.val_set = make(splits["val"], eval_tf)
-        self.test_set = make(splits["test"], eval_tf) if "test" in splits else self.val_set
+        self.val_set = make(splits["val"], eval_tf, short_side=short_side)
+        self.test_set = make(splits["test"], eval_tf, short_side=short_side) if "test" in splits else self.val_set
         test = "no test (val stands in for it)" if no_test_reason(self) else f"{len(self.test_set)} test"
         rank_zero_info(f"{self.root}: {len(self.train_set)} train, {len(self.val_set)} val, {test} images, "
                        f"{self.num_classes} classes")

@@ -115,10 +115,25 @@ def decode(img: Image.Image, mode: str = "RGB") -> Image.Image:
     return rgb.convert("L") if mode == "L" else rgb
 
 
-def load_image(source: str | os.PathLike | BinaryIO, mode: str = "RGB") -> Image.Image:
-    """Open and fully decode an image as RGB (or "L"), or raise an OSError that names the file."""
+def load_image(source: str | os.PathLike | BinaryIO, mode: str = "RGB", short_side: int | None = None) -> Image.Image:
+    """Open and decode an image as RGB (or "L"), or raise an OSError that names the file.
+
+    ``short_side``: what the caller resizes the short side to next (the evaluation transform's resize). A JPEG
+    at least 4x that is then decoded at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling, `dct_reduction`): a
+    phone's 12 MP photo in ~30 ms instead of ~60, and the resize reads a sixteenth of the pixels or fewer.
+    """
     with open_image(source) as img:
+        w, h = img.size
+        if short_side and img.format == "JPEG" and (scale := dct_reduction(min(w, h), short_side)) > 1:
+            img.draft(None, (w // scale, h // scale))  # libjpeg takes the largest scale that keeps this size
         return decode(img, mode)
+
+
+def dct_reduction(side: int, resized: int) -> int:
+    """The JPEG decode scale (1, 2, 4 or 8) for an image side that is resized to ``resized`` pixels: the largest
+    that leaves the resize at least a halving. Its box filter (an 8x8 block's mean at 1/8) then puts the result
+    within a grey level of the whole decode's on average; with less left to the resize, ~1.5-2 levels."""
+    return next((scale for scale in (8, 4, 2) if side >= 2 * scale * resized), 1)
 
 
 def _name(source: object) -> str:

@@ -111,10 +111,10 @@ def check_resized(width: int, height: int, short_side: int, max_pixels: int) -> 
                            f"limit of {max_pixels:,} (--max_pixels); crop it to a less elongated shape")
 
 
-def decode(data: bytes, mode: str) -> Image.Image:
-    """Fully decode checked bytes as `vit predict` reads a file (`load_image`), or raise a 400 `RequestError`."""
+def decode(data: bytes, mode: str, short_side: int | None = None) -> Image.Image:
+    """Decode checked bytes as `vit predict` reads a file (`load_image`), or raise a 400 `RequestError`."""
     try:
-        return load_image(io.BytesIO(data), mode=mode)
+        return load_image(io.BytesIO(data), mode=mode, short_side=short_side)
     except OSError as e:  # load_image turns every decoding failure into an OSError
         cause = e.__cause__ or e
         raise RequestError(400, "bad_image", f"the image cannot be decoded: {cause}") from None
@@ -166,7 +166,7 @@ class Predictor:
     def prepare(self, data: bytes, max_pixels: int) -> Tensor:
         """Check, decode and transform one upload: (C, H, W). Runs on a decoding thread."""
         check_resized(*check_upload(data, max_pixels), self.short_side, max_pixels)
-        return self.transform(decode(data, self.mode))
+        return self.transform(decode(data, self.mode, self.short_side))
 
     @torch.no_grad()
     def run(self, jobs: list[Job]) -> list[Answer]:
