@@ -412,5 +412,5 @@ def test_predict_serve_and_the_evaluation_splits_decode_a_large_jpeg_at_the_resi
     dm = ImageFolder(str(tmp_path / "photos"), num_workers=0, img_size=8, crop_pct=1.0, val_fraction=0.25,
                      test_fraction=0.25)
     dm.setup("fit")
-    _ = dm.val_set[0], dm.test_set[0]  # each decoded through its split
-    assert sizes[-2:] == [(100, 75), (100, 75)]
+    _ = dm.val_set[0], dm.test_set[0], dm.eval_split("train")[0]  # each decoded through its split
+    assert sizes[-3:] == [(100, 75)] * 3

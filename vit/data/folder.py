@@ -313,7 +313,7 @@ class ImageFolder(ImageDataModule):
         train_tf, eval_tf = self.train_transform(), self.eval_transform()
         make = lambda samples, tf, **kwargs: ImageFiles(samples, tf, replace_bad=self.skip_bad_images,
                                                         max_bad_fraction=self.max_bad_fraction, **kwargs)
-        short_side = eval_short_side((self.img_size,), self.crop_pct)  # as `vit predict` and `vit serve` decode
+        short_side = self.eval_short_side()
         self.train_set = make(splits["train"], train_tf)
         self.val_set = make(splits["val"], eval_tf, short_side=short_side)
         self.test_set = make(splits["test"], eval_tf, short_side=short_side) if "test" in splits else self.val_set
@@ -321,6 +321,16 @@ class ImageFolder(ImageDataModule):
         rank_zero_info(f"{self.root}: {len(self.train_set)} train, {len(self.val_set)} val, {test} images, "
                        f"{self.num_classes} classes")
         self._report_class_counts()
+
+    def eval_short_side(self) -> int:
+        """What the evaluation transform resizes the short side to: a large JPEG decodes at that scale, as
+        `vit predict` and `vit serve` decode it (`vit.data.io.load_image`)."""
+        return eval_short_side((self.img_size,), self.crop_pct)
+
+    def without_augmentation(self, dataset: Dataset) -> Dataset:
+        plain = super().without_augmentation(dataset)
+        plain.short_side = self.eval_short_side()  # the training images as val and test are decoded
+        return plain
 
     def test_dataloader(self) -> Any:
         # `vit test` asked for it: say what the test_* figures really are (a log line, once, not a Python warning)
