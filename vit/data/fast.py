@@ -5,7 +5,7 @@ One training image, as a DataLoader worker sees it (timm's ``create_transform`` 
     PIL image (H0, W0), opened        its header read; decoded here, once the crop box is known
       -> enlarged to cover (S, S)       only if smaller (`enlarge_to`): crop boxes are whole source pixels
       -> random resized crop + resize   timm's own box sampler; torch's uint8 antialiased resize (AVX2);
-                                        a JPEG >= 2x the box's output decoded at 1/2-1/8 (`decode_for_crop`)
+                                        a JPEG >= 4x the output decoded at 1/2-1/8 (`decode_for_crop`)
       -> horizontal flip                torch.rand(1) < p, as torchvision draws it
       -> RandAugment / AutoAugment ...  timm's own objects; shear and translate swapped for exact numpy ops
       -> uint8 tensor (3, S, S)         no float conversion here

@@ -130,7 +130,7 @@ class ImageFiles(Dataset):
         for other in group[start + 1:] + group[:start]:
             if not self.failures[other]:
                 try:
-                    return load_image(self.samples[other][0])
+                    return load_image(self.samples[other][0], short_side=self.short_side)
                 except OSError:
                     self.failures[other] += 1
         raise UndecodableImageError(f"no image of the class of {self.samples[index][0]} can be decoded; `vit audit` "
