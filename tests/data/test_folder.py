@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from tests.conftest import free_port
 from tests.formats import random_rgb, write_class_folders
@@ -194,6 +195,24 @@ def write_bad_files(root):
     return truncated
 
 
+def test_an_image_too_elongated_to_resize_is_named_at_setup(tmp_path):
+    """A 3-kB PNG of 2,000,000 x 1 pixels: the crop's enlargement (short side to 16) or the evaluation resize (to
+    ceil(16 / 0.875) = 19) would make it 38,000,000 x 19; its MemoryError came from a loader worker mid-epoch."""
+    write_class_folders(tmp_path / "train", ["a", "b"], per_class=3)
+    write_class_folders(tmp_path / "val", ["a", "b"], per_class=1)
+    Image.new("L", (2_000_000, 1)).save(tmp_path / "train" / "a" / "strip.png")
+    Image.new("L", (2_000, 1)).save(tmp_path / "train" / "b" / "short_strip.png")  # 38,000 x 19: fine
+    options = dict(batch_size=2, num_workers=0, img_size=16, crop_pct=0.875)
+    with pytest.raises(ValueError) as err:
+        ImageFolder(str(tmp_path), **options).setup("fit")
+    assert ("strip.png: 2000000x1: scaling its short side to 19 pixels would make it 722,000,000 pixels, over "
+            "40,000,000; crop it to a less elongated shape") in str(err.value)
+    assert "short_strip.png" not in str(err.value)
+    dm = ImageFolder(str(tmp_path), skip_bad_images=True, **options)
+    dm.setup("fit")
+    assert len(dm.train_set) == 7 and not any(p.endswith("/strip.png") for p, _ in dm.train_set.samples)
+
+
 def test_bad_headers_are_all_reported_at_setup_before_any_step(tmp_path):
     root = tmp_path / "data"
     write_bad_files(root)
@@ -223,9 +242,9 @@ def check_headers_on_a_rank(rank: int, world: int, port: int, root: str, out: st
     checked: list[list[str]] = []
     check_files = folder.check_image_files
 
-    def recording_check(paths, num_workers=None):
+    def recording_check(paths, num_workers=None, short_side=None):
         checked.append(list(paths))
-        return check_files(paths, num_workers=num_workers)
+        return check_files(paths, num_workers=num_workers, short_side=short_side)
 
     folder.check_image_files = recording_check  # check_headers calls it by this module's name
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

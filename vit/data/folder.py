@@ -286,7 +286,9 @@ class ImageFolder(ImageDataModule):
         """Check every header once (sharded across DDP ranks); raise, or drop the bad files, listing them."""
         paths = [path for samples in splits.values() for path, _ in samples]
         start = time.perf_counter()
-        bad = dict(check_headers(paths))
+        # the evaluation resize's short side bounds the training crop's too (an image smaller than the crop is
+        # enlarged to it): an image that either would blow up past MAX_RESIZED_PIXELS is named here
+        bad = dict(check_headers(paths, self.eval_short_side()))
         rank_zero_info(f"checked {len(paths)} image headers in {time.perf_counter() - start:.1f} s")
         if not bad:
             return splits
@@ -367,16 +369,16 @@ class ImageFolder(ImageDataModule):
         return WeightedRandomSampler(weights, num_samples=len(weights), replacement=True)
 
 
-def check_headers(paths: Sequence[str]) -> list[tuple[str, str]]:
+def check_headers(paths: Sequence[str], short_side: int | None = None) -> list[tuple[str, str]]:
     """`check_image_files` once over all ranks: each DDP rank checks its shard, and all share the result."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return check_image_files(paths)
+        return check_image_files(paths, short_side=short_side)
     rank, world = dist.get_rank(), dist.get_world_size()
     cores = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     shards: list[Any] = [None] * world
-    dist.all_gather_object(shards, check_image_files(paths[rank::world], num_workers=cores))
+    dist.all_gather_object(shards, check_image_files(paths[rank::world], num_workers=cores, short_side=short_side))
     return [bad for shard in shards for bad in shard]
 
 

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
@@ -21,6 +22,7 @@ import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from vit.errors import UserPathError, UserValueError
+from vit.preprocessing import MAX_RESIZED_PIXELS, resized_pixels
 
 log = logging.getLogger(__name__)
 
@@ -336,20 +338,24 @@ def bomb_size(error: Image.DecompressionBombError) -> str:
     return f"{int(pixels.group(1)):,} pixels" if pixels else "too many pixels"
 
 
-def check_image_file(path: str) -> str | None:
+def check_image_file(path: str, short_side: int | None = None) -> str | None:
     """What is wrong with an image file, judged from its header alone (no decoding), or None.
 
     Finds empty files, content that is no image format PIL reads (a text file named .jpg, an
     unsupported format) and images PIL refuses to open as decompression bombs (over twice its
     MAX_IMAGE_PIXELS, 179 MP). Between once and twice that PIL only warns, as for the 108 MP photos of
     some phones, which load as they would in torchvision or timm. Truncated pixel data passes: only
-    decoding finds it.
+    decoding finds it. With ``short_side`` (what training and evaluation scale the short side to, at most),
+    so is an image so elongated that the scaling would pass `MAX_RESIZED_PIXELS` (a loader's MemoryError).
     """
     try:
         if os.path.getsize(path) == 0:
             return "empty file (0 bytes)"
-        with Image.open(path):
-            pass
+        with Image.open(path) as img:
+            w, h = img.size
+        if short_side and (resized := resized_pixels(w, h, short_side)) > MAX_RESIZED_PIXELS:
+            return (f"{w}x{h}: scaling its short side to {short_side} pixels would make it {resized:,.0f} pixels, "
+                    f"over {MAX_RESIZED_PIXELS:,}; crop it to a less elongated shape")
     except Image.DecompressionBombError as e:
         return f"{bomb_size(e)}, over PIL's limit of {pil_refusal_limit():,} (a decompression-bomb guard); " \
                "downscale it"
@@ -362,26 +368,26 @@ def check_image_file(path: str) -> str | None:
     return None
 
 
-def _check_chunk(paths: Sequence[str]) -> list[tuple[str, str]]:
+def _check_chunk(paths: Sequence[str], short_side: int | None = None) -> list[tuple[str, str]]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        return [(p, problem) for p in paths if (problem := check_image_file(p)) is not None]
+        return [(p, problem) for p in paths if (problem := check_image_file(p, short_side)) is not None]
 
 
-def check_image_files(paths: Sequence[str], num_workers: int | None = None) -> list[tuple[str, str]]:
-    """(path, problem) for every file whose header is bad, checked in ``num_workers`` processes.
-
-    ``None`` uses every core this process may run on; small lists are checked in-process.
+def check_image_files(paths: Sequence[str], num_workers: int | None = None, short_side: int | None = None
+                      ) -> list[tuple[str, str]]:
+    """(path, problem) for every file whose header is bad (`check_image_file`), checked in ``num_workers``
+    processes. ``None`` uses every core this process may run on; small lists are checked in-process.
     """
     num_workers = len(os.sched_getaffinity(0)) if num_workers is None else num_workers
     if num_workers <= 1 or len(paths) < 2000:
-        return _check_chunk(paths)
+        return _check_chunk(paths, short_side)
     import multiprocessing
 
     chunks = [paths[i : i + 500] for i in range(0, len(paths), 500)]
     # fork: the workers need nothing but PIL, and must not re-import the caller's program.
     with ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        return [bad for result in pool.map(_check_chunk, chunks) for bad in result]
+        return [bad for result in pool.map(partial(_check_chunk, short_side=short_side), chunks) for bad in result]
 
 
 def describe_bad_files(bad: Sequence[tuple[str, str]], total: int, shown: int = 10) -> str:
