@@ -117,6 +117,14 @@ def newest_checkpoint(folder: str | os.PathLike, which: str) -> Path | None:
     return newest([p for p in found if p.name.startswith("best-")])
 
 
+def run_checkpoint_folders(experiment: str | os.PathLike) -> list[Path]:
+    """The ``<version>/checkpoints`` folders Lightning's logger made below ``experiment``, the run that saved a
+    checkpoint last first."""
+    runs = [folder for folder in Path(experiment).glob("*/checkpoints") if folder.is_dir()]
+    return sorted(runs, key=lambda folder: max((p.stat().st_mtime for p in folder.glob("*.ckpt")), default=0.0),
+                  reverse=True)
+
+
 def _named_best(path: Path) -> str | None:
     """The file name of the run's best checkpoint as ``path``'s BestCheckpoint state recorded it when ``path``
     was saved, or None (no such state, or a damaged file, which whoever loads it will name)."""

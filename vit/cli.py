@@ -43,6 +43,7 @@ from vit.checkpoint import (
     missing_message,
     newest_checkpoint,
     read_checkpoint,
+    run_checkpoint_folders,
 )
 from vit.cli_parser import VitArgumentParser
 from vit.console import ModelReport, ProgressBar, quiet_dependencies
@@ -385,9 +386,7 @@ def checkpoint_folders(config: Any) -> list[Path]:
     experiment = experiment_folder(trainer)
     if trainer.get("logger") is False:
         return [experiment / "checkpoints"]
-    runs = [folder for folder in experiment.glob("*/checkpoints") if folder.is_dir()]
-    return sorted(runs, key=lambda folder: max((p.stat().st_mtime for p in folder.glob("*.ckpt")), default=0.0),
-                  reverse=True) or [experiment / "<version>" / "checkpoints"]
+    return run_checkpoint_folders(experiment) or [experiment / "<version>" / "checkpoints"]
 
 
 def checkpoint_by_name(config: Any, which: str) -> str:

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from vit.data.io import check_image_file, load_image
 from vit.errors import UserError
-from vit.preprocessing import MAX_RESIZED_PIXELS, resized_pixels
+from vit.preprocessing import too_elongated
 
 
 # ---- reading files, bad ones included ---------------------------------------------------------
@@ -45,15 +45,13 @@ class ImagePaths(Dataset):
     """Image files decoded in the model's mode and prepared by ``transform``; a file that cannot be
     decoded yields `Unreadable` in place of its tensor, so one bad file costs one row, not the run.
 
-    With ``short_side`` (what ``transform`` scales the short side to), so does an image that scaling would make
-    larger than ``max_pixels``: a very elongated one (`vit.preprocessing.MAX_RESIZED_PIXELS`); and a large JPEG is
-    decoded at the scale the resize needs (`vit.data.io.load_image`).
+    With ``short_side`` (what ``transform`` scales the short side to), so does an image that scaling would blow
+    up (`vit.preprocessing.too_elongated`); and a large JPEG is decoded at the scale the resize needs
+    (`vit.data.io.load_image`).
     """
 
-    def __init__(self, files: Sequence[Path], transform: Callable, mode: str, short_side: int | None = None,
-                 max_pixels: int = MAX_RESIZED_PIXELS) -> None:
-        self.files, self.transform, self.mode = list(files), transform, mode
-        self.short_side, self.max_pixels = short_side, max_pixels
+    def __init__(self, files: Sequence[Path], transform: Callable, mode: str, short_side: int | None = None) -> None:
+        self.files, self.transform, self.mode, self.short_side = list(files), transform, mode, short_side
 
     def __len__(self) -> int:
         return len(self.files)
@@ -63,11 +61,8 @@ class ImagePaths(Dataset):
             image = load_image(self.files[index], mode=self.mode, short_side=self.short_side)
         except OSError as e:  # load_image turns every decoding failure into an OSError
             return index, Unreadable(read_failure(self.files[index], e))
-        if self.short_side and (resized := resized_pixels(*image.size, self.short_side)) > self.max_pixels:
-            w, h = image.size
-            return index, Unreadable(f"{w}x{h}: scaling its short side to the model's {self.short_side} pixels "
-                                     f"would make it {resized:,.0f} pixels, over the limit of {self.max_pixels:,}; "
-                                     "crop it to a less elongated shape")
+        if self.short_side and (problem := too_elongated(*image.size, self.short_side)):
+            return index, Unreadable(problem)
         return index, self.transform(image)
 
 

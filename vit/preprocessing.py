@@ -45,6 +45,16 @@ def resized_pixels(width: int, height: int, short_side: int) -> float:
     return max(width, height) * short_side / max(1, min(width, height)) * short_side
 
 
+def too_elongated(width: int, height: int, short_side: int) -> str | None:
+    """Why a ``width`` x ``height`` image cannot be resized to ``short_side`` on its short side (it would pass
+    `MAX_RESIZED_PIXELS`), or None."""
+    resized = resized_pixels(width, height, short_side)
+    if resized <= MAX_RESIZED_PIXELS:
+        return None
+    return (f"{width}x{height}: scaling its short side to the model's {short_side} pixels would make it "
+            f"{resized:,.0f} pixels, over the limit of {MAX_RESIZED_PIXELS:,}; crop it to a less elongated shape")
+
+
 @dataclass(frozen=True)
 class Preprocessing:
     """Normalisation (one mean and std per channel), evaluation centre-crop fraction and resize interpolation."""

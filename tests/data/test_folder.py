@@ -205,8 +205,8 @@ def test_an_image_too_elongated_to_resize_is_named_at_setup(tmp_path):
     options = dict(batch_size=2, num_workers=0, img_size=16, crop_pct=0.875)
     with pytest.raises(ValueError) as err:
         ImageFolder(str(tmp_path), **options).setup("fit")
-    assert ("strip.png: 2000000x1: scaling its short side to 19 pixels would make it 722,000,000 pixels, over "
-            "40,000,000; crop it to a less elongated shape") in str(err.value)
+    assert ("strip.png: 2000000x1: scaling its short side to the model's 19 pixels would make it 722,000,000 "
+            "pixels, over the limit of 40,000,000; crop it to a less elongated shape") in str(err.value)
     assert "short_strip.png" not in str(err.value)
     dm = ImageFolder(str(tmp_path), skip_bad_images=True, **options)
     dm.setup("fit")

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from vit.errors import UserPathError, UserValueError
-from vit.preprocessing import MAX_RESIZED_PIXELS, resized_pixels
+from vit.preprocessing import too_elongated
 
 log = logging.getLogger(__name__)
 
@@ -346,16 +346,15 @@ def check_image_file(path: str, short_side: int | None = None) -> str | None:
     MAX_IMAGE_PIXELS, 179 MP). Between once and twice that PIL only warns, as for the 108 MP photos of
     some phones, which load as they would in torchvision or timm. Truncated pixel data passes: only
     decoding finds it. With ``short_side`` (what training and evaluation scale the short side to, at most),
-    so is an image so elongated that the scaling would pass `MAX_RESIZED_PIXELS` (a loader's MemoryError).
+    so is an image so elongated that the scaling would blow it up (`too_elongated`: a loader's MemoryError).
     """
     try:
         if os.path.getsize(path) == 0:
             return "empty file (0 bytes)"
         with Image.open(path) as img:
-            w, h = img.size
-        if short_side and (resized := resized_pixels(w, h, short_side)) > MAX_RESIZED_PIXELS:
-            return (f"{w}x{h}: scaling its short side to {short_side} pixels would make it {resized:,.0f} pixels, "
-                    f"over {MAX_RESIZED_PIXELS:,}; crop it to a less elongated shape")
+            size = img.size
+        if short_side and (problem := too_elongated(*size, short_side)):
+            return problem
     except Image.DecompressionBombError as e:
         return f"{bomb_size(e)}, over PIL's limit of {pil_refusal_limit():,} (a decompression-bomb guard); " \
                "downscale it"

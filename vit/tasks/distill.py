@@ -27,7 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vit.checkpoint import evaluated_weights, load_classifier, missing_message, newest_checkpoint, read_checkpoint
+from vit.checkpoint import (
+    evaluated_weights,
+    load_classifier,
+    missing_message,
+    newest_checkpoint,
+    read_checkpoint,
+    run_checkpoint_folders,
+)
 from vit.errors import UserPathError, UserValueError
 
 log = logging.getLogger(__name__)
@@ -152,9 +159,7 @@ def resolve(teacher: str, folder: str | None) -> Path:
             raise UserValueError(f"teacher: {teacher} needs teacher_dir, the teacher run's checkpoint folder "
                                  "(configs/teacher_small.yaml writes logs/teacher_small/checkpoints)")
         # the folder itself, or a run folder Lightning wrote: its checkpoints/, or <version>/checkpoints/, newest first
-        newest = lambda run: max((p.stat().st_mtime for p in run.glob("*.ckpt")), default=0.0)
-        runs = sorted(Path(folder).glob("*/checkpoints"), key=newest, reverse=True)
-        for candidate in (Path(folder), Path(folder) / "checkpoints", *runs):
+        for candidate in (Path(folder), Path(folder) / "checkpoints", *run_checkpoint_folders(folder)):
             if (found := newest_checkpoint(candidate, teacher)) is not None:
                 return found
         raise UserPathError(f"teacher: {teacher}: no {teacher}*.ckpt in {folder} (nor in a checkpoints/ folder "
