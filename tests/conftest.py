@@ -85,7 +85,7 @@ def without_pillow_heif(monkeypatch) -> None:
 @pytest.fixture(autouse=True)
 def _logger_levels_restored() -> Iterator[None]:
     """Logger levels a test (or a script's main() it runs) sets do not leak into later tests: the scripts quiet
-    lightning.pytorch and vit.weights for their own runs, which hid later tests' captured messages."""
+    lightning.pytorch and vit.checkpoints.weights for their own runs, which hid later tests' captured messages."""
     loggers = logging.Logger.manager.loggerDict
     before = {name: logger.level for name, logger in loggers.items() if isinstance(logger, logging.Logger)}
     yield
@@ -238,7 +238,7 @@ def umask(mask: int) -> Iterator[int]:
 
 @pytest.fixture(autouse=True)
 def no_process_group_left_behind() -> Iterator[None]:
-    """An in-process DDP run (world size 1, e.g. scripts/gpu_check.py on the CPU) leaves torch.distributed
+    """An in-process DDP run (world size 1, e.g. scripts/gpu/gpu_check.py on the CPU) leaves torch.distributed
     initialised, and every later test would then log as if distributed. Destroy it after the test."""
     yield
     import torch.distributed as dist

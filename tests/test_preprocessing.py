@@ -14,8 +14,8 @@ from timm.models import get_pretrained_cfg
 
 from tests import CONFIGS
 from tests.formats import write_class_folders
-from vit.checkpoint import load_classifier
-from vit.cli import cli
+from vit.cli.main import cli
+from vit.deploy.classifier import load_classifier
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
@@ -95,7 +95,7 @@ def test_no_pretrained_weights_keeps_the_datamodules_defaults(tmp_path, photos):
 
 @pytest.mark.parametrize("path", ["folder_cpu", "folder_vit_small", "folder_vit_base", "cifar10_vit_base"])
 def test_the_shipped_augreg_recipes_normalise_as_their_weights_were_trained(path, tmp_path):
-    from vit.cli import follow_the_weights
+    from vit.cli.main import follow_the_weights
 
     config = yaml.safe_load((CONFIGS / "finetune" / f"{path}.yaml").read_text())
     data = config["data"]["init_args"]
@@ -126,7 +126,7 @@ def test_a_hub_folder_brings_its_config_and_the_checkpoint_carries_it(tmp_path, 
     assert classifier.img_size == (32, 32) and classifier.interpolation == "bilinear" and classifier.crop_pct == 0.9
 
     # `vit test --ckpt_path` (or a resume from a file): the data follows the checkpoint, the weights file gone.
-    from vit.cli import follow_the_weights
+    from vit.cli.main import follow_the_weights
 
     unset = dict.fromkeys(["img_size", "mean", "std", "crop_pct", "interpolation"])
     config = {"ckpt_path": str(tmp_path / "ckpt" / "last.ckpt"), "data": {"init_args": unset},

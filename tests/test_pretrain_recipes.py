@@ -17,8 +17,8 @@ import torch
 from tests import CONFIGS
 from tests.conftest import quiet_run
 from tests.test_recipes import CPU, image_data, logged, recipe
-from vit.checkpoint import read_checkpoint
-from vit.cli import build_model_and_data, cli
+from vit.checkpoints.io import read_checkpoint
+from vit.cli.main import build_model_and_data, cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")]
 

@@ -95,7 +95,7 @@ def test_every_script_command_parses(argv, monkeypatch):
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
     monkeypatch.setattr(sys, "argv", [str(ROOT / argv[0]), *argv[1:]])
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    monkeypatch.syspath_prepend(str((ROOT / argv[0]).parent))  # as running it does: its siblings import by name
     with pytest.raises(Parsed):
         runpy.run_path(str(ROOT / argv[0]), run_name="__main__")
 
@@ -120,7 +120,7 @@ def test_every_readme_command_parses(argv, tmp_path, monkeypatch, capsys):
         if "--ckpt_path" in argv:
             at = argv.index("--ckpt_path")
             argv = argv[:at] + argv[at + 2:]
-        from vit.cli import cli
+        from vit.cli.main import cli
 
         with pytest.raises(SystemExit) as done:
             cli([*argv, "--print_config"])

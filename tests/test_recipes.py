@@ -18,8 +18,8 @@ import yaml
 from tests import CONFIGS
 from tests.conftest import quiet_run
 from tests.formats import CORPUS, write_cifar10, write_cifar100, write_class_folders
-from vit.checkpoint import load_classifier
-from vit.cli import cli
+from vit.cli.main import cli
+from vit.deploy.classifier import load_classifier
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")]
 
@@ -80,7 +80,8 @@ def teacher_folder(config: dict, folder: Path) -> list[str]:
     the synthetic data's classes, written as `vit fit` writes one, and the option that points the recipe at it."""
     if config["model"]["init_args"].get("teacher") != "best":
         return []
-    from vit.checkpoint import classifier_checkpoint, save_checkpoint
+    from vit.checkpoints.io import save_checkpoint
+    from vit.checkpoints.meta import classifier_checkpoint
     from vit.tasks import ConvNetClassifier
 
     teacher = ConvNetClassifier(model="resnet10t", model_kwargs=SHRUNK_CONVNET, num_classes=2,

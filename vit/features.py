@@ -21,23 +21,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from vit._moved import forward
 from vit.files import save_atomic
 from vit.hashing import digest
 from vit.progress import progress
 
 log = logging.getLogger(__name__)
-
-
-def new_run_folder(folder: Path) -> Path:
-    """A new ``folder/version_N``, N one past the largest there (as Lightning's loggers number runs)."""
-    while True:
-        versions = [int(p.name[8:]) for p in folder.glob("version_*") if p.name[8:].isdigit()]
-        path = folder / f"version_{max(versions, default=-1) + 1}"
-        try:
-            path.mkdir(parents=True)
-            return path
-        except FileExistsError:  # another run took it meanwhile
-            continue
 
 
 def blas_threads(n: int, d: int) -> int:
@@ -108,3 +97,7 @@ def cached_features(
     except OSError as e:  # a read-only or full disk costs the next run time, not this run's figures
         return features, labels, f"extracted, not cached ({type(e).__name__}: {e})"
     return features, labels, f"extracted, cached in {path}"
+
+
+# `new_run_folder` moved to vit.checkpoints.runs (one release)
+__getattr__ = forward(__name__, ["vit.checkpoints.runs"])

@@ -3,8 +3,8 @@
 ``Preprocessing`` is the normalisation mean/std, the evaluation centre crop and the resize interpolation
 (the input size and channels are the model config's). `vit fit` writes it from the data into the checkpoint
 (``ImageClassifier.checkpoint_meta``), and everything that prepares an image afterwards reads it from there:
-`vit predict`, `vit attention`, `vit serve` (`vit.checkpoint.Classifier`), `vit export` (the ONNX metadata and
-timm's ``pretrained_cfg``) and the ONNX model's runner (`vit.inference.OnnxClassifier`).
+`vit predict`, `vit attention`, `vit serve` (`vit.deploy.Classifier`), `vit export` (the ONNX metadata and
+timm's ``pretrained_cfg``) and the ONNX model's runner (`vit.deploy.OnnxClassifier`).
 
 The data follows the weights: `pretrained_preprocessing` is what a pretrained source says its images went
 through, which `vit fit` uses for every DataModule option the config leaves unset (`vit.cli`):

@@ -13,10 +13,10 @@ import torch
 
 import vit
 from tests.conftest import umask
-from vit import export
-from vit.checkpoint import load_classifier
+from vit.checkpoints.convert import convert_layer_scale
 from vit.commands import main, run
-from vit.convert import convert_layer_scale
+from vit.deploy import export
+from vit.deploy.classifier import load_classifier
 from vit.nn.vision import MODEL_CONFIGS
 
 
@@ -124,7 +124,7 @@ def test_every_timm_named_config_maps_to_its_timm_architecture_unchanged():
             assert vit.create_model(architecture, num_classes=7, **model_args).embed_dim == config["embed_dim"]
         with torch.device("meta"):
             theirs = timm.create_model(architecture, num_classes=7, **model_args)
-        # timm's Eva (DINOv3) names its LayerScale gamma_1/2: the same tensors once renamed (vit.convert)
+        # timm's Eva (DINOv3) names its LayerScale gamma_1/2: the same tensors once renamed (vit.checkpoints.convert)
         assert {k: v.shape for k, v in convert_layer_scale(theirs.state_dict()).items()} == {
             k: v.shape for k, v in ours.state_dict().items()}, name
 
@@ -143,7 +143,7 @@ def test_every_config_field_is_exported_or_named_as_training_only():
 
 def test_avg_pool_model_round_trips_through_timm(tmp_path):
     """A non-default option (average pooling, another patch size) travels in model_args and gives the same logits."""
-    from vit.checkpoint import Classifier
+    from vit.deploy.classifier import Classifier
 
     model = vit.create_model("vit_small_patch16_224", img_size=32, patch_size=8, depth=2, global_pool="avg",
                              num_classes=3).eval()
@@ -172,7 +172,7 @@ ONNX_FAMILIES = {"vit_small_patch14_reg4_dinov2", "vit_small_patch16_dinov3", "v
 def test_each_family_round_trips_through_timm_and_onnx(name, tmp_path):
     """timm loads the exported safetensors strictly and gives our logits; the ONNX file agrees with PyTorch.
     Tiny widths: what is checked is each family's layout (tokens, pooling, LayerScale, norms, heads)."""
-    from vit.checkpoint import Classifier
+    from vit.deploy.classifier import Classifier
 
     p = MODEL_CONFIGS[name]["patch_size"]
     shape = {"img_size": 2 * p, "depth": 1, "embed_dim": 32, "num_heads": 2}

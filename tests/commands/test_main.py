@@ -25,7 +25,7 @@ def test_vit_help_lists_every_command(capsys):
 def test_prediction_side_imports_no_lightning():
     # nor onnx/onnxruntime: they load only for ONNX files. One fresh interpreter imports the modules in turn and
     # names each one that brought a heavy package in (the first to import it is the culprit).
-    modules = ["vit.checkpoint", "vit.data.io", "vit.commands.predict", "vit.commands.attention",
+    modules = ["vit.deploy", "vit.checkpoints", "vit.data.io", "vit.commands.predict", "vit.commands.attention",
                "vit.commands.export", "vit.commands.probe"]
     code = ("import importlib, sys\n"
             f"for name in {modules!r}:\n"
@@ -72,7 +72,8 @@ def test_an_output_that_cannot_be_written_is_named_before_any_work(command, opti
 def test_a_checkpoint_folder_given_as_a_checkpoint_names_its_files_and_its_best(fitted, tmp_path):
     """`vit predict --ckpt logs/.../checkpoints` said only that a folder is no checkpoint: it now names the
     checkpoints inside and the run's best, which loads."""
-    from vit.checkpoint import load_classifier, read_checkpoint
+    from vit.checkpoints.io import read_checkpoint
+    from vit.deploy.classifier import load_classifier
 
     folder = fitted / "ckpt"
     (best,) = folder.glob("best-*.ckpt")
@@ -90,8 +91,8 @@ def test_a_checkpoint_folder_given_as_a_checkpoint_names_its_files_and_its_best(
 def test_an_onnx_export_or_its_folder_given_where_the_other_goes_is_named_as_such(tmp_path):
     """`vit attention --ckpt model.onnx` was told the ONNX file was a checkpoint damaged by a kill, and
     `vit predict --ckpt` of the export's folder that it was not found."""
-    from vit.checkpoint import read_checkpoint
-    from vit.inference import OnnxClassifier
+    from vit.checkpoints.io import read_checkpoint
+    from vit.deploy.inference import OnnxClassifier
 
     onnx = tmp_path / "export" / "model.onnx"
     onnx.parent.mkdir()

@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 from tests.commands.test_attention import write_checkpoint
-from vit.checkpoint import load_classifier
 from vit.commands import main, run
+from vit.deploy.classifier import load_classifier
 
 
 def probabilities(row: dict) -> list[float]:
@@ -80,8 +80,8 @@ def test_predict_writes_topk_csv_and_json(fitted, tmp_path, capsys):
 def test_predict_on_image_files_matches_the_datamodule_inputs(digits_run, digit_pngs):
     """PNG files of the test digits, prepared from the checkpoint alone, get the probabilities the model
     gives the datamodule's own tensors (same size, interpolation and normalisation)."""
-    from vit.commands.predict import predict_files
     from vit.data import Digits
+    from vit.deploy.predict import predict_files
 
     classifier = load_classifier(digits_run.best)
     assert classifier.img_size == (16, 16) and classifier.interpolation == "bilinear"
@@ -138,17 +138,17 @@ def test_the_console_script_exits_0_with_an_onnx_model(exported, tmp_path, monke
 def test_predict_bf16_runs_autocast_and_warns_where_the_cpu_emulates_it(exported, tmp_path, monkeypatch):
     import warnings
 
-    import vit.inference
+    import vit.deploy.inference
 
     folder = digit_folder(tmp_path / "images")
     args = ["predict", "--ckpt", str(exported.ckpt), str(folder), "--top_k", "10", "--out", str(tmp_path / "p.json")]
     fp32 = run(args)
-    monkeypatch.setattr(vit.inference, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(vit.deploy.inference, "cpu_has_native_bf16", lambda: False)
     with pytest.warns(UserWarning, match="no native bf16.*slower than fp32"):
         bf16 = run([*args, "--precision", "bf16"])
     for a, b in zip(fp32, bf16):
         assert by_name(a) == pytest.approx(by_name(b), abs=0.01)
-    monkeypatch.setattr(vit.inference, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(vit.deploy.inference, "cpu_has_native_bf16", lambda: True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no emulation warning (the deprecation is tests/test_backends.py's)
         warnings.filterwarnings("ignore", "--precision bf16 is deprecated", FutureWarning)
@@ -178,9 +178,9 @@ def test_predict_names_a_bad_onnx_file(exported, tmp_path):
 @pytest.mark.slow
 def test_onnx_export_gives_the_checkpoints_top1_on_every_test_digit(digits_run, digit_pngs, tmp_path):
     """The issue's bar: `vit predict model.onnx` and `vit predict best.ckpt` agree on every file; int8 stays close."""
-    from vit.commands.predict import predict_files
-    from vit.export import export_onnx
-    from vit.inference import load_model
+    from vit.deploy.export import export_onnx
+    from vit.deploy.inference import load_model
+    from vit.deploy.predict import predict_files
 
     classifier = load_classifier(digits_run.best)
     export_onnx(classifier, tmp_path, quantize="int8")
@@ -278,7 +278,7 @@ def test_predict_reports_unreadable_files_and_writes_every_other_row(digits_ckpt
     assert all(r["error"] == "" and r["class_1"] == row["top_k"][0]["name"] for r, row in zip(table[2:], rows[2:]))
 
     # the same records from worker processes: the Unreadable markers cross the process boundary
-    from vit.commands.predict import predict_files
+    from vit.deploy.predict import predict_files
 
     assert predict_files(load_classifier(digits_ckpt), [Path(r["path"]) for r in rows], num_workers=2) == rows
 
@@ -295,7 +295,7 @@ def test_predict_lists_at_most_ten_unreadable_files(digits_ckpt, tmp_path, capsy
 
 
 def test_predict_strict_stops_at_the_first_unreadable_file(digits_ckpt, tmp_path, capsys):
-    from vit.commands.predict import UnreadableImageError
+    from vit.deploy.image_files import UnreadableImageError
 
     folder = digit_folder(tmp_path / "images", n=3)
     bad = with_bad_files(folder)

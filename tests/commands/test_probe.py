@@ -147,7 +147,7 @@ def test_probe_without_a_test_split_reports_val_only(tmp_path, monkeypatch, caps
     assert "test top-1" not in out and out.count("no test figure (no held-out test split)") == 2
     assert result["logistic_test_acc"] is None and result["knn_test_acc"] is None
     assert result["held_out_test"] is False and result["logistic_val_acc"] > 0
-    from vit.checkpoint import read_checkpoint
+    from vit.checkpoints.io import read_checkpoint
 
     assert read_checkpoint(result["checkpoint"])["probe"]["logistic_test_acc"] is None
 
@@ -267,8 +267,8 @@ def test_probe_on_a_folder_caches_features_and_its_checkpoint_predicts_the_same(
 def test_probe_on_each_kind_of_head_saves_a_checkpoint_that_predicts_what_it_scored(name, pool, tmp_path):
     """Two heads (DeiT distilled), no cls token (SigLIP's attention pool), and DINOv2's cls + mean patch features
     (2 x width): the saved checkpoint's test accuracy, from the checkpoint alone, is the probe's."""
-    from vit.checkpoint import load_classifier
     from vit.data import ImageFolder
+    from vit.deploy.classifier import load_classifier
 
     root = noisy_colour_folder(tmp_path / "images", per_class=12)
     args = tiny_probe_args(root, tmp_path)
@@ -311,7 +311,8 @@ def test_a_feature_that_barely_varies_keeps_the_float32_head_exact():
 
 def test_probe_checkpoint_is_a_fit_checkpoint_and_a_pretrained_source(tmp_path):
     import vit
-    from vit.checkpoint import load_classifier, read_checkpoint
+    from vit.checkpoints.io import read_checkpoint
+    from vit.deploy.classifier import load_classifier
 
     root = noisy_colour_folder(tmp_path / "images", per_class=8)
     result = run(tiny_probe_args(root, tmp_path))

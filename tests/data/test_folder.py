@@ -322,8 +322,8 @@ def test_replacements_in_loader_workers_are_counted_and_reported(tmp_path, caplo
     """Workers are other processes: their replacements reach the epoch report through shared memory."""
     from lightning.pytorch import Trainer
 
+    from vit.cli.training import TrainingReport
     from vit.tasks import ImageClassifier
-    from vit.training import TrainingReport
 
     root = tmp_path / "data"
     truncated = write_bad_files(root)
@@ -335,7 +335,7 @@ def test_replacements_in_loader_workers_are_counted_and_reported(tmp_path, caplo
                             model_kwargs={"depth": 1, "patch_size": 8})
     trainer = Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, callbacks=[TrainingReport()], num_sanity_val_steps=0)
-    with caplog.at_level(logging.WARNING, logger="vit.training"):
+    with caplog.at_level(logging.WARNING, logger="vit.cli.training"):
         trainer.fit(model, datamodule=dm)
     assert caplog.text.count("replaced 1 undecodable images") == 2 and str(truncated) in caplog.text
     assert trainer.callback_metrics["replaced_images"] == 1

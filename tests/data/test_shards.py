@@ -380,7 +380,7 @@ def test_a_run_crashed_in_each_epoch_resumes_to_the_same_weights_and_validations
     3: step 6 is saved after it), at 7 (just after epoch 0, from 6), 11 (epoch 1, from 9) and 16 (epoch 2, from
     15). It ends with the uninterrupted run's weights bit for bit, at the same step, having validated every epoch
     once (and redone the validation the crash cut short), with the same scores at the same steps."""
-    from vit.cli import cli
+    from vit.cli.main import cli
     from vit.commands import main
 
     write_class_folders(tmp_path / "photos", ["a", "b"], per_class=33, size=20)
@@ -409,7 +409,7 @@ def test_a_run_sigkilled_in_its_first_epoch_resumes_to_the_same_weights_bit_for_
     """A real `vit fit` process (2 loader workers, as the recipe) SIGKILLed at step 4 of 18, in the first of 3
     epochs, and resumed from last.ckpt (step 3) in a new process: equal weights, EMA and optimiser state to an
     uninterrupted run (in this process: the reference need not be a subprocess, and one start-up less)."""
-    from vit.cli import cli
+    from vit.cli.main import cli
 
     write_class_folders(tmp_path / "photos", ["a", "b"], per_class=30, size=20)
     write_shards(tmp_path / "photos", tmp_path / "shards", num_workers=1)  # 48 train: 6 batches of 8 an epoch
@@ -433,7 +433,7 @@ def test_a_run_sigkilled_in_its_first_epoch_resumes_to_the_same_weights_bit_for_
     whole_end = torch.load(tmp_path / "whole/ckpt/last.ckpt", weights_only=False)
     assert whole_end["global_step"] == 18
     _assert_same_end(whole_end, torch.load(tmp_path / "killed/ckpt/last.ckpt", weights_only=False))
-    from vit.checkpoint import load_classifier
+    from vit.deploy.classifier import load_classifier
 
     classifier = load_classifier(tmp_path / "killed/ckpt/last.ckpt")  # what predict/export/attention read
     assert classifier.class_names == ["a", "b"] and classifier.img_size == (32, 32)

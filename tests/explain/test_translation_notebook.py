@@ -13,7 +13,7 @@ from tests.test_notebook import executed, python3_kernel  # noqa: F401 - the ker
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "translation_attention.ipynb"
 # The reversal recipe's best checkpoint (step 1,500 of `vit fit --config configs/translate_reverse.yaml`),
-# saved weights-only in float16 (scripts/reverse_alignment.py --fixture writes it).
+# saved weights-only in float16 (scripts/experiments/reverse_alignment.py --fixture writes it).
 FIXTURE = Path(__file__).resolve().parent / "translate_reverse.fp16.pt"
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from vit import create_model
+from vit.checkpoints.weights import load_pretrained
 from vit.errors import UserValueError
 from vit.nn.mae import (
     MAEDecoder,
@@ -24,7 +25,6 @@ from vit.nn.mae import (
     unpatchify,
 )
 from vit.tasks import MaskedAutoencoder
-from vit.weights import load_pretrained
 
 TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
 

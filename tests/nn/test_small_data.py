@@ -8,7 +8,7 @@ import timm
 import torch
 
 import vit
-from vit.checkpoint import load_classifier
+from vit.deploy.classifier import load_classifier
 from vit.errors import UserValueError
 from vit.explain import collect_attention
 from vit.nn.attention import MultiHeadAttention
@@ -178,8 +178,8 @@ def test_tiny_model_with_both_options_trains_and_reaches_the_new_parameters():
 
 
 def test_classifier_checkpoint_round_trips_and_safetensors_export_says_why_not(tmp_path):
-    from vit.checkpoint import META_KEY
-    from vit.export import export_safetensors
+    from vit.checkpoints.meta import META_KEY
+    from vit.deploy.export import export_safetensors
     from vit.tasks.classify import ImageClassifier
 
     task = ImageClassifier(model="vit_digits_patch2_8", model_kwargs=dict(depth=2, embed_dim=32, **BOTH))

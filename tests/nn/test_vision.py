@@ -5,7 +5,7 @@ import timm
 import torch
 
 import vit
-from vit.convert import convert_layer_scale
+from vit.checkpoints.convert import convert_layer_scale
 from vit.nn.attention import MultiHeadAttention
 from vit.nn.vision import MODEL_CONFIGS, VisionTransformer
 
@@ -33,7 +33,7 @@ def test_patch_embedding_gives_196_tokens_plus_cls():
 
 def test_named_configs_have_timm_state_dict_layout():
     """Every timm-named config has exactly timm's keys and shapes (built on meta: no memory); timm's Eva (DINOv3)
-    after its gamma_1/2 and q/v biases are renamed (`vit.convert.convert_layer_scale`)."""
+    after its gamma_1/2 and q/v biases are renamed (`vit.checkpoints.convert.convert_layer_scale`)."""
     with torch.device("meta"):
         for name in vit.list_models():
             ours = vit.create_model(name).state_dict()

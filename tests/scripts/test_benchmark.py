@@ -1,4 +1,4 @@
-"""scripts/benchmark.py runs end to end (tiny config, one run: a smoke test, not a timing)."""
+"""scripts/bench/benchmark.py runs end to end (tiny config, one run: a smoke test, not a timing)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""scripts/benchmark_data.py runs end to end (tiny sizes, one run: a smoke test, not a timing)."""
+"""scripts/bench/benchmark_data.py runs end to end (tiny sizes, one run: a smoke test, not a timing)."""
 
 import json
 

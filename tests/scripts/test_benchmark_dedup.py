@@ -1,4 +1,4 @@
-"""scripts/benchmark_dedup.py runs end to end on a few thousand hashes (a smoke test, not a timing)."""
+"""scripts/bench/benchmark_dedup.py runs end to end on a few thousand hashes (a smoke test, not a timing)."""
 
 from tests import load_script
 

@@ -1,4 +1,5 @@
-"""scripts/benchmark_inference.py runs end to end on a digits checkpoint (one short run: a smoke test, not a timing)."""
+"""scripts/bench/benchmark_inference.py runs end to end on a digits checkpoint (one short run: a smoke test, not a
+timing)."""
 
 import json
 
@@ -14,12 +15,12 @@ def test_inference_benchmark_times_every_backend_and_scores_the_digits(fitted, t
     import subprocess
     import sys
 
-    from tests import SCRIPTS
+    from tests import script_path
     from tests.conftest import subprocess_env
 
     best = next((fitted / "ckpt").glob("best-*.ckpt"))
     out = tmp_path / "inference.json"
-    done = subprocess.run([sys.executable, str(SCRIPTS / "benchmark_inference.py"), "--ckpt", str(best), "--config",
+    done = subprocess.run([sys.executable, str(script_path("benchmark_inference")), "--ckpt", str(best), "--config",
                            str(CONFIGS / "digits.yaml"), "--runs", "1", "--min_seconds", "0", "--threads", "1",
                            "--skip", "onnx-int8 dynamic", "--calibration_seed", "1", "--json", str(out)],
                           capture_output=True, text=True, env=subprocess_env(), timeout=600)
@@ -62,12 +63,12 @@ def test_flipped_margins_are_the_reference_margins_of_the_changed_answers():
 
 
 def test_the_calibration_seed_draws_other_training_images(fitted):
-    """--calibration_seed picks the draw of training images, as `vit.quantize.config_split_images` makes it."""
+    """--calibration_seed picks the draw of training images, as `vit.deploy.quantize.config_split_images` makes it."""
     import torch
 
     from tests import load_script
-    from vit.checkpoint import load_classifier
-    from vit.quantize import config_split_images
+    from vit.cli.data import config_split_images
+    from vit.deploy.classifier import load_classifier
 
     bench = load_script("benchmark_inference")
     classifier = load_classifier(next((fitted / "ckpt").glob("best-*.ckpt")))

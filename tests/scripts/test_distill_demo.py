@@ -1,5 +1,5 @@
-"""scripts/distill_demo.py: the student is at least 4x cheaper than the teacher, counted independently, and each
-arm's flags are ones `vit fit` accepts. (The figures take minutes: docs/small-folders.md.)"""
+"""scripts/experiments/distill_demo.py: the student is at least 4x cheaper than the teacher, counted independently, and
+each arm's flags are ones `vit fit` accepts. (The figures take minutes: docs/small-folders.md.)"""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_the_distilled_students_last_block_computes_only_its_two_head_tokens():
 
 
 def test_each_arm_is_the_recipe_with_the_student_and_the_teacher_of_its_seed(tmp_path):
-    from vit.cli import build_model_and_data
+    from vit.cli.main import build_model_and_data
 
     demo = load_script("distill_demo")
     folder = tmp_path / "photos"

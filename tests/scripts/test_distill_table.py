@@ -1,4 +1,4 @@
-"""scripts/distill_table.py: each seed's students are taught by that seed's teacher, and the table adds up.
+"""scripts/experiments/distill_table.py: each seed's students are taught by that seed's teacher, and the table adds up.
 
 The recipes themselves run end to end in tests/test_recipes.py; here `vit fit` is replaced by a recorder (the
 figures live in docs/small-folders.md: minutes per run, no timed test)."""

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py, the prepared GPU run, smoke-tested on the CPU so it cannot rot unseen."""
+"""scripts/gpu/gpu_check.py, the prepared GPU run, smoke-tested on the CPU so it cannot rot unseen."""
 
 import json
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tests import load_script
-from vit.checkpoint import load_classifier
 from vit.data.digits import Digits
+from vit.deploy.classifier import load_classifier
 
 
 @pytest.mark.slow
@@ -48,14 +48,15 @@ def test_gpu_check_needs_neither_jsonargparse_nor_wandb():
     import subprocess
     import sys
 
-    from tests import SCRIPTS
+    from tests import script_path
 
     code = (
         "import sys; sys.modules['jsonargparse'] = None; sys.modules['wandb'] = None\n"
         "import importlib.util\n"
-        f"spec = importlib.util.spec_from_file_location('gpu_check', {str(SCRIPTS / 'gpu_check.py')!r})\n"
+        f"spec = importlib.util.spec_from_file_location('gpu_check', {str(script_path('gpu_check'))!r})\n"
         "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
-        "import lightning.pytorch.strategies, vit.checkpoint, vit.data.digits, vit.tasks.classify, vit.tasks.optim\n"
+        "import lightning.pytorch.strategies, vit.checkpoints.io, vit.data.digits, vit.tasks.classify\n"
+        "import vit.tasks.optim\n"
         "from vit.commands import export\n"
         "export.parse_args(['--ckpt', 'x', '--format', 'ckpt', '--out', 'y'])\n"
     )

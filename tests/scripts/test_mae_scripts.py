@@ -1,4 +1,5 @@
-"""scripts/pretrain_digits.py and scripts/benchmark_mae.py run end to end (tiny settings: smoke tests)."""
+"""scripts/experiments/pretrain_digits.py and scripts/bench/benchmark_mae.py run end to end (tiny settings: smoke
+tests)."""
 
 import json
 

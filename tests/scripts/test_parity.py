@@ -1,4 +1,5 @@
-"""scripts/parity.py and scripts/small_folders.py run end to end at a reduced size: every arm trains.
+"""scripts/experiments/parity.py and scripts/experiments/small_folders.py run end to end at a reduced size: every arm
+trains.
 
 The accuracy figures themselves live in the README (seed-sensitive and minutes long: no timed test)."""
 

@@ -1,4 +1,5 @@
-"""scripts/transfer_digits.py runs end to end (tiny settings: a smoke test; the figures are in the README)."""
+"""scripts/experiments/transfer_digits.py runs end to end (tiny settings: a smoke test; the figures are in the
+README)."""
 
 import json
 

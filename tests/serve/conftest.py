@@ -30,7 +30,7 @@ def checkpoint(fitted) -> Path:
 @pytest.fixture(scope="session")
 def predictor(checkpoint) -> Predictor:
     """The checkpoint, loaded once (a Predictor holds no threads; each Service brings its own)."""
-    from vit.inference import load_model
+    from vit.deploy.inference import load_model
 
     return Predictor(load_model(checkpoint))
 
@@ -38,7 +38,7 @@ def predictor(checkpoint) -> Predictor:
 @pytest.fixture(scope="session")
 def onnx_predictor(exported) -> Predictor:
     """The same model's `vit export` ONNX file, run by onnxruntime."""
-    from vit.inference import load_model
+    from vit.deploy.inference import load_model
 
     return Predictor(load_model(exported.onnx))
 

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from tests.serve.conftest import client_of, huge_png, make_app, png_bytes
-from vit.commands.predict import predict_files
+from vit.deploy.predict import predict_files
 from vit.serve.core import Predictor
 
 
@@ -374,8 +374,8 @@ def test_attention_overlay_for_a_checkpoint_and_422_for_onnx(predictor, onnx_pre
 def test_a_backend_engine_names_itself_and_refuses_attention_maps(checkpoint, digit_bytes):
     """`vit serve --backend torch-bf16` (or compile, openvino): /info names the engine, and ?attention=1 is a 422
     that says why (rollout reads the eager fp32 model), not an error from inside a bf16 model."""
-    from vit.backends import Bf16Classifier
-    from vit.inference import load_model
+    from vit.deploy.backends import Bf16Classifier
+    from vit.deploy.inference import load_model
     from vit.serve.core import Predictor
 
     data = digit_bytes[0][1]

@@ -18,9 +18,9 @@ import pytest
 from tests.conftest import subprocess_env
 from tests.serve.conftest import huge_png
 from vit.commands import main
-from vit.commands.predict import predict_files
 from vit.commands.serve import bind, parse_args
-from vit.inference import load_model
+from vit.deploy.inference import load_model
+from vit.deploy.predict import predict_files
 
 
 def test_defaults_are_the_documented_ones():

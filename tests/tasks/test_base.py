@@ -66,10 +66,10 @@ def test_the_lr_scales_to_the_global_batch_with_gradient_accumulation(tmp_path):
 
 
 def test_the_checkpoints_task_names_are_the_tasks_own():
-    from vit.checkpoint import TASK_CLASSES
+    from vit.checkpoints.meta import TASK_CLASSES
     from vit.tasks import TASKS
 
-    # vit.checkpoint names the classes without importing Lightning: the names must stay the classes'
+    # vit.checkpoints.meta names the classes without importing Lightning: the names must stay the classes'
     assert {task: cls.__name__ for task, cls in TASKS.items()} == {task: c for task, (c, _) in TASK_CLASSES.items()}
 
 

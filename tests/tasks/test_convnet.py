@@ -15,8 +15,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import built_once
-from vit.checkpoint import load_classifier
 from vit.commands import main, run
+from vit.deploy.classifier import load_classifier
 from vit.errors import UserValueError
 from vit.tasks import ConvNetClassifier
 
@@ -94,8 +94,8 @@ def test_vit_serve_answers_for_a_convnet_and_refuses_its_attention(convnet, tmp_
     import asyncio
 
     from tests.serve.conftest import client_of, make_app
-    from vit.commands.predict import predict_files
-    from vit.inference import load_model
+    from vit.deploy.inference import load_model
+    from vit.deploy.predict import predict_files
     from vit.serve.core import Predictor
 
     predictor = Predictor(load_model(convnet))
@@ -119,8 +119,8 @@ def test_vit_serve_answers_for_a_convnet_and_refuses_its_attention(convnet, tmp_
 
 
 def test_a_convnet_checkpoint_is_no_vits_pretrained_weights(convnet):
+    from vit.checkpoints.weights import load_pretrained
     from vit.nn.vision import create_model
-    from vit.weights import load_pretrained
 
     model = create_model("vit_digits_patch2_8", depth=1, embed_dim=32, num_heads=2)
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -16,7 +16,9 @@ from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import built_once, short_digits_run
-from vit.checkpoint import evaluated_weights, load_classifier, read_checkpoint
+from vit.checkpoints.io import read_checkpoint
+from vit.checkpoints.meta import evaluated_weights
+from vit.deploy.classifier import load_classifier
 from vit.errors import UserPathError, UserValueError
 from vit.tasks.classify import ImageClassifier
 from vit.tasks.distill import Teacher, hard_distillation, soft_distillation

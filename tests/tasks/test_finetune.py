@@ -199,7 +199,7 @@ def test_ddp_on_two_processes_passes_through_the_unfreeze(tmp_path):
 def test_plain_ddp_refuses_a_staged_finetune_and_names_the_strategy_that_runs_it(tmp_path, monkeypatch):
     """The same check on a real DDP model of one rank, in this process (gloo; a 2-process run only to see an
     error cost 15 s): freezing under DDP without find_unused_parameters is refused before the first step."""
-    from vit.cli import cli
+    from vit.cli.main import cli
     from vit.errors import UserValueError
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from tests.conftest import short_digits_run
-from vit.checkpoint import load_classifier
 from vit.commands import main
+from vit.deploy.classifier import load_classifier
 from vit.tasks import mistakes
 from vit.tasks.mistakes import ConfidentMistakes
 

@@ -13,8 +13,8 @@ from tests import CONFIGS
 from tests.commands.test_probe import noisy_colour_folder
 from tests.conftest import free_port, quiet_run
 from tests.formats import random_rgb
-from vit.checkpoint import read_checkpoint
-from vit.cli import cli
+from vit.checkpoints.io import read_checkpoint
+from vit.cli.main import cli
 from vit.commands import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")]
@@ -77,7 +77,7 @@ def test_vit_pretrain_trains_mae_and_writes_its_checkpoint_and_figures(pretraine
 
 
 def test_the_checkpoint_starts_vit_fit_and_vit_probe_with_every_encoder_key(pretrained, tmp_path):
-    from vit.cli import build_model_and_data
+    from vit.cli.main import build_model_and_data
 
     _, root, _ = pretrained
     last = root / "ckpt" / "last.ckpt"

@@ -12,7 +12,8 @@ import yaml
 
 from tests import CONFIGS
 from tests.conftest import free_port
-from vit.checkpoint import DamagedCheckpointError, is_intact, load_classifier, read_checkpoint
+from vit.checkpoints.io import DamagedCheckpointError, is_intact, read_checkpoint
+from vit.deploy.classifier import load_classifier
 from vit.nn.blocks import EncoderBlock
 from vit.tasks.classify import ImageClassifier
 from vit.tasks.optim import param_groups

@@ -1,6 +1,6 @@
 """The `vit` console script: one table of commands, each imported only when it runs.
 
-``vit fit|validate|test|predict --config ...`` are LightningCLI's (`vit.cli`); the others are plain
+``vit fit|validate|test|predict --config ...`` are LightningCLI's (`vit.cli.main`); the others are plain
 argparse commands in this package that import no Lightning, so ``vit predict --ckpt ...`` and
 ``vit --help`` start quickly.
 """
@@ -19,10 +19,10 @@ from vit.errors import TRACEBACK_ENV, find_user_error, want_traceback
 
 # name -> (module whose main(argv) runs it, one line for `vit --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "fit": ("vit.cli", "train from a YAML recipe (configs/), then test the best checkpoint"),
-    "pretrain": ("vit.cli", "MAE pre-training on unlabelled images: vit pretrain --config configs/pretrain/..."),
-    "validate": ("vit.cli", "evaluate a checkpoint on the validation split"),
-    "test": ("vit.cli", "evaluate a checkpoint on the test split"),
+    "fit": ("vit.cli.main", "train from a YAML recipe (configs/), then test the best checkpoint"),
+    "pretrain": ("vit.cli.main", "MAE pre-training on unlabelled images: vit pretrain --config configs/pretrain/..."),
+    "validate": ("vit.cli.main", "evaluate a checkpoint on the validation split"),
+    "test": ("vit.cli.main", "evaluate a checkpoint on the test split"),
     "predict": ("vit.commands.predict", "classify image files: vit predict --ckpt CKPT|MODEL.onnx IMAGES..."),
     "export": ("vit.commands.export", "write a checkpoint as ONNX, timm safetensors or one .ckpt: vit export ..."),
     "serve": ("vit.commands.serve", "serve a checkpoint or ONNX model over HTTP, with a page: vit serve --ckpt CKPT"),
@@ -146,12 +146,12 @@ def run(argv: Sequence[str] | None = None) -> object:
     if name == "predict" and not any(a == "--ckpt" or a.startswith("--ckpt=") for a in rest) and (
         any(a.startswith("--config") for a in rest)
     ):
-        module = "vit.cli"  # predict over a DataModule: LightningCLI's
-    if module == "vit.cli" or name == "probe":
-        from vit.preflight import check_pretrained
+        module = "vit.cli.main"  # predict over a DataModule: LightningCLI's
+    if module == "vit.cli.main" or name == "probe":
+        from vit.cli.preflight import check_pretrained
 
         check_pretrained(rest)  # weights that cannot be had fail here, not after importing Lightning
-    if module == "vit.cli":
+    if module == "vit.cli.main":
         # from the command line LightningCLI reads sys.argv itself (given both, it warns that they may differ)
         return importlib.import_module(module).cli(None if argv is None else args)
     return importlib.import_module(module).main(rest)

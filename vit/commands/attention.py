@@ -29,13 +29,9 @@ from PIL import Image
 from torch import Tensor
 from torchvision.transforms import v2
 
-from vit.checkpoint import Classifier, load_classifier
 from vit.data.io import find_images
-from vit.errors import UserValueError
-from vit.explain.maps import collect_attention, gradient_rollout, rollout_streaming
-from vit.explain.plot import plot_attention, to_display_image
-from vit.files import out_problem
-from vit.image_files import (
+from vit.deploy.classifier import Classifier, load_classifier
+from vit.deploy.image_files import (
     ImagePaths,
     Unreadable,
     UnreadableImageError,
@@ -43,7 +39,11 @@ from vit.image_files import (
     describe_run,
     failures,
 )
-from vit.inference import record, top_k_entries
+from vit.deploy.inference import record, top_k_entries
+from vit.errors import UserValueError
+from vit.explain.maps import collect_attention, gradient_rollout, rollout_streaming
+from vit.explain.plot import plot_attention, to_display_image
+from vit.files import out_problem
 from vit.nn.vision import VisionTransformer
 from vit.preprocessing import eval_short_side
 

@@ -44,8 +44,9 @@ from vit.audit.report import (
 )
 from vit.audit.scan import EditedThumbnails, ImageRecord, cached_scan_split
 from vit.audit.verify import MIN_SCORE
+from vit.checkpoints.runs import new_run_folder
 from vit.errors import UserPathError, WeightsUnavailableError
-from vit.features import blas_threads, cached_features, new_run_folder
+from vit.features import blas_threads, cached_features
 from vit.files import cache_dir, save_atomic
 
 FAIL_ON = ("leakage", "bad_files", "duplicates", "label_conflicts", "label_issues", "small_classes")
@@ -188,7 +189,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     """Run `vit audit` with the given arguments (without the command name); returns summary.json's content.
 
     Raises SystemExit(1) after writing everything when a finding named in ``--fail_on`` is there."""
-    from vit.cli import build_model_and_data
+    from vit.cli.main import build_model_and_data
     from vit.data.folder import ImageFolder
 
     args, rest = parse_args(argv)

@@ -21,7 +21,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from vit.checkpoint import expect_task, load_classifier, read_checkpoint, save_checkpoint
+from vit.checkpoints.io import read_checkpoint, save_checkpoint
+from vit.checkpoints.meta import expect_task
+from vit.deploy.classifier import load_classifier
 from vit.files import out_problem
 
 FORMATS = ("onnx", "safetensors", "ckpt")
@@ -70,7 +72,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str]) -> list[Path]:
     """Run `vit export` with the given arguments (without the command name); returns the files written."""
-    from vit import export
+    from vit.deploy import export
 
     args = parse_args(argv)
     if args.format == "onnx":
@@ -92,7 +94,8 @@ def main(argv: Sequence[str]) -> list[Path]:
         return files
     calibration = None
     if args.int8 == "static":
-        from vit.quantize import CALIBRATION_IMAGES, calibration_images
+        from vit.cli.data import calibration_images
+        from vit.deploy.quantize import CALIBRATION_IMAGES
 
         mode = "L" if classifier.in_chans == 1 else "RGB"
         calibration = calibration_images(args.calibration, classifier.eval_transform(), mode,
@@ -102,7 +105,7 @@ def main(argv: Sequence[str]) -> list[Path]:
     for check in checks:
         print(f"wrote {check}")
     if calibration is not None:
-        from vit.cpu import describe_cpu, reduce_range_for
+        from vit.deploy.cpu import describe_cpu, reduce_range_for
 
         print(f"calibrated on {len(calibration)} images from {args.calibration}; "
               f"{'7-bit' if reduce_range_for() else '8-bit'} weights for this CPU ({describe_cpu()})")

@@ -39,8 +39,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str]) -> dict:
     """Run `vit attention --faithfulness ...` (without the command name); returns the numbers."""
     args = parse_args(argv)
-    from vit.checkpoint import load_classifier
     from vit.data.io import find_images, load_image
+    from vit.deploy.classifier import load_classifier
     from vit.explain.checks import MAPS, cascading_randomisation, faithfulness_table
 
     files = find_images(args.images).files[: args.max_images]

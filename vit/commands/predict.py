@@ -1,7 +1,7 @@
 """`vit predict --ckpt model.ckpt|model.onnx IMAGE_OR_FOLDER... [--out preds.csv|preds.json] [--top_k 5]`.
 
 Classifies image files with a checkpoint from `vit fit`, or its ONNX export from `vit export`, on the
-engine ``--backend`` names (`vit.backends`: torch, torch-bf16, torch-compile, onnx, onnx-int8, openvino,
+engine ``--backend`` names (`vit.deploy.backends`: torch, torch-bf16, torch-compile, onnx, onnx-int8, openvino,
 openvino-int8); the file alone says how to prepare the images (size, channels, mean/std, crop) and what
 the classes are called. Folders are searched recursively for image files. Writes one record per file:
 
@@ -15,86 +15,15 @@ has the columns path, class_1, prob_1, ..., class_k, prob_k, error. Imports no L
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 
-import torch
-from torch.utils.data import DataLoader
-
-from vit.backends import BACKENDS, load_backend
-from vit.checkpoint import Classifier
 from vit.data.io import find_images
-from vit.errors import UserValueError
+from vit.deploy.backends import BACKENDS, load_backend
+from vit.deploy.image_files import check_some_readable, describe_run, failures
+from vit.deploy.inference import PRECISIONS
+from vit.deploy.predict import predict_files, write_predictions
 from vit.files import out_problem
-from vit.image_files import (
-    ImagePaths,
-    UnreadableImageError,
-    check_some_readable,
-    collate_readable,
-    describe_run,
-    failures,
-)
-from vit.inference import PRECISIONS, OnnxClassifier, autocast, ranked, record
-from vit.preprocessing import eval_short_side
-from vit.progress import progress
-
-
-# ---- predicting -------------------------------------------------------------------------------
-@torch.no_grad()
-def predict_files(
-    classifier: Classifier | OnnxClassifier, files: Sequence[Path], top_k: int = 5, batch_size: int = 64,
-    crop_pct: float | None = None, precision: str = "fp32", *, strict: bool = False, num_workers: int = 0,
-) -> list[dict]:
-    """One `record` per file, in the order of ``files``: the top-k classes, or the reason it could not be read.
-
-    ``crop_pct=None`` uses the centre crop the model was evaluated with; ``precision="bf16"`` runs a torch
-    model under autocast; ``strict`` raises `UnreadableImageError` at the first file that cannot be read.
-    """
-    if precision != "fp32" and isinstance(classifier, OnnxClassifier):
-        raise UserValueError(f"{classifier.path}: precision {precision!r} is for checkpoints (torch autocast); "
-                             "an ONNX export runs as exported (fp32, or int8 with `vit export --int8 static`)")
-    if precision != "fp32" and not isinstance(classifier, Classifier):
-        raise UserValueError(f"--precision {precision} applies to --backend torch; --backend "
-                             f"{classifier.backend} runs in its own precision")
-    top_k = min(top_k, len(classifier.class_names))
-    mode = "L" if classifier.in_chans == 1 else "RGB"
-    crop_pct = classifier.crop_pct if crop_pct is None else crop_pct
-    short_side = eval_short_side(classifier.img_size, crop_pct)  # an image too elongated for it is one row's error
-    dataset = ImagePaths(files, classifier.eval_transform(crop_pct), mode, short_side)
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_readable)
-    rows: list[dict | None] = [None] * len(dataset)
-    for batch in progress(loader, len(loader), "predicting"):
-        for index, reason in batch.failed:
-            if strict:
-                raise UnreadableImageError(f"cannot read {dataset.files[index]}: {reason}")
-            rows[index] = record(dataset.files[index], error=reason)
-        if batch.images is None:
-            continue
-        with autocast(precision, classifier.device):
-            logits = classifier(batch.images.to(classifier.device))
-        for index, entries in zip(batch.indices, ranked(logits, top_k, classifier.class_names)):
-            rows[index] = record(dataset.files[index], entries)
-    return rows
-
-
-def write_predictions(rows: Sequence[dict], out: str | Path) -> Path:
-    """Write records as JSON (``.json``) or CSV (anything else: path, class_1, prob_1, ..., error)."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix.lower() == ".json":
-        out.write_text(json.dumps(list(rows), indent=2))
-        return out
-    k = max((len(r["top_k"]) for r in rows), default=0)
-    with out.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["path", *(f"{name}_{i}" for i in range(1, k + 1) for name in ("class", "prob")), "error"])
-        for r in rows:
-            cells = [v for entry in r["top_k"] for v in (entry["name"], entry["probability"])]
-            writer.writerow([r["path"], *cells, *[""] * (2 * k - len(cells)), r["error"] or ""])
-    return out
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -141,7 +70,7 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default=None, choices=BACKENDS,
                         help="what runs the model: torch (eager fp32), torch-bf16 (AMX/AVX512-BF16 CPUs), "
                         "torch-compile, onnx (onnxruntime), onnx-int8 and openvino-int8 (a model.int8.onnx from "
-                        "`vit export --int8 static`), openvino; scripts/benchmark_inference.py times them on "
+                        "`vit export --int8 static`), openvino; scripts/bench/benchmark_inference.py times them on "
                         "this machine (default: torch for a checkpoint, onnx or onnx-int8 for a .onnx file)")
 
 

@@ -37,8 +37,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from vit.checkpoint import classifier_checkpoint, save_checkpoint
-from vit.features import blas_threads, cached_features, new_run_folder, weights_key
+from vit.checkpoints.io import save_checkpoint
+from vit.checkpoints.meta import classifier_checkpoint
+from vit.checkpoints.runs import new_run_folder
+from vit.features import blas_threads, cached_features, weights_key
 from vit.files import cache_dir
 
 C_GRID = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
@@ -176,7 +178,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     from vit.data.base import no_test_reason
 
     args, rest = parse_args(argv)
-    from vit.cli import build_model_and_data
+    from vit.cli.main import build_model_and_data
 
     module, data, experiment = build_model_and_data(rest, "vit probe")
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)

@@ -43,7 +43,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; default: %(default)s)")
     parser.add_argument("--max_batch_size", type=int, default=8, help="requests per model batch (default: %(default)s)")
     # 10 ms, not 5: on 2 cores the HTTP work, not the model, is the bottleneck, and a 5 ms window held a mean
-    # of 3.6-5.4 requests at concurrency 16 against 5.8 with 10 ms (scripts/load_test.py --batching). A lone
+    # of 3.6-5.4 requests at concurrency 16 against 5.8 with 10 ms (scripts/bench/load_test.py --batching). A lone
     # request never waits for it (the batch closes when no other request is admitted).
     parser.add_argument("--batch_timeout_ms", type=float, default=10.0,
                         help="how long a batch waits to fill after its first request; a lone request does not "
@@ -123,7 +123,7 @@ def main(argv: Sequence[str]) -> None:
         raise MissingPackageError(f"vit serve needs {e.name}: pip install 'vit[serve]'") from e
     import torch
 
-    from vit.backends import load_backend
+    from vit.deploy.backends import load_backend
     from vit.serve.core import Limits, Predictor, Service
 
     torch.set_num_threads(args.threads)  # before any thread starts: the model and decoding threads inherit it

@@ -232,7 +232,7 @@ def enlarge_to(img: Image.Image, size: tuple[int, int], interpolation: Interpola
 
     timm's crop box is whole source pixels: on an 8x8 digit drawn at 32x32 every crop edge moves in steps of
     4 output pixels, a far coarser jitter than the crop means (it cost 8 points of test top-1 on the digits,
-    scripts/parity.py). Enlarging first, as Resize -> RandomResizedCrop does, crops at the output's grain.
+    scripts/experiments/parity.py). Enlarging first, as Resize -> RandomResizedCrop does, crops at the output's grain.
     Images at least as large as the output, all of ImageNet's, are untouched.
     """
     w, h = img.size

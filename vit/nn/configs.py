@@ -159,7 +159,8 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
     "vit_cifar_patch4_32": dict(
         img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=9, num_heads=12, mlp_ratio=2.0
     ),
-    # From scratch on a small folder of your own (configs/scratch_small.yaml, scripts/parity.py): 16 patches.
+    # From scratch on a small folder of your own (configs/scratch_small.yaml, scripts/experiments/parity.py): 16
+    # patches.
     "vit_scratch_patch8_32": dict(img_size=32, patch_size=8, embed_dim=96, depth=4, num_heads=4),
     # scikit-learn's 8x8 grayscale digits: 16 patches of 2x2 ...
     "vit_digits_patch2_8": dict(

@@ -3,7 +3,7 @@
     bytes ─► check_upload: the byte count, the format allow-list, width × height from the header (no decoding)
           ─► decode: vit.data.io.load_image (to_rgb, the model's mode), then the model's eval transform
           ─► Batcher: admits at most max_queue requests; gathers up to max_batch_size in batch_timeout_ms
-          ─► the model, one batch at a time on its own thread ─► vit.inference.ranked (`vit predict`'s top-k)
+          ─► the model, one batch at a time on its own thread ─► vit.deploy.inference.ranked (`vit predict`'s top-k)
 
 Everything before the batch runs per request and off the event loop, so a bad upload fails alone with its
 own `RequestError` (status, code, detail) and never joins a batch; app.py turns these into HTTP answers.
@@ -30,9 +30,9 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
-from vit.checkpoint import Classifier
 from vit.data.io import READS_HEIC, bomb_size, load_image, pil_refusal_limit
-from vit.inference import OnnxClassifier, ranked, record
+from vit.deploy.classifier import Classifier
+from vit.deploy.inference import OnnxClassifier, ranked, record
 from vit.preprocessing import eval_short_side, resized_pixels
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class Answer:
 class Predictor:
     """A loaded model and what it takes to prepare its input; `run` is called on the model thread only."""
 
-    def __init__(self, classifier: Classifier | OnnxClassifier | Any) -> None:  # Any: a `vit.backends` engine
+    def __init__(self, classifier: Classifier | OnnxClassifier | Any) -> None:  # Any: a `vit.deploy.backends` engine
         self.classifier = classifier
         self.mode = "L" if classifier.in_chans == 1 else "RGB"  # as `vit predict` decodes
         self.transform = classifier.eval_transform()

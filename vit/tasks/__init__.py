@@ -7,7 +7,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from vit.checkpoint import expect_task, read_checkpoint
+from vit.checkpoints.io import read_checkpoint
+from vit.checkpoints.meta import expect_task
 from vit.tasks.base import BaseTask, VisionTask
 from vit.tasks.classify import ImageClassifier
 from vit.tasks.convnet import ConvNetClassifier

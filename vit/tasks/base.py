@@ -24,7 +24,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from vit.checkpoint import META_KEY, expect_task
+from vit.checkpoints.meta import META_KEY, expect_task
 from vit.errors import UserValueError
 from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, ViTConfig, create_model
 from vit.tasks.optim import global_batch, per_epoch_steps

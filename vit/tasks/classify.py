@@ -2,7 +2,7 @@
 
 The module owns what training needs (loss, optimiser, schedule, EMA, metrics) and writes into the
 checkpoint what prediction needs (model name and config, class names, image size, in_chans and the
-normalisation mean/std), so `vit.checkpoint.load_classifier(path)` rebuilds a ready model without
+normalisation mean/std), so `vit.deploy.load_classifier(path)` rebuilds a ready model without
 the training config, and without Lightning.
 """
 
@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from vit.checkpoints.weights import load_pretrained
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vit.errors import UserValueError
 from vit.nn.vision import VisionTransformer
@@ -41,7 +42,6 @@ from vit.tasks.optim import (
     per_epoch_steps,
     warmup_cosine,
 )
-from vit.weights import load_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class ImageClassifier(Prepared, VisionTask):
             "onecycle": torch's ``OneCycleLR``, as plain PyTorch loops often use it: cosine warm-up from
             lr/25, cosine down to lr/25e4, and AdamW's beta1 cycled 0.95 -> 0.85 -> 0.95 against the lr
             (``betas[0]`` and ``min_lr`` unused). From scratch on small folders it trains better in the same
-            steps (scripts/parity.py). Not with ``finetune: staged``.
+            steps (scripts/experiments/parity.py). Not with ``finetune: staged``.
         layer_decay: layer-wise LR decay factor (e.g. 0.75 for fine-tuning); ``None`` = off.
         label_smoothing: label smoothing of the cross-entropy (also used by mixup's soft targets).
         mixup_alpha, cutmix_alpha: timm ``Mixup`` strengths; mixup is on when either is > 0.
@@ -431,7 +431,7 @@ class ImageClassifier(Prepared, VisionTask):
 
     # --- checkpoint (checked on loading by VisionTask.on_load_checkpoint) ---------------------
     def checkpoint_meta(self) -> dict[str, Any]:
-        """What `vit.checkpoint.load_classifier` needs besides the weights: task, model, classes, preparation."""
+        """What `vit.deploy.load_classifier` needs besides the weights: task, model, classes, preparation."""
         return {
             "task": self.task,
             "model_name": self.model_name,

@@ -4,7 +4,7 @@ DeiT's students learn a convnet's inductive bias from a convnet teacher. On a sm
 from scratch first, through the same `vit fit`, DataModule, augmentation, loss, optimiser, schedule, EMA and
 metrics as the ViT; `ConvNetClassifier` changes only the network (any ``timm.create_model`` name, with its
 keyword arguments) and what follows from it: no layer decay, no partial freezing, no attention maps. Its
-checkpoint is a "classify" checkpoint that `vit.checkpoint.load_classifier`, and so a student's ``teacher:``,
+checkpoint is a "classify" checkpoint that `vit.deploy.load_classifier`, and so a student's ``teacher:``,
 rebuilds alone.
 """
 

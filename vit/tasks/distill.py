@@ -27,14 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vit.checkpoint import (
-    evaluated_weights,
-    load_classifier,
-    missing_message,
-    newest_checkpoint,
-    read_checkpoint,
-    run_checkpoint_folders,
-)
+from vit.checkpoints.io import missing_message, newest_checkpoint, read_checkpoint
+from vit.checkpoints.meta import evaluated_weights
+from vit.checkpoints.runs import run_checkpoint_folders
+from vit.deploy.classifier import load_classifier
 from vit.errors import UserPathError, UserValueError
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,375 @@
+"""Long runs lose nothing and hide nothing: kills, damaged checkpoints, exact resume, NaNs, mismatches."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.plugins import MixedPrecision
+from torch.utils.data import DataLoader, TensorDataset
+
+from tests import CONFIGS
+from tests.conftest import short_digits_run, subprocess_env
+from vit.checkpoints.io import DamagedCheckpointError, save_checkpoint
+from vit.cli.main import cli
+from vit.cli.training import AtomicCheckpointIO, RandomState, TrainingReport
+from vit.commands import main
+from vit.commands import run as run_vit  # raises what main turns into `error: ...` and exit 1
+from vit.deploy.classifier import load_classifier
+from vit.tasks import ImageClassifier
+
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
+STEPS = 4  # optimiser steps per epoch in these runs
+
+
+def epochs_run(root: Path, *extra: str, epochs: int = 4) -> list[str]:
+    """A tiny digits run of ``epochs`` epochs of STEPS steps, one thread (bitwise reproducible)."""
+    return [*short_digits_run(root, steps=STEPS), f"--trainer.max_epochs={epochs}", "--test_after_fit=false",
+            "--num_threads=1", *extra]
+
+
+def crash_at(step: int) -> list[str]:
+    return ["--trainer.callbacks+=tests.dummies.CrashAtStep", f"--trainer.callbacks.init_args.step={step}"]
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True, map_location="cpu")["state_dict"]
+
+
+@pytest.mark.slow
+def test_resume_at_an_epoch_boundary_gives_the_uninterrupted_weights_bitwise(tmp_path):
+    cli(["fit", *epochs_run(tmp_path / "straight")])
+    with pytest.raises(RuntimeError, match="simulated crash"):  # dies in epoch 2, after epoch 1's last.ckpt
+        main(["fit", *epochs_run(tmp_path / "resumed"), *crash_at(2 * STEPS + 1)])
+    assert torch.load(tmp_path / "resumed" / "ckpt" / "last.ckpt", weights_only=True)["epoch"] == 1
+    cli(["fit", *epochs_run(tmp_path / "resumed"), "--ckpt_path", "last"])
+    straight, resumed = weights(tmp_path / "straight/ckpt/last.ckpt"), weights(tmp_path / "resumed/ckpt/last.ckpt")
+    assert straight.keys() == resumed.keys()
+    differences = {k: (straight[k] - resumed[k]).abs().max().item() for k in straight}
+    assert max(differences.values()) == 0.0, {k: v for k, v in differences.items() if v}
+    # The control: the same resume without the saved generators draws other batches and ends elsewhere.
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(["fit", *epochs_run(tmp_path / "control"), *crash_at(2 * STEPS + 1)])
+    last = tmp_path / "control" / "ckpt" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    assert checkpoint["callbacks"].pop("RandomState")
+    torch.save(checkpoint, last)
+    cli(["fit", *epochs_run(tmp_path / "control"), "--ckpt_path", "last"])
+    control = weights(last)
+    assert max((straight[k] - control[k]).abs().max().item() for k in straight) > 1e-4
+
+
+def validations(run_dir: Path) -> list[tuple[int, int]]:
+    """(epoch, step) of every validation logged under ``run_dir``, over all its runs' metrics.csv, in order."""
+    files = sorted(run_dir.rglob("metrics.csv"), key=lambda f: int(f.parent.name.split("_")[-1]))
+    return [(int(r["epoch"]), int(r["step"])) for f in files for r in csv.DictReader(f.open()) if r.get("val_loss")]
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_epoch_trains_every_epoch_on_the_same_lr_schedule(tmp_path):
+    """A folder DataModule (the digits), 3 epochs, last.ckpt every 5 steps: a crash at step 7, in the first
+    epoch of the two left, resumes from step 5, trains all 3 epochs on the straight run's lr schedule,
+    validates each epoch once, and ends with last.ckpt at the final step (12, no multiple of 5)."""
+    lrs = {}
+    for name, extra in (("straight", []), ("resumed", crash_at(7))):
+        args = [*epochs_run(tmp_path / name, "--checkpoint.every_n_train_steps=5", epochs=3), *extra]
+        if extra:
+            with pytest.raises(RuntimeError, match="simulated crash at step 7"):
+                main(["fit", *args])
+            saved = torch.load(tmp_path / name / "ckpt" / "last.ckpt", weights_only=True)
+            assert saved["global_step"] == 5 and saved["epoch"] == 1  # saved mid epoch 2 (index 1)
+            run = cli(["fit", *epochs_run(tmp_path / name, "--checkpoint.every_n_train_steps=5", epochs=3),
+                       "--ckpt_path", "last"])
+        else:
+            run = cli(["fit", *args])
+        assert run.trainer.global_step == 3 * STEPS and run.trainer.current_epoch == 3
+        assert torch.load(tmp_path / name / "ckpt" / "last.ckpt", weights_only=True)["global_step"] == 3 * STEPS
+        assert [epoch for epoch, _ in validations(tmp_path / name)] == [0, 1, 2]
+        rows = csv.DictReader((Path(run.trainer.logger.log_dir) / "metrics.csv").open())
+        lrs[name] = {int(r["step"]): float(r["lr-AdamW/decay"]) for r in rows if r.get("lr-AdamW/decay")}
+    resumed_steps = sorted(lrs["resumed"])
+    assert resumed_steps[0] == 5  # the resumed run starts at the saved step, not at 0 or at the epoch start
+    assert resumed_steps[-1] == 3 * STEPS - 1
+    for step in resumed_steps:
+        assert lrs["resumed"][step] == pytest.approx(lrs["straight"][step], rel=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["onecycle", "cosine"])
+def test_a_finished_run_resumed_for_more_epochs_trains_them_on_the_longer_schedule(tmp_path, caplog, schedule):
+    """2 epochs, then `--trainer.max_epochs 4 --ckpt_path last`: the run goes on to step 16 with the lr a 4-epoch
+    run has at each of steps 8-15, and says the schedule was re-planned. (With onecycle it stopped at step 9:
+    torch's OneCycleLR took back the checkpoint's 8-step length.)"""
+    options = [f"--model.init_args.schedule={schedule}", "--model.init_args.warmup_epochs=1"]
+    lrs = {}
+    for name, epochs in (("straight", [4]), ("extended", [2, 4])):
+        for i, n in enumerate(epochs):
+            with caplog.at_level(logging.INFO):
+                run = cli(["fit", *epochs_run(tmp_path / name, *options, epochs=n), *(["--ckpt_path", "last"] * i)])
+        assert run.trainer.global_step == 4 * STEPS
+        rows = csv.DictReader((Path(run.trainer.logger.log_dir) / "metrics.csv").open())
+        lrs[name] = {int(r["step"]): float(r["lr-AdamW/decay"]) for r in rows if r.get("lr-AdamW/decay")}
+    assert sorted(lrs["extended"]) == list(range(2 * STEPS, 4 * STEPS))
+    for step, lr in lrs["extended"].items():
+        assert lr == pytest.approx(lrs["straight"][step], rel=1e-12)
+    assert (f"the checkpoint's run planned its lr schedule over {2 * STEPS} optimiser steps, this run over "
+            f"{4 * STEPS}") in caplog.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("validation", "crash", "saved"), [
+    ("--trainer.check_val_every_n_epoch=3", 9, 2 * STEPS),  # the MAE recipes validate every 10 or 20 epochs
+    ("--trainer.val_check_interval=2", 7, 6),  # twice an epoch: the one after step 6 is mid-epoch
+])
+def test_last_ckpt_is_written_whatever_the_validation_schedule(tmp_path, validation, crash, saved):
+    """Validating every 3rd epoch, a crash in epoch 3 (step 9) left no last.ckpt at all: Lightning's ModelCheckpoint
+    saved only after validations. Now it holds step 8, the end of epoch 2; validating twice an epoch, the step of
+    the last validation. Resumed, either run validates where the uninterrupted run does and ends at step 20."""
+    runs = {}
+    for name, extra in (("straight", []), ("resumed", crash_at(crash))):
+        args = [*epochs_run(tmp_path / name, validation, epochs=5)]
+        if extra:
+            with pytest.raises(RuntimeError, match=f"simulated crash at step {crash}"):
+                main(["fit", *args, *extra])
+            assert torch.load(tmp_path / name / "ckpt" / "last.ckpt", weights_only=True)["global_step"] == saved
+            args += ["--ckpt_path", "last"]
+        assert cli(["fit", *args]).trainer.global_step == 5 * STEPS
+        runs[name] = validations(tmp_path / name)
+    assert runs["resumed"] == runs["straight"]
+
+
+def test_the_best_checkpoint_holds_the_weights_validation_scored_and_last_ckpt_the_final_step(tmp_path, caplog):
+    """last.ckpt every 3 of 8 steps. best-*.ckpt is written after a validation, with the weights it scored:
+    `vit validate` on it gives its recorded val_loss. (Saved on the step schedule, as Lightning would, it
+    held step 6's weights with step 4's score.) last.ckpt holds step 8, and resuming it has nothing to do."""
+    args = epochs_run(tmp_path, "--checkpoint.every_n_train_steps=3", "--checkpoint.monitor=val_loss",
+                      "--checkpoint.mode=min", epochs=2)
+    cli(["fit", *args])
+    (best,) = (tmp_path / "ckpt").glob("best-*.ckpt")
+    checkpoint = torch.load(best, weights_only=True)
+    assert checkpoint["global_step"] in (STEPS, 2 * STEPS)  # an epoch's end, where validation runs
+    (state,) = [v for k, v in checkpoint["callbacks"].items() if k.startswith("BestCheckpoint")]
+    recorded = state["best_model_score"].item()
+    validated = cli(["validate", *args, "--ckpt_path", str(best)]).trainer.callback_metrics["val_loss"].item()
+    assert validated == pytest.approx(recorded, rel=1e-6, abs=0)
+    last = tmp_path / "ckpt" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 2 * STEPS  # not 6, the schedule's last
+    written = last.stat().st_mtime_ns
+    with caplog.at_level(logging.INFO):
+        run = cli(["fit", *args, "--ckpt_path", "last"])
+    assert run.trainer.global_step == 2 * STEPS and last.stat().st_mtime_ns == written
+    assert f"nothing left to train: {last} is the end of this run (epoch 2, step {2 * STEPS})" in caplog.text
+
+
+class ScriptedScores(LightningModule):
+    """A module whose validation scores are given, one per epoch."""
+
+    def __init__(self, scores: list[float]) -> None:
+        super().__init__()
+        self.lin, self.scores = torch.nn.Linear(1, 1), scores
+
+    def training_step(self, batch, batch_idx):
+        return self.lin(batch[0]).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_acc", self.scores[self.current_epoch])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_best_is_the_runs_best_checkpoint_when_save_top_k_keeps_several(tmp_path):
+    """With checkpoint.save_top_k 3 the newest best-*.ckpt is epoch 3's (0.8), the third-best score; `--ckpt_path
+    best` and `teacher: best` mean epoch 1's (0.9). A second run in the folder: its own best. A filename of the
+    user's, without "best-": still the best."""
+    from vit.checkpoints.io import newest_checkpoint
+    from vit.cli.training import BestCheckpoint
+
+    loader = DataLoader(TensorDataset(torch.ones(2, 1)), batch_size=2)
+
+    def run(folder: Path, scores: list[float], top_k: int, filename: str = "best-{epoch}-{step}") -> None:
+        keep = BestCheckpoint(dirpath=folder, filename=filename, monitor="val_acc", mode="max", save_top_k=top_k)
+        Trainer(max_epochs=len(scores), callbacks=[keep], logger=False, enable_progress_bar=False,
+                enable_model_summary=False).fit(ScriptedScores(scores), loader, loader)
+
+    run(tmp_path, [0.5, 0.9, 0.7, 0.8], top_k=3)
+    saved = sorted(p.name for p in tmp_path.glob("best-*.ckpt"))  # the top 3: epochs 1, 2 and 3
+    assert saved == ["best-epoch=1-step=2.ckpt", "best-epoch=2-step=3.ckpt", "best-epoch=3-step=4.ckpt"]
+    assert newest_checkpoint(tmp_path, "best") == tmp_path / "best-epoch=1-step=2.ckpt"
+    assert newest_checkpoint(tmp_path, "last") is None
+    time.sleep(0.01)  # a later run, whose files are newer
+    run(tmp_path, [0.6, 0.4], top_k=-1)  # every epoch kept: best-epoch=0-step=1.ckpt (0.6), ...=1-step=2-v1 (0.4)
+    assert newest_checkpoint(tmp_path, "best") == tmp_path / "best-epoch=0-step=1.ckpt"  # not the first run's 0.9
+
+    run(tmp_path / "own", [0.3, 0.9, 0.6], top_k=2, filename="{epoch}-{val_acc:.1f}")
+    own = sorted(p.name for p in (tmp_path / "own").iterdir())
+    assert own == ["epoch=1-val_acc=0.9.ckpt", "epoch=2-val_acc=0.6.ckpt"]  # the newest is epoch 2's
+    assert newest_checkpoint(tmp_path / "own", "best") == tmp_path / "own" / "epoch=1-val_acc=0.9.ckpt"
+
+
+@pytest.mark.slow
+def test_sigkill_during_vit_fit_then_resume_finishes_every_epoch(tmp_path):
+    """A real `vit fit` process killed with SIGKILL mid-run, then `--ckpt_path last`. 15 epochs: the kill lands
+    epochs before the end even where an epoch takes tens of ms, and the resume (in this process) is short."""
+    epochs = 15
+    args = [*epochs_run(tmp_path, epochs=epochs), "--trainer.limit_val_batches=1"]
+    child = subprocess.Popen([sys.executable, "-m", "vit", "fit", *args], env=subprocess_env(), cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = tmp_path / "ckpt" / "last.ckpt"
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and not (last.is_file() and torch.load(
+                last, weights_only=True)["epoch"] >= 2):
+            time.sleep(0.2)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    saved = torch.load(last, weights_only=True)
+    assert 2 <= saved["epoch"] < epochs - 1
+    run = cli(["fit", *args, "--ckpt_path", "last"])
+    assert run.trainer.current_epoch == epochs and run.trainer.global_step == epochs * STEPS
+    # It went on from the killed step, not from step 0: it trained exactly the steps the killed run had left.
+    rows = csv.DictReader((Path(run.trainer.logger.log_dir) / "metrics.csv").open())
+    trained = sorted(int(r["step"]) for r in rows if r.get("lr-AdamW/decay"))  # logged at every step
+    assert trained == list(range(saved["global_step"], epochs * STEPS))
+
+
+def test_vit_fit_writes_every_checkpoint_through_the_atomic_checkpoint_io(tmp_path, monkeypatch):
+    """`vit fit` installs AtomicCheckpointIO, and the best and last checkpoints are saved by it."""
+    saved = []
+
+    def recording_save(checkpoint: dict, path) -> Path:
+        saved.append(Path(path).name)
+        return save_checkpoint(checkpoint, path)
+
+    monkeypatch.setattr("vit.cli.training.save_checkpoint", recording_save)  # what AtomicCheckpointIO calls
+    run = cli(["fit", *epochs_run(tmp_path, epochs=1)])
+    assert isinstance(run.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    on_disk = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert on_disk == ["best-epoch=0-step=4.ckpt", "last.ckpt"] and sorted(set(saved)) == on_disk
+
+
+def damaged_last(tmp_path: Path) -> Path:
+    main(["fit", *epochs_run(tmp_path, epochs=2), "--trainer.limit_val_batches=2"])
+    last = tmp_path / "ckpt" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 3])  # what a kill during a copy leaves
+    return last
+
+
+def test_a_damaged_last_ckpt_is_named_with_the_other_checkpoints(tmp_path):
+    last = damaged_last(tmp_path)
+    with pytest.raises(DamagedCheckpointError) as err:
+        run_vit(["fit", *epochs_run(tmp_path, epochs=3), "--ckpt_path", "last"])
+    message = str(err.value)
+    assert f"checkpoint {last} is damaged" in message
+    assert "best-epoch=" in message and "(epoch " in message and "--resume_from_readable" in message
+
+
+def test_resume_from_readable_falls_back_to_the_newest_intact_checkpoint(tmp_path, capsys):
+    damaged_last(tmp_path)
+    best = next((tmp_path / "ckpt").glob("best-*.ckpt"))
+    run = cli(["fit", *epochs_run(tmp_path, epochs=3), "--ckpt_path", "last", "--resume_from_readable=true"])
+    assert f"is damaged; falling back to the newest intact checkpoint, {best}" in capsys.readouterr().out
+    assert run.trainer.current_epoch == 3 and (tmp_path / "ckpt" / "last.ckpt").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_a_nan_loss_stops_the_run_naming_step_lr_and_precision(tmp_path):
+    poison = ["--trainer.callbacks+=tests.dummies.PoisonBatch", f"--trainer.callbacks.init_args.step={STEPS + 2}"]
+    stop = rf"loss is nan at step {STEPS + 2} \(lr [\d.e-]+, precision 32-true\)"
+    with pytest.raises(FloatingPointError, match=stop):
+        main(["fit", *epochs_run(tmp_path, epochs=2), *poison])
+    last = tmp_path / "ckpt" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == STEPS  # the epoch before the NaN
+    classifier = load_classifier(last)  # and it loads, with finite weights
+    assert all(torch.isfinite(p).all() for p in classifier.parameters())
+
+
+def test_fp16_steps_the_grad_scaler_skips_are_counted_and_reported(tmp_path, caplog):
+    class InfGradientAtStep2(ImageClassifier):
+        def on_after_backward(self) -> None:
+            if self.global_step == 2:
+                for p in self.parameters():
+                    if p.grad is not None:
+                        p.grad.fill_(float("inf"))
+
+    model = InfGradientAtStep2(model="vit_digits_patch2_8", model_kwargs=dict(depth=1, embed_dim=32, num_heads=2))
+    data = DataLoader(TensorDataset(torch.randn(40, 1, 8, 8), torch.arange(40) % 10), batch_size=8)
+    report = TrainingReport()
+    trainer = Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=[report],
+                      plugins=[MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))])
+    with caplog.at_level(logging.WARNING, logger="vit.cli.training"):
+        trainer.fit(model, data)
+    assert report.skipped_steps == 1 and "step 2: gradients were not finite" in caplog.text
+    assert trainer.callback_metrics["skipped_steps"] == 1
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # the skipped step changed nothing
+
+
+def test_a_checkpoint_of_another_model_or_task_is_a_clear_error(tmp_path, fitted):
+    best = str(next((fitted / "ckpt").glob("best-*.ckpt")))
+    shapes = tmp_path / "shapes"
+    from tests.formats import write_class_folders
+
+    write_class_folders(shapes, ["circle", "square", "star"], per_class=4, size=16)
+    folder = ["--data=vit.data.ImageFolder", f"--data.root={shapes}", "--data.img_size=16", "--data.num_workers=0",
+              "--data.val_fraction=0.25", "--trainer.max_epochs=1", "--trainer.logger=false",
+              f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false"]
+    with pytest.raises(ValueError, match=r"written for vit_digits_patch4_16 with 10 classes, this run builds "
+                                         r"vit_digits_patch4_16 with 3 classes.*num_classes: checkpoint 10"):
+        run_vit(["fit", "--config", str(CONFIGS / "digits.yaml"), *folder, "--data.init_args.batch_size=4",
+              "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}", "--ckpt_path", best])
+
+
+
+@pytest.mark.slow
+def test_a_translator_checkpoint_given_to_an_image_recipe_is_a_clear_error(tmp_path):
+    from vit.data import SyntheticTranslationDataModule
+    from vit.tasks import Translator
+
+    data = SyntheticTranslationDataModule("copy", num_train=64, num_val=8, num_test=8, batch_size=16)
+    model = Translator(data.tokenizers, embed_dim=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1)
+    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(model, datamodule=data)
+    translator = tmp_path / "translator.ckpt"
+    trainer.save_checkpoint(translator)
+    with pytest.raises(ValueError, match=r"--ckpt_path .*translator\.ckpt holds the Translator task \('translate'\), "
+                                         r"but the ImageClassifier task \('classify'\) is needed here"):
+        run_vit(["fit", *short_digits_run(tmp_path / "run"), "--ckpt_path", str(translator)])
+    with pytest.raises(ValueError, match=r"the checkpoint holds the Translator task \('translate'\), but the "
+                                         r"ImageClassifier task \('classify'\) is needed here"):
+        ImageClassifier.load_from_checkpoint(translator, weights_only=True)
+
+
+def test_other_ranks_resume_on_their_own_streams_derived_from_rank_0s():
+    """Under DDP the checkpoint holds rank 0's generators: rank 0 resumes them exactly, others reseed by rank."""
+    from types import SimpleNamespace
+
+    def draws() -> tuple:
+        return random.random(), float(np.random.rand()), tuple(torch.rand(3).tolist())
+
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    saved = RandomState().state_dict()
+    expected = draws()  # what rank 0 draws after the save, in the uninterrupted run
+    after = {}
+    for rank in (0, 1, 2, 1):
+        callback = RandomState()
+        callback.setup(SimpleNamespace(global_rank=rank), None, "fit")
+        torch.manual_seed(123), np.random.seed(123), random.seed(123)  # whatever the process drew before
+        callback.load_state_dict(saved)
+        drawn = draws()
+        assert after.setdefault(rank, drawn) == drawn  # the same checkpoint, the same streams
+    assert after[0] == expected
+    assert len({after[0], after[1], after[2]}) == 3  # no two ranks alike

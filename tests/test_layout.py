@@ -1,0 +1,170 @@
+"""The package's shape, read from the source: imports run downward (no circle), `vit.deploy` runs without Lightning
+or the CLI, and the 0.1 import paths still work for a release, each naming its new home."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import subprocess_env
+
+VIT = Path(__file__).resolve().parents[1] / "vit"
+
+
+def module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(VIT.parent).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of vit/ -> the modules of vit/ it imports (at any depth of its code, lazy imports included)."""
+    modules = {module_name(p): p for p in VIT.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join([*parts[: len(parts) - node.level + 1], base]).strip(".")
+                targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                # a module's own package (its __init__) runs before it: no edge back up
+                if target and target != name and not name.startswith(target + "."):
+                    found.add(target)
+        graph[name] = found
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                found.append(sorted([v, *component]))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_import_graph_has_no_circle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_circle_finder_finds_one():
+    # the check above must be able to fail: a two-module circle and a three-module one
+    graph = {"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"c", "a"}, "f": set()}
+    assert sorted(cycles(graph)) == [["a", "b"], ["c", "d", "e"]]
+
+
+def test_deploy_reaches_neither_lightning_nor_the_cli_in_the_source():
+    graph = import_graph()
+    for start in (m for m in graph if m.startswith("vit.deploy")):
+        seen, todo = set(), [start]
+        while todo:
+            module = todo.pop()
+            if module not in seen:
+                seen.add(module)
+                todo += graph[module]
+        assert not [m for m in seen if m == "vit.cli" or m.startswith("vit.cli.")], start
+        for module in seen:
+            path = VIT.parent / (module.replace(".", "/") + ".py")
+            source = (path if path.exists() else path.with_suffix("") / "__init__.py").read_text()
+            names = [alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import)
+                     for alias in node.names]
+            names += [node.module or "" for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)]
+            assert not [n for n in names if n.split(".")[0] in ("lightning", "pytorch_lightning")], (start, module)
+
+
+def test_deploy_imports_no_lightning_when_run():
+    # every module of vit.deploy in one fresh interpreter: none brings Lightning or vit.cli into sys.modules
+    modules = sorted(module_name(p) for p in (VIT / "deploy").glob("*.py"))
+    code = (f"import importlib, sys\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightning' or m.startswith('vit.cli')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env=subprocess_env())
+    assert done.stdout.strip() == "[]"
+
+
+# (old module, a name it had, where the name lives now)
+MOVED = [
+    ("vit.checkpoint", "load_classifier", "vit.deploy.classifier"),
+    ("vit.checkpoint", "Classifier", "vit.deploy.classifier"),
+    ("vit.checkpoint", "read_checkpoint", "vit.checkpoints.io"),
+    ("vit.checkpoint", "expect_task", "vit.checkpoints.meta"),
+    ("vit.checkpoint", "run_checkpoint_folders", "vit.checkpoints.runs"),
+    ("vit.weights", "load_pretrained", "vit.checkpoints.weights"),
+    ("vit.convert", "convert_npz", "vit.checkpoints.convert"),
+    ("vit.backends", "load_backend", "vit.deploy.backends"),
+    ("vit.inference", "load_model", "vit.deploy.inference"),
+    ("vit.inference", "onnx_metadata", "vit.deploy.metadata"),
+    ("vit.export", "export_onnx", "vit.deploy.export"),
+    ("vit.export", "METADATA_KEYS", "vit.deploy.metadata"),
+    ("vit.quantize", "quantize_static_int8", "vit.deploy.quantize"),
+    ("vit.quantize", "config_split_images", "vit.cli.data"),
+    ("vit.fusion", "fuse_attention", "vit.deploy.fusion"),
+    ("vit.cpu", "has_vnni", "vit.deploy.cpu"),
+    ("vit.image_files", "ImagePaths", "vit.deploy.image_files"),
+    ("vit.cli_parser", "VitArgumentParser", "vit.cli.parser"),
+    ("vit.console", "ProgressBar", "vit.cli.console"),
+    ("vit.preflight", "check_pretrained", "vit.cli.preflight"),
+    ("vit.training", "LastCheckpoint", "vit.cli.training"),
+    ("vit.cli", "experiment_folder", "vit.checkpoints.runs"),
+    ("vit.cli", "TrainingCurves", "vit.cli.training"),
+    ("vit.features", "new_run_folder", "vit.checkpoints.runs"),
+]
+
+
+@pytest.mark.parametrize(("old", "name", "new"), MOVED, ids=[f"{o}.{n}" for o, n, _ in MOVED])
+def test_an_old_import_path_works_and_names_the_new_one(old, name, new):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = getattr(importlib.import_module(old), name)
+    assert found is getattr(importlib.import_module(new), name)
+    messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert any(f"{new}.{name}" in m and "next release" in m for m in messages), messages
+
+
+def test_a_name_no_module_had_is_still_an_attribute_error():
+    with pytest.raises(AttributeError, match="moved to"):
+        importlib.import_module("vit.checkpoint").no_such_name  # noqa: B018
+
+
+def test_the_cli_package_stays_light_until_a_name_is_asked_for():
+    # vit.cli.preflight runs before Lightning is imported (`vit fit` with weights that cannot be had fails fast)
+    code = "import sys, vit.cli.preflight; print(any(m.split('.')[0] == 'lightning' for m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env=subprocess_env())
+    assert done.stdout.strip() == "False"

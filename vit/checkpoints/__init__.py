@@ -1,0 +1,15 @@
+"""Files of weights, ours and others': `vit fit` checkpoints, their metadata and run folders, and pretrained
+weights from timm, torchvision, big_vision, DINOv2 and CLIP files or the hub.
+
+    io.py       checkpoint files: atomic writes, reads with clear errors (damaged, missing, sharded)
+    meta.py     ``checkpoint["vit"]``: the task and what rebuilds its model
+    runs.py     a config's run folders and their best/last checkpoints
+    weights.py  `load_pretrained`: others' weights into our ViT, all or nothing
+    convert.py  the key converters from other layouts to timm's
+"""
+
+from vit.checkpoints.io import read_checkpoint, save_checkpoint
+from vit.checkpoints.meta import META_KEY, expect_task
+from vit.checkpoints.weights import load_pretrained
+
+__all__ = ["META_KEY", "expect_task", "load_pretrained", "read_checkpoint", "save_checkpoint"]

@@ -1,0 +1,66 @@
+"""What a `vit` checkpoint says about itself: ``checkpoint["vit"]``, written by every task.
+
+The task ("classify", "pretrain" or "translate"; `expect_task` checks it) and, for a classifier, the model
+config, class names and the image preparation (size, mean/std, crop_pct, interpolation), so the trained model
+is rebuilt from the file alone (`vit.deploy.load_classifier`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from torch import Tensor
+
+from vit.errors import UserValueError
+
+META_KEY = "vit"  # checkpoint["vit"]: what the task wrote for loading without the training config
+
+
+def classifier_checkpoint(meta: dict[str, Any], weights: dict[str, Tensor], **extra: Any) -> dict[str, Any]:
+    """A `vit fit`-format classify checkpoint outside a Trainer (`vit probe`'s): a VisionTransformer's ``weights``
+    as the evaluated ones, ``meta`` from ``ImageClassifier.checkpoint_meta()``, and ``extra`` entries."""
+    state = {f"model.{k}": v.detach().cpu().clone() for k, v in weights.items()}
+    # The weights are under "model.", whichever copy (EMA or not) they came from.
+    return {META_KEY: {**meta, "ema": False}, "state_dict": state, **extra}
+
+
+# The tasks a checkpoint can hold: checkpoint["vit"]["task"] -> (its LightningModule in vit.tasks, the command
+# that writes it). Named here, not imported, since nothing in this module imports Lightning.
+TASK_CLASSES = {"classify": ("ImageClassifier", "vit fit"), "pretrain": ("MaskedAutoencoder", "vit pretrain"),
+                "translate": ("Translator", "vit fit")}
+
+
+def task_of(checkpoint: dict[str, Any]) -> str | None:
+    """The task a `vit` checkpoint was written by ("classify", "pretrain" or "translate"), or None."""
+    meta = checkpoint.get(META_KEY)
+    return meta.get("task") if isinstance(meta, dict) else None
+
+
+def expect_task(checkpoint: dict[str, Any], task: str, where: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint's ``vit`` entry, or the error saying which task it holds instead.
+
+    The one check that a checkpoint belongs to a task: loading a classifier, `load_task`, ``--ckpt_path`` in the
+    CLI and each task's ``on_load_checkpoint`` all come here. ``where`` names the file for the message.
+    """
+    found = task_of(checkpoint)
+    if found != task:
+        raise UserValueError(f"{where} holds {describe_task(found)}, but {describe_task(task)} is needed here: "
+                             f"give a checkpoint that `{TASK_CLASSES[task][1]}` wrote with vit.tasks."
+                             f"{TASK_CLASSES[task][0]}")
+    return checkpoint[META_KEY]
+
+
+def describe_task(task: str | None) -> str:
+    """A task in words: "the Translator task ('translate')"."""
+    if task is None:
+        return "no `vit` task (no checkpoint['vit'] entry of `vit fit` or `vit pretrain`)"
+    if task not in TASK_CLASSES:
+        return f"an unknown task {task!r}"
+    return f"the {TASK_CLASSES[task][0]} task ({task!r})"
+
+
+def evaluated_weights(state_dict: dict[str, Tensor], ema: bool) -> dict[str, Tensor]:
+    """The VisionTransformer's weights inside an ImageClassifier's state dict: the EMA copy if trained with one."""
+    prefix = "model_ema.module." if ema else "model."
+    return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}

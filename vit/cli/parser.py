@@ -1,0 +1,119 @@
+"""`vit fit`'s argument parser, whose errors are for a person: a few lines naming the key, the file and the
+nearest valid name, instead of argparse's usage and a dump of jsonargparse's Union validation."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import itertools
+import re
+import sys
+from pathlib import Path
+from typing import Any, ClassVar, NoReturn
+
+from lightning.pytorch.cli import LightningArgumentParser
+
+from vit.errors import did_you_mean, find_user_error
+
+
+class VitArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, whose errors are a few lines naming the key and the fix, not the usage and a dump
+    of jsonargparse's Union validation."""
+
+    args: ClassVar[list[str]] = []  # the command line last parsed, for naming the config file a bad key came from
+
+    def parse_args(self, args: Any = None, *more: Any, **kwargs: Any) -> Any:
+        VitArgumentParser.args = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, *more, **kwargs)
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:  # a parser used internally, whose caller handles the error
+            super().error(message, ex)
+        user_error = find_user_error(ex) if ex is not None else None
+        command = "vit " + self.prog.split()[-1] if self.prog.split()[-1] != "vit" else "vit"
+        text = str(user_error) if user_error is not None else short_parse_error(message)
+        unknown = re.match(r"unrecognized arguments: (--[^\s=]+)", message)
+        if unknown:
+            options = [o for action in self._actions for o in action.option_strings]
+            text += did_you_mean(unknown.group(1), options)
+        # A key in a config file the subcommand lacks: jsonargparse's root parser says so under its own name
+        # ("vit"), without a suggestion or the file.
+        misplaced = re.match(r"Subcommand '([^']+)' does not accept option '([^']+)'", message)
+        subparser = getattr(ex, "subcommand_parser", None)
+        if misplaced and subparser is not None:
+            command, key = f"vit {misplaced.group(1)}", misplaced.group(2)
+            keys = [a.dest for a in subparser._actions if a.dest and a.dest != "help"]
+            files = [f for f in config_files(VitArgumentParser.args) if has_key(f, key)]
+            text = f"{', '.join(files) + ': ' if files else ''}no option {key!r}{did_you_mean(key, keys)}"
+        sys.stderr.write(f"{command}: error: {text}\n(`{command} --help` lists the options)\n")
+        raise SystemExit(2)
+
+
+def config_files(args: list[str]) -> list[str]:
+    """The files given to ``--config``/``-c`` in ``args``."""
+    found = [b for a, b in itertools.pairwise(args) if a in ("--config", "-c")]
+    return found + [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+
+
+def has_key(path: str, dotted: str) -> bool:
+    """Whether the YAML file ``path`` sets the nested key ``dotted`` (``trainer.max_epochs``)."""
+    import yaml
+
+    try:
+        node: Any = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def short_parse_error(message: str) -> str:
+    """The cause in a jsonargparse error: the key, the bad value or option, and the nearest valid name."""
+    key = re.match(r'Parser key "([^"]+)":\s*(.*)', message, re.S)
+    if key is None:
+        return message.strip().splitlines()[0]
+    name, rest = key.group(1), key.group(2).strip()
+    problem = re.search(r"Problem with given class_path '([^']+)':\s*\n\s*(.+)", rest)
+    if problem:
+        class_path, reason = problem.group(1), problem.group(2).strip()
+        option = re.match(r"Option '([^']+)' is not accepted", reason) or re.match(
+            r'Key "([^"]+)" is not expected', reason)
+        if option:
+            hint = did_you_mean(option.group(1), accepted_arguments(class_path))
+            return f"{name}: {class_path} has no option {option.group(1)!r}{hint}"
+        missing = re.match(r"module '([^']+)' has no attribute '([^']+)'", reason)
+        if missing:
+            module = importlib.import_module(missing.group(1))
+            hint = did_you_mean(missing.group(2), [n for n in dir(module) if n[:1].isupper()])
+            return f"{name}: no class {missing.group(2)!r} in {missing.group(1)}{hint}"
+        return f"{name}: {class_path}: {reason}"
+    if "Union subtypes" not in rest:
+        return f"{name}: {rest}"
+    errors = [line.strip()[2:] for line in rest.splitlines()
+              if line.strip().startswith("- ") and "<class 'NoneType'>" not in line]
+    given = re.search(r"Given value: (.*)", rest)
+    value = f" {given.group(1)[:80]!r}" if given else ""
+    return f"{name}: invalid value{value}: " + "; ".join(e.replace("Expected a <class '", "expected ")
+                                                          .replace("'>", "") for e in errors)
+
+
+def accepted_arguments(class_path: str) -> list[str]:
+    """The init arguments of a class, following ``**kwargs`` into its bases as jsonargparse does."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return []
+    names: list[str] = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = list(inspect.signature(init).parameters.values())[1:]
+        names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names

@@ -1,0 +1,104 @@
+"""A trained classifier without Lightning: the evaluated network and what it takes to prepare its input.
+
+`load_classifier(path)` rebuilds it from a `vit fit` checkpoint alone (`vit.checkpoints.meta` says what the
+file holds): the EMA weights when training kept them, the class names, the size, mean/std, crop and
+interpolation the test split used.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vit.checkpoints.io import read_checkpoint
+from vit.checkpoints.meta import evaluated_weights, expect_task
+from vit.errors import UserValueError
+from vit.nn.vision import VisionTransformer, build_model
+from vit.preprocessing import Prepared, Preprocessing
+
+
+# ---- a trained classifier, without Lightning --------------------------------------------------
+class Classifier(Prepared, nn.Module):
+    """A trained ViT (or a timm convnet `vit fit` trained as a teacher) with what it takes to prepare its input and
+    name its output.
+
+    ``.model`` holds the evaluated weights (the EMA weights when training used EMA); ``.class_names``,
+    ``.img_size`` (H, W), ``.in_chans``, ``.mean``, ``.std``, ``.crop_pct`` and ``.interpolation``
+    say how images were prepared for testing, and so how to prepare them for prediction.
+    """
+
+    def __init__(
+        self, model: VisionTransformer | nn.Module, *, model_name: str, class_names: Sequence[str],
+        mean: Sequence[float], std: Sequence[float], crop_pct: float, interpolation: str,
+        img_size: int | None = None, timm_args: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if len(class_names) != model.num_classes:
+            raise UserValueError(f"{len(class_names)} class names for a {model.num_classes}-class model")
+        self.model = model
+        self.model_name = model_name
+        self.class_names = list(class_names)
+        self.preprocessing = Preprocessing(mean, std, crop_pct, interpolation)  # read as .mean, .std, ...
+        self.input_size = (img_size, img_size) if img_size is not None else None  # a convnet's: it has no img_size
+        self.timm_args = timm_args  # a convnet's timm.create_model arguments (None for our ViTs, which hold a config)
+
+    @property
+    def img_size(self) -> tuple[int, int]:
+        """(height, width) the model expects."""
+        return self.input_size or self.model.img_size
+
+    @property
+    def in_chans(self) -> int:
+        """Number of input channels the model expects."""
+        return self.model.in_chans
+
+    @property
+    def is_vit(self) -> bool:
+        """Whether the network is one of our ViTs (attention maps, rollout), not a timm convnet (teacher_small's)."""
+        return isinstance(self.model, VisionTransformer)
+
+    def require_vit(self, what: str, path: str | os.PathLike) -> None:
+        """A clear error when ``what`` (a ViT-only feature) is asked of a convnet checkpoint."""
+        if not self.is_vit:
+            raise UserValueError(f"{path} holds timm's {self.model_name}, a convnet (as configs/teacher_small.yaml "
+                                 f"trains), and {what} need a ViT's attention. vit predict, vit export and vit serve "
+                                 "read this checkpoint; give a ViT checkpoint here (e.g. the distilled student's)")
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are (of any network: a teacher_small convnet has no patch embedding)."""
+        return next(self.model.parameters()).device
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Logits (B, num_classes)."""
+        return self.model(x)
+
+    def eval_transform(self, crop_pct: float | None = None) -> Callable:
+        """The transform the test split went through: resize, centre crop, normalise."""
+        from vit.data.transforms import eval_transform
+
+        return eval_transform(self.in_chans, self.img_size, self.crop_pct if crop_pct is None else crop_pct,
+                              self.interpolation, self.mean, self.std)
+
+
+def load_classifier(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Classifier:
+    """Rebuild a trained classifier from a `vit fit` checkpoint alone, in eval mode."""
+    checkpoint = read_checkpoint(path)
+    meta = expect_task(checkpoint, "classify", path)
+    if meta.get("model_source") == "timm":  # a convnet `vit fit` trained (vit.tasks.ConvNetClassifier)
+        import timm
+
+        model = timm.create_model(meta["model_name"], **meta["model_config"])
+        model.in_chans = meta["model_config"]["in_chans"]
+        timm_args = dict(meta["model_config"])
+    else:
+        model, timm_args = build_model(meta["model_config"]), None
+    model.load_state_dict(evaluated_weights(checkpoint["state_dict"], meta["ema"]))
+    classifier = Classifier(model, model_name=meta["model_name"], class_names=meta["class_names"],
+                            img_size=meta.get("img_size"), timm_args=timm_args, **asdict(Preprocessing.from_dict(meta)))
+    return classifier.to(map_location).eval()

@@ -1,0 +1,145 @@
+"""Models to predict with, without Lightning: a `vit fit` checkpoint (torch) or its ONNX export (onnxruntime).
+
+`load_model(path)` returns a `vit.deploy.Classifier` for a checkpoint and an `OnnxClassifier` for a
+``.onnx`` file written by `vit export`. Both map images (B, C, H, W) to logits and carry ``class_names``,
+``in_chans``, ``img_size``, ``device`` and ``eval_transform()``, built from the same few numbers, so a
+file is prepared the same way whichever runs it. onnxruntime is imported only for ``.onnx`` files.
+
+`ranked` turns logits into the top-k entries of a `record`: `vit predict`, `vit attention` and `vit serve`
+answer with the same records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from vit.deploy.classifier import Classifier, load_classifier
+from vit.deploy.cpu import has_native_bf16
+from vit.deploy.metadata import _load_proto, is_int8, onnx_metadata
+from vit.errors import MissingPackageError, UserPathError, UserValueError
+from vit.preprocessing import Prepared, Preprocessing
+
+PRECISIONS = ("fp32", "bf16")
+
+
+ONNX_SUFFIX = ".onnx"
+
+
+class OnnxClassifier(Prepared):
+    """An ONNX classifier from `vit export`, run by onnxruntime on the CPU; metadata says how to prepare images."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, model: str | os.PathLike | bytes, threads: int | None = None, *, name: str | None = None,
+                 fuse: bool = True) -> None:
+        """``model``: a ``.onnx`` file or its bytes (``name`` then names it in messages); ``fuse``: let onnxruntime
+        run our attention as its fused MultiHeadAttention kernel (`vit.deploy.fusion`)."""
+        if isinstance(model, bytes):
+            path, data = Path(name or "model.onnx"), model
+        else:
+            path = Path(model)
+            if path.is_dir():
+                inside = sorted(path.glob("*.onnx"))
+                hint = f"; give the file in it: {inside[0]}" if inside else ""
+                raise UserPathError(f"{path} is a folder, not an ONNX model{hint}")
+            if not path.is_file():
+                raise UserPathError(f"ONNX model not found: {path}")
+            data = None
+        try:
+            import onnxruntime
+        except ImportError as e:
+            raise MissingPackageError(f"running {path} needs onnxruntime: pip install 'vit[export]'") from e
+        options = onnxruntime.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        proto = _load_proto(data if data is not None else path)
+        self.int8 = proto is not None and is_int8(proto)
+        self.backend = "onnx-int8" if self.int8 else "onnx"
+        self.fused: dict[str, int] = {}  # fusion name -> count (`vit.deploy.fusion.fuse_attention`)
+        if fuse and proto is not None:
+            from vit.deploy.fusion import fuse_attention, fusion_available
+
+            if fusion_available():
+                data, self.fused = fuse_attention(proto)
+        try:
+            self.session = onnxruntime.InferenceSession(data if data is not None else str(path), options,
+                                                        providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own exception types for unreadable files
+            raise UserValueError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from e
+        values = onnx_metadata(self.session.get_modelmeta().custom_metadata_map, path)
+        self.path, self.model_name = path, values["model_name"]
+        self.class_names: list[str] = list(values["class_names"])
+        self.img_size: tuple[int, int] = tuple(values["img_size"])
+        self.in_chans: int = int(values["in_chans"])
+        self.preprocessing = Preprocessing.from_dict(values)
+        self.input_name = self.session.get_inputs()[0].name
+
+    # the same transform as a checkpoint's, from the same attributes (read from the metadata above)
+    eval_transform = Classifier.eval_transform
+
+    def __call__(self, images: Tensor) -> Tensor:
+        """Logits (B, num_classes) of images (B, C, H, W)."""
+        return torch.from_numpy(self.session.run(None, {self.input_name: images.float().cpu().numpy()})[0])
+
+
+def load_model(
+    path: str | os.PathLike, device: str | torch.device = "cpu", *, compile: bool = False,
+    threads: int | None = None,
+) -> Classifier | OnnxClassifier:
+    """A `vit fit` checkpoint as a torch `Classifier` (``compile``: torch.compile it), or a ``.onnx`` export."""
+    if Path(path).suffix.lower() == ONNX_SUFFIX:
+        if torch.device(device).type != "cpu":
+            raise UserValueError(f"{path}: ONNX models run on the CPU here (onnxruntime), not on {device}")
+        if compile:
+            raise UserValueError(f"{path}: compile applies to checkpoints; onnxruntime optimises ONNX models itself")
+        return OnnxClassifier(path, threads)
+    classifier = load_classifier(path, map_location=device)
+    if compile:
+        classifier.model.compile()  # in place: the state-dict keys stay the same
+    return classifier
+
+
+def cpu_has_native_bf16() -> bool | None:
+    """Whether the CPU computes bf16 in hardware (AVX512-BF16, AMX, Arm BF16); None if unknown (no /proc/cpuinfo).
+
+    Without it, torch emulates bf16 matmuls and autocast runs several times slower than fp32.
+    """
+    return has_native_bf16()
+
+
+def autocast(precision: str, device: torch.device | str = "cpu") -> contextlib.AbstractContextManager:
+    """torch autocast for ``precision`` ("fp32": none; "bf16"), warning when a CPU only emulates bf16."""
+    if precision not in PRECISIONS:
+        raise UserValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    device = torch.device(device)
+    if device.type == "cpu" and cpu_has_native_bf16() is False:
+        warnings.warn("this CPU has no native bf16 (no avx512_bf16/amx_bf16 flag): bf16 autocast is emulated "
+                      "and usually several times slower than fp32 here", UserWarning, stacklevel=2)
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+# ---- records: what `vit predict`, `vit attention` and `vit serve` answer ------------------------
+def top_k_entries(probs: Sequence[float], indices: Sequence[int], class_names: Sequence[str]) -> list[dict]:
+    """``[{"class": index, "name": ..., "probability": ...}, ...]``, in the order given (most likely first)."""
+    return [{"class": int(i), "name": str(class_names[i]), "probability": round(float(p), 6)}
+            for p, i in zip(probs, indices)]
+
+
+def ranked(logits: Tensor, k: int, class_names: Sequence[str]) -> list[list[dict]]:
+    """The `top_k_entries` of each row of ``logits`` (B, classes): softmax, then the ``k`` most likely."""
+    values, indices = logits.float().softmax(dim=-1).topk(k, dim=-1)
+    return [top_k_entries(p, i, class_names) for p, i in zip(values.tolist(), indices.tolist())]
+
+
+def record(path: str | os.PathLike, top_k: list[dict] | None = None, error: str | None = None) -> dict:
+    """One file's result, the same for `vit predict`, `vit attention` and `vit serve`: path, top_k, error."""
+    return {"path": str(path), "top_k": top_k or [], "error": error}

@@ -1,0 +1,77 @@
+"""Predicting image files: a model from `vit.deploy` over paths, one record per file, and the records written.
+
+A file that cannot be decoded gets a record with the reason, and the run goes on; `vit predict`, the
+tests and notebooks call `predict_files`. Imports no Lightning.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from vit.deploy.classifier import Classifier
+from vit.deploy.image_files import ImagePaths, UnreadableImageError, collate_readable
+from vit.deploy.inference import OnnxClassifier, autocast, ranked, record
+from vit.errors import UserValueError
+from vit.files import save_atomic
+from vit.preprocessing import eval_short_side
+from vit.progress import progress
+
+
+# ---- predicting -------------------------------------------------------------------------------
+@torch.no_grad()
+def predict_files(
+    classifier: Classifier | OnnxClassifier, files: Sequence[Path], top_k: int = 5, batch_size: int = 64,
+    crop_pct: float | None = None, precision: str = "fp32", *, strict: bool = False, num_workers: int = 0,
+) -> list[dict]:
+    """One `record` per file, in the order of ``files``: the top-k classes, or the reason it could not be read.
+
+    ``crop_pct=None`` uses the centre crop the model was evaluated with; ``precision="bf16"`` runs a torch
+    model under autocast; ``strict`` raises `UnreadableImageError` at the first file that cannot be read.
+    """
+    if precision != "fp32" and isinstance(classifier, OnnxClassifier):
+        raise UserValueError(f"{classifier.path}: precision {precision!r} is for checkpoints (torch autocast); "
+                             "an ONNX export runs as exported (fp32, or int8 with `vit export --int8 static`)")
+    if precision != "fp32" and not isinstance(classifier, Classifier):
+        raise UserValueError(f"--precision {precision} applies to --backend torch; --backend "
+                             f"{classifier.backend} runs in its own precision")
+    top_k = min(top_k, len(classifier.class_names))
+    mode = "L" if classifier.in_chans == 1 else "RGB"
+    crop_pct = classifier.crop_pct if crop_pct is None else crop_pct
+    short_side = eval_short_side(classifier.img_size, crop_pct)  # an image too elongated for it is one row's error
+    dataset = ImagePaths(files, classifier.eval_transform(crop_pct), mode, short_side)
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_readable)
+    rows: list[dict | None] = [None] * len(dataset)
+    for batch in progress(loader, len(loader), "predicting"):
+        for index, reason in batch.failed:
+            if strict:
+                raise UnreadableImageError(f"cannot read {dataset.files[index]}: {reason}")
+            rows[index] = record(dataset.files[index], error=reason)
+        if batch.images is None:
+            continue
+        with autocast(precision, classifier.device):
+            logits = classifier(batch.images.to(classifier.device))
+        for index, entries in zip(batch.indices, ranked(logits, top_k, classifier.class_names)):
+            rows[index] = record(dataset.files[index], entries)
+    return rows
+
+
+def write_predictions(rows: Sequence[dict], out: str | Path) -> Path:
+    """Write records as JSON (``.json``) or CSV (anything else: path, class_1, prob_1, ..., error), atomically: a
+    kill mid-write leaves the old file or the new one."""
+    if Path(out).suffix.lower() == ".json":
+        return save_atomic(lambda f: f.write(json.dumps(list(rows), indent=2).encode()), out)
+    k = max((len(r["top_k"]) for r in rows), default=0)
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(["path", *(f"{name}_{i}" for i in range(1, k + 1) for name in ("class", "prob")), "error"])
+    for r in rows:
+        cells = [v for entry in r["top_k"] for v in (entry["name"], entry["probability"])]
+        writer.writerow([r["path"], *cells, *[""] * (2 * k - len(cells)), r["error"] or ""])
+    return save_atomic(lambda f: f.write(text.getvalue().encode()), out)
