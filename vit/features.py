@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from vit._moved import forward
+from vit.data.protocol import Fingerprinted
 from vit.files import save_atomic
 from vit.hashing import digest
 from vit.progress import progress
@@ -49,8 +50,7 @@ def weights_key(model: nn.Module, config: dict[str, Any]) -> str:
 
 def dataset_key(dataset: Dataset) -> str | None:
     """The dataset's ``fingerprint()``, or None for a dataset without one (its features are not cached)."""
-    fingerprint = getattr(dataset, "fingerprint", None)
-    return fingerprint() if callable(fingerprint) else None
+    return dataset.fingerprint() if isinstance(dataset, Fingerprinted) else None
 
 
 @torch.inference_mode()

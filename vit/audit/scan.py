@@ -33,6 +33,7 @@ from vit.audit.duplicates import content_hash, luma_hashes, phash, window_phashe
 from vit.audit.verify import THUMB, edited, thumbnail
 from vit.data import io
 from vit.data.io import check_image_file
+from vit.data.protocol import ReadableImages
 from vit.errors import UserValueError
 from vit.features import dataset_key
 from vit.files import save_atomic
@@ -94,7 +95,7 @@ def _chunk(items: Sequence[tuple[int, int]]) -> list[ImageRecord]:
 def scan_split(dataset: Any, split: str, labels: Sequence[int], num_workers: int = 1) -> list[ImageRecord]:
     """An `ImageRecord` per item of ``dataset`` (labels given, so no item is transformed), in order."""
     global _DATASET
-    if not (hasattr(dataset, "item_name") and hasattr(dataset, "raw_image")):
+    if not isinstance(dataset, ReadableImages):
         raise UserValueError(f"vit audit reads images through item_name(i) and raw_image(i), which a "
                              f"{type(dataset).__name__} lacks; add them (see vit.data.folder.ImageFiles)")
     items = list(enumerate(int(label) for label in labels))

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from vit.data.protocol import ReadableImages
 from vit.deploy.quantize import CALIBRATION_IMAGES
 from vit.deploy.quantize import calibration_images as folder_images
 from vit.errors import UserPathError, UserValueError
@@ -40,7 +41,7 @@ def config_split_images(config: str | os.PathLike, split: str, transform: Callab
     dataset = {"train": data.train_set, "val": data.val_set, "test": data.test_set}[split]
     if dataset is None:
         raise UserValueError(f"{config}: its {type(data).__name__} has no {split} split")
-    if not hasattr(dataset, "raw_image"):
+    if not isinstance(dataset, ReadableImages):
         raise UserValueError(f"--calibration {config}: its {type(dataset).__name__} gives no decoded images to "
                              "prepare the checkpoint's way; pass a folder of training images instead")
     indices = list(range(len(dataset))) if count is None else \

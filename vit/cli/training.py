@@ -28,6 +28,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 from vit.checkpoints.io import save_checkpoint
+from vit.data.protocol import CountsReplacements
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +236,7 @@ class TrainingReport(Callback):
 def _train_dataset(trainer: Trainer) -> Any:
     """The training set of the trainer's datamodule if it counts replaced images, else None."""
     dataset = getattr(trainer.datamodule, "train_set", None)
-    return dataset if callable(getattr(dataset, "replacements", None)) else None
+    return dataset if isinstance(dataset, CountsReplacements) else None
 
 
 # ---- `vit pretrain` ----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from vit.data import transforms
 from vit.data.fast import collate
+from vit.data.protocol import ImageFileSamples, ImageSplits, IndexedSubset, LabelledImages
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augmentation
 from vit.errors import UserValueError
 
@@ -144,7 +145,7 @@ class ImageDataModule(LightningDataModule):
 
     def without_augmentation(self, dataset: Dataset) -> Dataset:
         """A shallow copy of ``dataset`` (one with a ``transform``) that uses the evaluation transform."""
-        if not hasattr(dataset, "transform"):
+        if not isinstance(dataset, LabelledImages):
             raise TypeError(f"{type(self).__name__}: a {type(dataset).__name__} has no `transform` to swap for "
                             "the evaluation one; override without_augmentation")
         plain = copy.copy(dataset)
@@ -191,9 +192,9 @@ def drops_last_batch(num_samples: int, batch_size: int) -> bool:
 # ---- is the test split held out? -------------------------------------------------------------------
 def _members(dataset: Dataset) -> set | None:
     """What identifies a split's images (file paths, or indices into one dataset), or None if unknown."""
-    if hasattr(dataset, "samples"):
+    if isinstance(dataset, ImageFileSamples):
         return {str(path) for path, _ in dataset.samples}
-    if hasattr(dataset, "indices") and hasattr(dataset, "dataset"):  # CIFAR's subsets
+    if isinstance(dataset, IndexedSubset):  # CIFAR's subsets
         return {(id(dataset.dataset), int(i)) for i in dataset.indices}
     return None
 
@@ -201,7 +202,7 @@ def _members(dataset: Dataset) -> set | None:
 def no_test_reason(data: Any) -> str | None:
     """Why a set-up datamodule's test split is no held-out test (it is missing, is the val split or shares
     images with it), or None when it is one."""
-    if not hasattr(data, "test_set"):  # a datamodule of another kind (translation): its splits are its own
+    if not isinstance(data, ImageSplits):  # a datamodule of another kind (translation): its splits are its own
         return None
     val, test = data.val_set, data.test_set
     if test is None:

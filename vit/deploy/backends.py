@@ -247,7 +247,7 @@ def warn_if_range_saturates(proto: Any, path: str | os.PathLike) -> None:
 
     meta = {p.key: p.value for p in proto.metadata_props}
     quant = json.loads(meta.get("quantization", "{}"))
-    if quant.get("reduce_range") is False and reduce_range_for() and "x86" in (quant.get("for") or "x86"):
+    if quant.get("reduce_range") is False and reduce_range_for():
         warnings.warn(f"{path} was quantised for a CPU with VNNI (8-bit weights); this CPU ({describe_cpu()}) has no "
                       "VNNI, where onnxruntime's int8 kernel can saturate. Export it again on this machine "
                       "(vit export --int8 static picks 7-bit weights here)", UserWarning, stacklevel=3)
