@@ -97,8 +97,7 @@ def main(argv: Sequence[str]) -> list[Path]:
         from vit.cli.data import calibration_images
         from vit.deploy.quantize import CALIBRATION_IMAGES
 
-        mode = "L" if classifier.in_chans == 1 else "RGB"
-        calibration = calibration_images(args.calibration, classifier.eval_transform(), mode,
+        calibration = calibration_images(args.calibration, classifier.eval_transform(), classifier.image_mode,
                                          args.calibration_images or CALIBRATION_IMAGES)
     checks = export.export_onnx(classifier, args.out, quantize=args.int8, opset=args.opset or export.OPSET,
                                 calibration=calibration)

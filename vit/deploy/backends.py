@@ -28,13 +28,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vit.deploy.classifier import Classifier
+from vit.deploy.classifier import Classifier, ModelInput
 from vit.deploy.cpu import describe_cpu, has_amx_bf16, has_native_bf16, has_vnni, reduce_range_for
 from vit.deploy.inference import ONNX_SUFFIX, OnnxClassifier, load_model
 from vit.deploy.metadata import is_int8, onnx_metadata
 from vit.errors import MissingPackageError, UserValueError
 from vit.nn.attention import MultiHeadAttention
-from vit.preprocessing import Prepared, Preprocessing
 
 BACKENDS = ("torch", "torch-bf16", "torch-compile", "onnx", "onnx-int8", "openvino", "openvino-int8")
 EXACT = ("torch", "torch-compile", "onnx", "openvino")  # within 1e-4 of eager fp32's logits
@@ -156,7 +155,7 @@ class CompiledClassifier(torch.nn.Module):
         return self.compiled(images)[:n]
 
 
-class OpenVinoClassifier(Prepared):
+class OpenVinoClassifier(ModelInput):
     """An ONNX classifier (a file, or bytes exported in memory) compiled by OpenVINO for the CPU.
 
     ``INFERENCE_PRECISION_HINT`` is set to f32 for an fp32 model: on CPUs with bf16 units OpenVINO otherwise
@@ -164,7 +163,6 @@ class OpenVinoClassifier(Prepared):
     """
 
     device = torch.device("cpu")
-    eval_transform = Classifier.eval_transform
 
     def __init__(self, model: str | os.PathLike | bytes, threads: int | None = None, name: str | None = None) -> None:
         import onnx
@@ -173,10 +171,7 @@ class OpenVinoClassifier(Prepared):
         data = model if isinstance(model, bytes) else Path(model).read_bytes()
         self.path = Path(name or (model if not isinstance(model, bytes) else "model.onnx"))
         proto = onnx.load_from_string(data)
-        values = onnx_metadata({p.key: p.value for p in proto.metadata_props}, self.path)
-        self.model_name, self.class_names = values["model_name"], list(values["class_names"])
-        self.img_size, self.in_chans = tuple(values["img_size"]), int(values["in_chans"])
-        self.preprocessing = Preprocessing.from_dict(values)
+        self.set_card(onnx_metadata({p.key: p.value for p in proto.metadata_props}, self.path))
         self.int8 = is_int8(proto)
         self.backend = "openvino-int8" if self.int8 else "openvino"
         config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}

@@ -19,11 +19,55 @@ from vit.checkpoints.io import read_checkpoint
 from vit.checkpoints.meta import evaluated_weights, expect_task
 from vit.errors import UserValueError
 from vit.nn.vision import VisionTransformer, build_model
-from vit.preprocessing import Prepared, Preprocessing
+from vit.preprocessing import PREPROCESSING_KEYS, Prepared, Preprocessing, eval_short_side
+
+# ---- the input card ------------------------------------------------------------------------------
+CARD_KEYS = ("model_name", "class_names", "img_size", "in_chans", *PREPROCESSING_KEYS)
+
+
+class ModelInput(Prepared):
+    """The input card of a model that runs, and the one owner of how an image is read for it: the decoding mode,
+    the evaluation resize and transform, and the card as plain data (what `vit export` writes into an ONNX file,
+    what `vit serve`'s /info shows, what the ONNX and OpenVINO runners read back with `set_card`).
+
+    Holders set ``model_name``, ``class_names``, ``img_size`` (H, W), ``in_chans`` and ``preprocessing``.
+    """
+
+    model_name: str
+    class_names: list[str]
+    img_size: tuple[int, int]
+    in_chans: int
+
+    @property
+    def image_mode(self) -> str:
+        """The PIL mode a file is decoded to: "L" for a 1-channel model, else "RGB"."""
+        return "L" if self.in_chans == 1 else "RGB"
+
+    def eval_short_side(self, crop_pct: float | None = None) -> int:
+        """The side the evaluation resize gives the image's short side (before the centre crop)."""
+        return eval_short_side(self.img_size, self.crop_pct if crop_pct is None else crop_pct)
+
+    def eval_transform(self, crop_pct: float | None = None) -> Callable:
+        """The transform the test split went through: resize, centre crop, normalise."""
+        from vit.data.transforms import eval_transform
+
+        return eval_transform(self.in_chans, self.img_size, self.crop_pct if crop_pct is None else crop_pct,
+                              self.interpolation, self.mean, self.std)
+
+    def card(self) -> dict[str, Any]:
+        """The name, classes and input preparation as plain JSON-able values (`CARD_KEYS`)."""
+        return {"model_name": self.model_name, "class_names": list(self.class_names),
+                "img_size": list(self.img_size), "in_chans": self.in_chans, **self.preprocessing.to_dict()}
+
+    def set_card(self, values: dict[str, Any]) -> None:
+        """Take the card from plain values (an export's metadata, read back)."""
+        self.model_name, self.class_names = values["model_name"], list(values["class_names"])
+        self.img_size, self.in_chans = tuple(values["img_size"]), int(values["in_chans"])
+        self.preprocessing = Preprocessing.from_dict(values)
 
 
 # ---- a trained classifier, without Lightning --------------------------------------------------
-class Classifier(Prepared, nn.Module):
+class Classifier(ModelInput, nn.Module):
     """A trained ViT (or a timm convnet `vit fit` trained as a teacher) with what it takes to prepare its input and
     name its output.
 
@@ -78,12 +122,6 @@ class Classifier(Prepared, nn.Module):
         """Logits (B, num_classes)."""
         return self.model(x)
 
-    def eval_transform(self, crop_pct: float | None = None) -> Callable:
-        """The transform the test split went through: resize, centre crop, normalise."""
-        from vit.data.transforms import eval_transform
-
-        return eval_transform(self.in_chans, self.img_size, self.crop_pct if crop_pct is None else crop_pct,
-                              self.interpolation, self.mean, self.std)
 
 
 def load_classifier(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Classifier:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from vit.deploy.classifier import Classifier
-from vit.deploy.metadata import preprocessing, set_metadata
+from vit.deploy.metadata import set_metadata
 from vit.errors import MissingPackageError, UserValueError
 from vit.files import save_atomic
 from vit.nn.configs import MODEL_CONFIGS, ViTConfig, named_config
@@ -104,7 +104,7 @@ def onnx_bytes(classifier: Classifier, opset: int = OPSET) -> bytes:
             output_names=[OUTPUT_NAME], dynamic_shapes={"x": {0: batch}}, verbose=False,
         )
     proto = program.model_proto
-    set_metadata(proto, preprocessing(classifier))
+    set_metadata(proto, classifier.card())
     return proto.SerializeToString()
 
 

@@ -20,11 +20,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from vit.deploy.classifier import Classifier, load_classifier
+from vit.deploy.classifier import Classifier, ModelInput, load_classifier
 from vit.deploy.cpu import has_native_bf16
 from vit.deploy.metadata import _load_proto, is_int8, onnx_metadata
 from vit.errors import MissingPackageError, UserPathError, UserValueError
-from vit.preprocessing import Prepared, Preprocessing
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -32,7 +31,7 @@ PRECISIONS = ("fp32", "bf16")
 ONNX_SUFFIX = ".onnx"
 
 
-class OnnxClassifier(Prepared):
+class OnnxClassifier(ModelInput):
     """An ONNX classifier from `vit export`, run by onnxruntime on the CPU; metadata says how to prepare images."""
 
     device = torch.device("cpu")
@@ -73,16 +72,9 @@ class OnnxClassifier(Prepared):
                                                         providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types for unreadable files
             raise UserValueError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from e
-        values = onnx_metadata(self.session.get_modelmeta().custom_metadata_map, path)
-        self.path, self.model_name = path, values["model_name"]
-        self.class_names: list[str] = list(values["class_names"])
-        self.img_size: tuple[int, int] = tuple(values["img_size"])
-        self.in_chans: int = int(values["in_chans"])
-        self.preprocessing = Preprocessing.from_dict(values)
+        self.path = path
+        self.set_card(onnx_metadata(self.session.get_modelmeta().custom_metadata_map, path))
         self.input_name = self.session.get_inputs()[0].name
-
-    # the same transform as a checkpoint's, from the same attributes (read from the metadata above)
-    eval_transform = Classifier.eval_transform
 
     def __call__(self, images: Tensor) -> Tensor:
         """Logits (B, num_classes) of images (B, C, H, W)."""

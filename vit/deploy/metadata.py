@@ -12,20 +12,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vit.deploy.classifier import Classifier
+from vit.deploy.classifier import CARD_KEYS
 from vit.errors import UserValueError
-from vit.preprocessing import PREPROCESSING_KEYS
 
-# What `vit predict model.onnx` reads back from the metadata (JSON strings).
-METADATA_KEYS = ("model_name", "class_names", "img_size", "in_chans", *PREPROCESSING_KEYS)
-
-
-def preprocessing(classifier: Classifier) -> dict[str, Any]:
-    """The classifier's name, classes and input preparation, as plain JSON-able values."""
-    return {
-        "model_name": classifier.model_name, "class_names": list(classifier.class_names),
-        "img_size": list(classifier.img_size), "in_chans": classifier.in_chans, **classifier.preprocessing.to_dict(),
-    }
+# What `vit predict model.onnx` reads back from the metadata (JSON strings): the input card.
+METADATA_KEYS = CARD_KEYS
 
 
 def set_metadata(proto: Any, values: dict[str, Any]) -> None:

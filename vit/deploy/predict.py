@@ -20,7 +20,6 @@ from vit.deploy.image_files import ImagePaths, UnreadableImageError, collate_rea
 from vit.deploy.inference import OnnxClassifier, autocast, ranked, record
 from vit.errors import UserValueError
 from vit.files import save_atomic
-from vit.preprocessing import eval_short_side
 from vit.progress import progress
 
 
@@ -42,10 +41,9 @@ def predict_files(
         raise UserValueError(f"--precision {precision} applies to --backend torch; --backend "
                              f"{classifier.backend} runs in its own precision")
     top_k = min(top_k, len(classifier.class_names))
-    mode = "L" if classifier.in_chans == 1 else "RGB"
-    crop_pct = classifier.crop_pct if crop_pct is None else crop_pct
-    short_side = eval_short_side(classifier.img_size, crop_pct)  # an image too elongated for it is one row's error
-    dataset = ImagePaths(files, classifier.eval_transform(crop_pct), mode, short_side)
+    # an image too elongated for the resize is one row's error
+    dataset = ImagePaths(files, classifier.eval_transform(crop_pct), classifier.image_mode,
+                         classifier.eval_short_side(crop_pct))
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_readable)
     rows: list[dict | None] = [None] * len(dataset)
     for batch in progress(loader, len(loader), "predicting"):

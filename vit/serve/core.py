@@ -33,7 +33,7 @@ from torch import Tensor
 from vit.data.io import READS_HEIC, bomb_size, load_image, pil_refusal_limit
 from vit.deploy.classifier import Classifier
 from vit.deploy.inference import OnnxClassifier, ranked, record
-from vit.preprocessing import eval_short_side, resized_pixels
+from vit.preprocessing import resized_pixels
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +148,9 @@ class Predictor:
 
     def __init__(self, classifier: Classifier | OnnxClassifier | Any) -> None:  # Any: a `vit.deploy.backends` engine
         self.classifier = classifier
-        self.mode = "L" if classifier.in_chans == 1 else "RGB"  # as `vit predict` decodes
+        self.mode = classifier.image_mode  # as `vit predict` decodes
         self.transform = classifier.eval_transform()
-        self.short_side = eval_short_side(classifier.img_size, classifier.crop_pct)  # resized to, then cropped
+        self.short_side = classifier.eval_short_side()  # resized to, then cropped
         # Rollout reads the eager fp32 ViT's attention: not an ONNX file's, nor a bf16, compiled or OpenVINO one's,
         # nor a convnet's (teacher_small's).
         self.attention = isinstance(classifier, Classifier) and classifier.is_vit
