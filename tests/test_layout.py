@@ -120,7 +120,7 @@ def test_deploy_imports_no_lightning_when_run():
 
 # (old module, a name it had, where the name lives now)
 MOVED = [
-    ("vit.checkpoint", "load_classifier", "vit.deploy.classifier"),
+    ("vit.checkpoint", "load_classifier", "vit.deploy.backends"),
     ("vit.checkpoint", "Classifier", "vit.deploy.classifier"),
     ("vit.checkpoint", "read_checkpoint", "vit.checkpoints.io"),
     ("vit.checkpoint", "expect_task", "vit.checkpoints.meta"),
@@ -128,7 +128,7 @@ MOVED = [
     ("vit.weights", "load_pretrained", "vit.checkpoints.weights"),
     ("vit.convert", "convert_npz", "vit.checkpoints.convert"),
     ("vit.backends", "load_backend", "vit.deploy.backends"),
-    ("vit.inference", "load_model", "vit.deploy.inference"),
+    ("vit.inference", "load_model", "vit.deploy.backends"),
     ("vit.inference", "onnx_metadata", "vit.deploy.metadata"),
     ("vit.export", "export_onnx", "vit.deploy.export"),
     ("vit.export", "METADATA_KEYS", "vit.deploy.metadata"),

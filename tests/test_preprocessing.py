@@ -15,7 +15,7 @@ from timm.models import get_pretrained_cfg
 from tests import CONFIGS
 from tests.formats import write_class_folders
 from vit.cli.main import cli
-from vit.deploy.classifier import load_classifier
+from vit.deploy import load_classifier
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 

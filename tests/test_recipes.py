@@ -19,7 +19,7 @@ from tests import CONFIGS
 from tests.conftest import quiet_run
 from tests.formats import CORPUS, write_cifar10, write_cifar100, write_class_folders
 from vit.cli.main import cli
-from vit.deploy.classifier import load_classifier
+from vit.deploy import load_classifier
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")]
 

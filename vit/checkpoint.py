@@ -1,4 +1,4 @@
-"""The old path of `vit.checkpoints.io`, `vit.checkpoints.meta`, `vit.checkpoints.runs`, `vit.deploy.classifier`.
+"""The old path of `vit.checkpoints.io`, `vit.checkpoints.meta`, `vit.checkpoints.runs` and `vit.deploy`.
 
 It works, with a DeprecationWarning, until the next release.
 """
@@ -10,4 +10,5 @@ __getattr__ = forward(__name__, [
     "vit.checkpoints.meta",
     "vit.checkpoints.runs",
     "vit.deploy.classifier",
+    "vit.deploy.backends",
 ])

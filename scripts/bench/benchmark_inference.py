@@ -37,8 +37,8 @@ from torch import Tensor
 import vit
 from vit.cli.data import config_split_images
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from vit.deploy import Classifier, load_classifier
 from vit.deploy.backends import Bf16Classifier, CompiledClassifier, OpenVinoClassifier
-from vit.deploy.classifier import Classifier, load_classifier
 from vit.deploy.cpu import describe_cpu, has_native_bf16, reduce_range_for
 from vit.deploy.export import onnx_bytes
 from vit.deploy.inference import OnnxClassifier, autocast

@@ -202,11 +202,11 @@ def in_process_forward_ms(ckpt: str, data: bytes, threads: int, repeats: int = 2
     with the server's number of threads."""
     import torch
 
-    from vit.deploy.inference import load_model
+    from vit.deploy import load_classifier
     from vit.serve.core import Predictor
 
     torch.set_num_threads(threads)
-    predictor = Predictor(load_model(ckpt, threads=threads))
+    predictor = Predictor(load_classifier(ckpt, threads=threads))
     image = predictor.prepare(data, 10**8)[None]
     times = []
     with torch.no_grad():

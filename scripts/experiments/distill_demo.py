@@ -69,7 +69,7 @@ def speeds(checkpoints: dict[str, Path], threads: int, rounds: int = 5) -> dict[
     """FLOPs and img/s at batch 1 and 32 of each checkpoint, timed in interleaved rounds (median)."""
     import torch
 
-    from vit.deploy.classifier import load_classifier
+    from vit.deploy import load_classifier
 
     torch.set_num_threads(threads)
     models = {arm: load_classifier(path) for arm, path in checkpoints.items()}

@@ -18,7 +18,7 @@ from tests.conftest import short_digits_run as short_run
 from tests.formats import write_class_folders
 from vit.cli.main import cli
 from vit.commands import main
-from vit.deploy.classifier import load_classifier
+from vit.deploy import load_classifier
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 

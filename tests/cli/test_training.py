@@ -26,7 +26,7 @@ from vit.cli.main import cli
 from vit.cli.training import AtomicCheckpointIO, RandomState, TrainingReport
 from vit.commands import main
 from vit.commands import run as run_vit  # raises what main turns into `error: ...` and exit 1
-from vit.deploy.classifier import load_classifier
+from vit.deploy import load_classifier
 from vit.tasks import ImageClassifier
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")

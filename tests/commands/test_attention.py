@@ -61,7 +61,7 @@ def test_vit_attention_writes_a_png_per_image(tmp_path, digits_checkpoint, capsy
     assert results[0]["top_k"][0]["name"] in printed and "photo.png" in printed
 
     # The same classes and probabilities as `vit predict`, which prepares images the same way.
-    from vit.deploy.classifier import load_classifier
+    from vit.deploy import load_classifier
     from vit.deploy.predict import predict_files
 
     predicted = predict_files(load_classifier(digits_checkpoint), [rgb, gray], top_k=3)
@@ -186,7 +186,7 @@ def test_vit_attention_over_a_folder_skips_unreadable_files_and_writes_predicts_
 def test_native_size_scales_a_large_photo_down_to_the_patch_limit_keeping_its_shape(tmp_path):
     """A 6000 x 6000 photo at its own size was 140,625 patches at 16 px, and its attention asked for 40 TB."""
     from vit.commands.attention import NATIVE_MAX_PATCHES, prepare_image
-    from vit.deploy.classifier import load_classifier
+    from vit.deploy import load_classifier
 
     ckpt = tmp_path / "rgb.ckpt"
     write_checkpoint(ckpt, model_name="vit_cifar_patch4_32", num_classes=3, class_names=["cat", "dog", "fox"],

@@ -15,8 +15,7 @@ import vit
 from tests.conftest import umask
 from vit.checkpoints.convert import convert_layer_scale
 from vit.commands import main, run
-from vit.deploy import export
-from vit.deploy.classifier import load_classifier
+from vit.deploy import export, load_classifier
 from vit.nn.vision import MODEL_CONFIGS
 
 

@@ -73,7 +73,7 @@ def test_a_checkpoint_folder_given_as_a_checkpoint_names_its_files_and_its_best(
     """`vit predict --ckpt logs/.../checkpoints` said only that a folder is no checkpoint: it now names the
     checkpoints inside and the run's best, which loads."""
     from vit.checkpoints.io import read_checkpoint
-    from vit.deploy.classifier import load_classifier
+    from vit.deploy import load_classifier
 
     folder = fitted / "ckpt"
     (best,) = folder.glob("best-*.ckpt")

@@ -13,7 +13,7 @@ from PIL import Image
 
 from tests.commands.test_attention import write_checkpoint
 from vit.commands import main, run
-from vit.deploy.classifier import load_classifier
+from vit.deploy import load_classifier
 
 
 def probabilities(row: dict) -> list[float]:
@@ -150,7 +150,7 @@ def test_predict_bf16_runs_autocast_and_warns_where_the_cpu_emulates_it(exported
         assert by_name(a) == pytest.approx(by_name(b), abs=0.01)
     monkeypatch.setattr(vit.deploy.inference, "cpu_has_native_bf16", lambda: True)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no emulation warning (the deprecation is tests/test_backends.py's)
+        warnings.simplefilter("error")  # no emulation warning (the deprecation is tests/deploy/test_backends.py's)
         warnings.filterwarnings("ignore", "--precision bf16 is deprecated", FutureWarning)
         main([*args, "--precision", "bf16"])
     with pytest.raises(ValueError, match=r"model.onnx: precision 'bf16' is for checkpoints"):
@@ -178,14 +178,14 @@ def test_predict_names_a_bad_onnx_file(exported, tmp_path):
 @pytest.mark.slow
 def test_onnx_export_gives_the_checkpoints_top1_on_every_test_digit(digits_run, digit_pngs, tmp_path):
     """The issue's bar: `vit predict model.onnx` and `vit predict best.ckpt` agree on every file; int8 stays close."""
+    from vit.deploy import load_classifier
     from vit.deploy.export import export_onnx
-    from vit.deploy.inference import load_model
     from vit.deploy.predict import predict_files
 
     classifier = load_classifier(digits_run.best)
     export_onnx(classifier, tmp_path, quantize="int8")
     paths, labels = digit_pngs
-    rows = {name: predict_files(load_model(path), paths, top_k=10) for name, path in
+    rows = {name: predict_files(load_classifier(path), paths, top_k=10) for name, path in
             [("ckpt", digits_run.best), ("onnx", tmp_path / "model.onnx"), ("int8", tmp_path / "model.int8.onnx")]}
     top1 = {name: np.array([r["top_k"][0]["class"] for r in found]) for name, found in rows.items()}
     assert (top1["onnx"] == top1["ckpt"]).all()

@@ -268,7 +268,7 @@ def test_probe_on_each_kind_of_head_saves_a_checkpoint_that_predicts_what_it_sco
     """Two heads (DeiT distilled), no cls token (SigLIP's attention pool), and DINOv2's cls + mean patch features
     (2 x width): the saved checkpoint's test accuracy, from the checkpoint alone, is the probe's."""
     from vit.data import ImageFolder
-    from vit.deploy.classifier import load_classifier
+    from vit.deploy import load_classifier
 
     root = noisy_colour_folder(tmp_path / "images", per_class=12)
     args = tiny_probe_args(root, tmp_path)
@@ -312,7 +312,7 @@ def test_a_feature_that_barely_varies_keeps_the_float32_head_exact():
 def test_probe_checkpoint_is_a_fit_checkpoint_and_a_pretrained_source(tmp_path):
     import vit
     from vit.checkpoints.io import read_checkpoint
-    from vit.deploy.classifier import load_classifier
+    from vit.deploy import load_classifier
 
     root = noisy_colour_folder(tmp_path / "images", per_class=8)
     result = run(tiny_probe_args(root, tmp_path))

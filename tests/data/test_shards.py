@@ -433,7 +433,7 @@ def test_a_run_sigkilled_in_its_first_epoch_resumes_to_the_same_weights_bit_for_
     whole_end = torch.load(tmp_path / "whole/ckpt/last.ckpt", weights_only=False)
     assert whole_end["global_step"] == 18
     _assert_same_end(whole_end, torch.load(tmp_path / "killed/ckpt/last.ckpt", weights_only=False))
-    from vit.deploy.classifier import load_classifier
+    from vit.deploy import load_classifier
 
     classifier = load_classifier(tmp_path / "killed/ckpt/last.ckpt")  # what predict/export/attention read
     assert classifier.class_names == ["a", "b"] and classifier.img_size == (32, 32)

@@ -18,9 +18,8 @@ from onnx import numpy_helper
 import vit.deploy.cpu
 from tests import CONFIGS
 from vit.commands import main, run
-from vit.deploy import backends
-from vit.deploy.backends import UnsupportedBackendError, load_backend
-from vit.deploy.classifier import load_classifier
+from vit.deploy import backends, load_classifier
+from vit.deploy.backends import UnsupportedBackendError
 from vit.deploy.fusion import attention_nodes, fuse_attention
 from vit.deploy.quantize import quantize_static_int8
 from vit.errors import MissingPackageError
@@ -78,7 +77,7 @@ def test_every_backend_agrees_with_eager_fp32_on_the_trained_model(trained):
     if vit.deploy.cpu.has_native_bf16():
         runs["torch-bf16"] = trained["ckpt"]
     for backend, path in runs.items():
-        model = load_backend(path, backend, threads=1)
+        model = load_classifier(path, backend=backend, threads=1)
         assert model.backend == backend
         got = logits(model, trained["images"])
         got_accuracy = (got.argmax(-1) == trained["labels"]).float().mean().item()
@@ -174,15 +173,15 @@ def test_export_without_vnni_writes_7_bit_weights(trained, monkeypatch, tmp_path
     # and running the 8-bit file on a CPU without VNNI warns
     monkeypatch.setattr(vit.deploy.cpu, "cpu_flags", lambda: NO_VNNI)
     with pytest.warns(UserWarning, match=r"quantised for a CPU with VNNI .* no VNNI"):
-        load_backend(tmp_path / "vnni" / "model.int8.onnx", "onnx-int8")
+        load_classifier(tmp_path / "vnni" / "model.int8.onnx", backend="onnx-int8")
     # OpenVINO's int8 without VNNI ran slower than fp32 eager on an AVX2 EPYC: said, with the faster backend
     with pytest.warns(UserWarning, match=r"openvino-int8 on a CPU without VNNI \(avx2 avx512f\).*onnx-int8 runs"):
-        load_backend(tmp_path / "no_vnni" / "model.int8.onnx", "openvino-int8")
+        load_classifier(tmp_path / "no_vnni" / "model.int8.onnx", backend="openvino-int8")
     monkeypatch.setattr(vit.deploy.cpu, "cpu_flags", lambda: VNNI)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # with VNNI, neither warning
-        load_backend(tmp_path / "vnni" / "model.int8.onnx", "openvino-int8")
-        load_backend(tmp_path / "vnni" / "model.int8.onnx", "onnx-int8")
+        load_classifier(tmp_path / "vnni" / "model.int8.onnx", backend="openvino-int8")
+        load_classifier(tmp_path / "vnni" / "model.int8.onnx", backend="onnx-int8")
 
 
 def test_onnxruntime_fuses_every_blocks_attention(trained):
@@ -195,7 +194,7 @@ def test_onnxruntime_fuses_every_blocks_attention(trained):
     fused_proto = onnx.load_from_string(fused)
     assert attention_nodes(fused_proto) == 4
     assert not any(n.op_type == "Softmax" for n in fused_proto.graph.node)  # all of it inside the fused kernel
-    model = load_backend(trained["fp32"], "onnx")
+    model = load_classifier(trained["fp32"], backend="onnx")
     assert model.fused.get("sdpa") == 4
     plain = backends.OnnxClassifier(trained["fp32"], fuse=False)
     x = trained["images"][:8]
@@ -207,21 +206,21 @@ def test_backends_the_machine_cannot_run_are_refused_by_name(trained, monkeypatc
     monkeypatch.setattr(vit.deploy.cpu, "cpu_flags", lambda: NO_VNNI)
     with pytest.raises(UnsupportedBackendError, match=r"torch-bf16 needs a CPU with bf16 units \(AMX-BF16 or "
                        r"AVX512-BF16\); this one has avx2 avx512f"):
-        load_backend(ckpt, "torch-bf16")
+        load_classifier(ckpt, backend="torch-bf16")
     monkeypatch.setattr(backends, "_importable", lambda module: module != "openvino")
     with pytest.raises(MissingPackageError, match=r"needs OpenVINO: pip install 'vit\[openvino\]'"):
-        load_backend(fp32, "openvino")
+        load_classifier(fp32, backend="openvino")
     monkeypatch.undo()
     with pytest.raises(UnsupportedBackendError, match=r"an ONNX file runs with --backend onnx"):
-        load_backend(fp32, "torch-compile")
+        load_classifier(fp32, backend="torch-compile")
     with pytest.raises(UnsupportedBackendError, match=r"needs a calibrated int8 file.*--int8 static"):
-        load_backend(ckpt, "openvino-int8")
+        load_classifier(ckpt, backend="openvino-int8")
     with pytest.raises(UnsupportedBackendError, match=r"is an fp32 model .* use --backend onnx$"):
-        load_backend(fp32, "onnx-int8")
+        load_classifier(fp32, backend="onnx-int8")
     with pytest.raises(UnsupportedBackendError, match=r"is an int8 model .* use --backend openvino-int8$"):
-        load_backend(int8, "openvino")
+        load_classifier(int8, backend="openvino")
     with pytest.raises(UnsupportedBackendError, match=r"runs on the CPU, not on cuda"):
-        load_backend(ckpt, "onnx", "cuda")
+        load_classifier(ckpt, "cuda", backend="onnx")
 
 
 def test_predict_and_export_take_the_new_options(trained, digit_pngs, tmp_path):
@@ -304,7 +303,7 @@ def test_bf16_attention_path_follows_the_instruction_set(trained, monkeypatch, f
     from vit.nn.attention import MultiHeadAttention
 
     monkeypatch.setattr(vit.deploy.cpu, "cpu_flags", lambda: flags)
-    model = load_backend(trained["ckpt"], "torch-bf16")
+    model = load_classifier(trained["ckpt"], backend="torch-bf16")
     paths = {m.fused_attn for m in model.modules() if isinstance(m, MultiHeadAttention)}
     assert paths == {fused}
     eager = logits(load_classifier(trained["ckpt"]), trained["images"])

@@ -8,7 +8,7 @@ import timm
 import torch
 
 import vit
-from vit.deploy.classifier import load_classifier
+from vit.deploy import load_classifier
 from vit.errors import UserValueError
 from vit.explain import collect_attention
 from vit.nn.attention import MultiHeadAttention

@@ -68,7 +68,7 @@ def test_the_calibration_seed_draws_other_training_images(fitted):
 
     from tests import load_script
     from vit.cli.data import config_split_images
-    from vit.deploy.classifier import load_classifier
+    from vit.deploy import load_classifier
 
     bench = load_script("benchmark_inference")
     classifier = load_classifier(next((fitted / "ckpt").glob("best-*.ckpt")))

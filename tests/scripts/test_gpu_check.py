@@ -7,7 +7,7 @@ import torch
 
 from tests import load_script
 from vit.data.digits import Digits
-from vit.deploy.classifier import load_classifier
+from vit.deploy import load_classifier
 
 
 @pytest.mark.slow

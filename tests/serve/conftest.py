@@ -30,17 +30,17 @@ def checkpoint(fitted) -> Path:
 @pytest.fixture(scope="session")
 def predictor(checkpoint) -> Predictor:
     """The checkpoint, loaded once (a Predictor holds no threads; each Service brings its own)."""
-    from vit.deploy.inference import load_model
+    from vit.deploy import load_classifier
 
-    return Predictor(load_model(checkpoint))
+    return Predictor(load_classifier(checkpoint))
 
 
 @pytest.fixture(scope="session")
 def onnx_predictor(exported) -> Predictor:
     """The same model's `vit export` ONNX file, run by onnxruntime."""
-    from vit.deploy.inference import load_model
+    from vit.deploy import load_classifier
 
-    return Predictor(load_model(exported.onnx))
+    return Predictor(load_classifier(exported.onnx))
 
 
 def make_app(predictor: Predictor, **options):

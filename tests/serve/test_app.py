@@ -374,14 +374,14 @@ def test_attention_overlay_for_a_checkpoint_and_422_for_onnx(predictor, onnx_pre
 def test_a_backend_engine_names_itself_and_refuses_attention_maps(checkpoint, digit_bytes):
     """`vit serve --backend torch-bf16` (or compile, openvino): /info names the engine, and ?attention=1 is a 422
     that says why (rollout reads the eager fp32 model), not an error from inside a bf16 model."""
+    from vit.deploy import load_classifier
     from vit.deploy.backends import Bf16Classifier
-    from vit.deploy.inference import load_model
     from vit.serve.core import Predictor
 
     data = digit_bytes[0][1]
 
     async def go():
-        async with client_of(make_app(Predictor(Bf16Classifier(load_model(checkpoint))))) as client:
+        async with client_of(make_app(Predictor(Bf16Classifier(load_classifier(checkpoint))))) as client:
             info = (await client.get("/info")).json()
             refused = await client.post("/predict", **multipart(data), params={"attention": "1"})
             plain = await client.post("/predict", **multipart(data))

@@ -19,7 +19,7 @@ from tests.conftest import subprocess_env
 from tests.serve.conftest import huge_png
 from vit.commands import main
 from vit.commands.serve import bind, parse_args
-from vit.deploy.inference import load_model
+from vit.deploy import load_classifier
 from vit.deploy.predict import predict_files
 
 
@@ -71,7 +71,7 @@ def test_over_a_socket_then_sigterm_with_16_in_flight(fitted, digit_pngs):
     """16 uploads send half their body, SIGTERM comes, then they send the rest: all 16 are answered."""
     checkpoint = next((fitted / "ckpt").glob("best-*.ckpt"))
     path = digit_pngs[0][0]
-    expected = predict_files(load_model(checkpoint), [path])[0]
+    expected = predict_files(load_classifier(checkpoint), [path])[0]
     server = subprocess.Popen([sys.executable, "-m", "vit", "serve", "--ckpt", str(checkpoint), "--port", "0",
                                "--max_pixels", "300000000"],  # over PIL's own guard (2 x 89,478,485)
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env())

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import built_once
 from vit.commands import main, run
-from vit.deploy.classifier import load_classifier
+from vit.deploy import load_classifier
 from vit.errors import UserValueError
 from vit.tasks import ConvNetClassifier
 
@@ -94,11 +94,11 @@ def test_vit_serve_answers_for_a_convnet_and_refuses_its_attention(convnet, tmp_
     import asyncio
 
     from tests.serve.conftest import client_of, make_app
-    from vit.deploy.inference import load_model
+    from vit.deploy import load_classifier
     from vit.deploy.predict import predict_files
     from vit.serve.core import Predictor
 
-    predictor = Predictor(load_model(convnet))
+    predictor = Predictor(load_classifier(convnet))
     files = digit_files(tmp_path, 2)
     expected = predict_files(predictor.classifier, files, top_k=3)
 

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from tests.conftest import built_once, short_digits_run
 from vit.checkpoints.io import read_checkpoint
 from vit.checkpoints.meta import evaluated_weights
-from vit.deploy.classifier import load_classifier
+from vit.deploy import load_classifier
 from vit.errors import UserPathError, UserValueError
 from vit.tasks.classify import ImageClassifier
 from vit.tasks.distill import Teacher, hard_distillation, soft_distillation

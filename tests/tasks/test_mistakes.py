@@ -7,7 +7,7 @@ import torch
 
 from tests.conftest import short_digits_run
 from vit.commands import main
-from vit.deploy.classifier import load_classifier
+from vit.deploy import load_classifier
 from vit.tasks import mistakes
 from vit.tasks.mistakes import ConfidentMistakes
 

@@ -13,7 +13,7 @@ import yaml
 from tests import CONFIGS
 from tests.conftest import free_port
 from vit.checkpoints.io import DamagedCheckpointError, is_intact, read_checkpoint
-from vit.deploy.classifier import load_classifier
+from vit.deploy import load_classifier
 from vit.nn.blocks import EncoderBlock
 from vit.tasks.classify import ImageClassifier
 from vit.tasks.optim import param_groups

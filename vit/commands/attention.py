@@ -30,7 +30,7 @@ from torch import Tensor
 from torchvision.transforms import v2
 
 from vit.data.io import find_images
-from vit.deploy.classifier import Classifier, load_classifier
+from vit.deploy.classifier import Classifier, read_classifier
 from vit.deploy.image_files import (
     ImagePaths,
     Unreadable,
@@ -242,7 +242,7 @@ def main(argv: Sequence[str]) -> list[dict]:
     args = parse_args(argv)
     found = find_images(args.images)  # fails on a missing file before any work
     files = found.files
-    classifier = load_classifier(args.ckpt, map_location=args.device)
+    classifier = read_classifier(args.ckpt, args.device)
     classifier.require_vit("attention maps", args.ckpt)
     model = classifier.model
     num_heads = model.blocks[0].attn.num_heads

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from vit.checkpoints.io import read_checkpoint, save_checkpoint
 from vit.checkpoints.meta import expect_task
-from vit.deploy.classifier import load_classifier
+from vit.deploy.classifier import read_classifier
 from vit.files import out_problem
 
 FORMATS = ("onnx", "safetensors", "ckpt")
@@ -84,7 +84,7 @@ def main(argv: Sequence[str]) -> list[Path]:
         print(f"wrote {path} ({len(checkpoint['state_dict'])} tensors, no optimiser state): vit predict, vit test "
               "--ckpt_path and --model.init_args.pretrained read it")
         return [path]
-    classifier = load_classifier(args.ckpt)
+    classifier = read_classifier(args.ckpt)
     if args.format == "safetensors":
         files = export.export_safetensors(classifier, args.out)
         config = json.loads(Path(args.out, "config.json").read_text())  # what was written

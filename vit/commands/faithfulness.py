@@ -40,11 +40,11 @@ def main(argv: Sequence[str]) -> dict:
     """Run `vit attention --faithfulness ...` (without the command name); returns the numbers."""
     args = parse_args(argv)
     from vit.data.io import find_images, load_image
-    from vit.deploy.classifier import load_classifier
+    from vit.deploy.classifier import read_classifier
     from vit.explain.checks import MAPS, cascading_randomisation, faithfulness_table
 
     files = find_images(args.images).files[: args.max_images]
-    classifier = load_classifier(args.ckpt, map_location=args.device)
+    classifier = read_classifier(args.ckpt, args.device)
     classifier.require_vit("the faithfulness checks of attention maps", args.ckpt)
     transform, mode = classifier.eval_transform(), "L" if classifier.in_chans == 1 else "RGB"
     tensors, unreadable = [], []

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Sequence
 
 from vit.data.io import find_images
-from vit.deploy.backends import BACKENDS, load_backend
+from vit.deploy.backends import BACKENDS, load_classifier
 from vit.deploy.image_files import check_some_readable, describe_run, failures
 from vit.deploy.inference import PRECISIONS
 from vit.deploy.predict import predict_files, write_predictions
@@ -77,7 +77,7 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str]) -> list[dict]:
     """Run `vit predict --ckpt ...` with the given arguments (without the command name); returns the records."""
     args = parse_args(argv)
-    classifier = load_backend(args.ckpt, args.backend, args.device, compile=args.compile)
+    classifier = load_classifier(args.ckpt, args.device, backend=args.backend, compile=args.compile)
     found = find_images(args.inputs)
     for line in found.describe_skipped():
         print(line)

@@ -123,7 +123,7 @@ def main(argv: Sequence[str]) -> None:
         raise MissingPackageError(f"vit serve needs {e.name}: pip install 'vit[serve]'") from e
     import torch
 
-    from vit.deploy.backends import load_backend
+    from vit.deploy.backends import load_classifier
     from vit.serve.core import Limits, Predictor, Service
 
     torch.set_num_threads(args.threads)  # before any thread starts: the model and decoding threads inherit it
@@ -136,7 +136,8 @@ def main(argv: Sequence[str]) -> None:
 
     # PIL refuses images over twice its own limit (179 MP) while reading the header; --max_pixels is the limit
     Image.MAX_IMAGE_PIXELS = max(Image.MAX_IMAGE_PIXELS or 0, limits.max_pixels)
-    service = Service(Predictor(load_backend(args.ckpt, args.backend, args.device, threads=args.threads)), limits)
+    model = load_classifier(args.ckpt, args.device, backend=args.backend, threads=args.threads)
+    service = Service(Predictor(model), limits)
     app = create_app(service, api_key=api_key, cors_origins=args.cors_origin,
                      model_path=str(args.ckpt))
     sock = bind(args.host, args.port)

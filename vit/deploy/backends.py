@@ -30,7 +30,7 @@ from torch import Tensor
 
 from vit.deploy.classifier import Classifier, ModelInput
 from vit.deploy.cpu import describe_cpu, has_amx_bf16, has_native_bf16, has_vnni, reduce_range_for
-from vit.deploy.inference import ONNX_SUFFIX, OnnxClassifier, load_model
+from vit.deploy.inference import ONNX_SUFFIX, OnnxClassifier, torch_or_onnx
 from vit.deploy.metadata import is_int8, onnx_metadata
 from vit.errors import MissingPackageError, UserValueError
 from vit.nn.attention import MultiHeadAttention
@@ -185,16 +185,17 @@ class OpenVinoClassifier(ModelInput):
         return torch.from_numpy(self.compiled(images.float().cpu().numpy())[0].copy())
 
 
-def load_backend(
-    path: str | os.PathLike, backend: str | None = None, device: str | torch.device = "cpu", *,
+def load_classifier(
+    path: str | os.PathLike, device: str | torch.device = "cpu", *, backend: str | None = None,
     threads: int | None = None, compile: bool = False,
 ) -> Any:
-    """The model at ``path`` (a checkpoint or a ``.onnx`` file) ready to run on ``backend``.
+    """A trained classifier to run: a `vit fit` checkpoint or a `vit export` ``.onnx`` file, on ``backend``.
 
-    ``backend=None``: torch for a checkpoint, onnx or onnx-int8 (as the file is) for an ONNX file.
+    ``backend=None``: torch for a checkpoint (a `Classifier`), onnxruntime for an ONNX file as it is (fp32 or
+    int8). Whatever runs it has the input card (`ModelInput`) and maps images (B, C, H, W) to logits.
     """
     if backend is None:  # onnxruntime runs an ONNX file as it is (fp32 or int8), torch a checkpoint
-        return load_model(path, device, compile=compile, threads=threads)
+        return torch_or_onnx(path, device, compile=compile, threads=threads)
     is_onnx = Path(path).suffix.lower() == ONNX_SUFFIX
     check_backend(backend, path, device)
     if compile and backend != "torch":
@@ -220,7 +221,7 @@ def load_backend(
         if backend.startswith("openvino"):
             return OpenVinoClassifier(path, threads)
         return OnnxClassifier(path, threads)
-    classifier = load_model(path, device, compile=compile, threads=threads)
+    classifier = torch_or_onnx(path, device, compile=compile, threads=threads)
     if backend == "torch":
         return classifier
     if backend == "torch-bf16":
@@ -246,3 +247,18 @@ def warn_if_range_saturates(proto: Any, path: str | os.PathLike) -> None:
         warnings.warn(f"{path} was quantised for a CPU with VNNI (8-bit weights); this CPU ({describe_cpu()}) has no "
                       "VNNI, where onnxruntime's int8 kernel can saturate. Export it again on this machine "
                       "(vit export --int8 static picks 7-bit weights here)", UserWarning, stacklevel=3)
+
+
+def load_backend(path: str | os.PathLike, backend: str | None = None, device: str | torch.device = "cpu",
+                 **kwargs: Any) -> Any:
+    """Deprecated: `load_classifier(path, device, backend=...)`, the one loader of a trained classifier."""
+    warnings.warn("vit.deploy.load_backend is now vit.deploy.load_classifier(path, device, backend=...); "
+                  "load_backend goes in the next release", DeprecationWarning, stacklevel=2)
+    return load_classifier(path, device, backend=backend, **kwargs)
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", **kwargs: Any) -> Any:
+    """Deprecated: `load_classifier(path, device)`, the one loader of a trained classifier."""
+    warnings.warn("vit.inference.load_model is now vit.deploy.load_classifier(path, device); load_model goes in "
+                  "the next release", DeprecationWarning, stacklevel=2)
+    return load_classifier(path, device, **kwargs)

@@ -1,6 +1,6 @@
 """A trained classifier without Lightning: the evaluated network and what it takes to prepare its input.
 
-`load_classifier(path)` rebuilds it from a `vit fit` checkpoint alone (`vit.checkpoints.meta` says what the
+`read_classifier(path)` rebuilds it from a `vit fit` checkpoint alone (`vit.checkpoints.meta` says what the
 file holds): the EMA weights when training kept them, the class names, the size, mean/std, crop and
 interpolation the test split used.
 """
@@ -124,8 +124,9 @@ class Classifier(ModelInput, nn.Module):
 
 
 
-def load_classifier(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Classifier:
-    """Rebuild a trained classifier from a `vit fit` checkpoint alone, in eval mode."""
+def read_classifier(path: str | os.PathLike, device: str | torch.device = "cpu") -> Classifier:
+    """A `vit fit` checkpoint as a torch `Classifier`, rebuilt from the file alone, in eval mode (what
+    `vit.deploy.load_classifier` does for a checkpoint, for the commands that need the torch model itself)."""
     checkpoint = read_checkpoint(path)
     meta = expect_task(checkpoint, "classify", path)
     if meta.get("model_source") == "timm":  # a convnet `vit fit` trained (vit.tasks.ConvNetClassifier)
@@ -139,4 +140,4 @@ def load_classifier(path: str | os.PathLike, map_location: str | torch.device = 
     model.load_state_dict(evaluated_weights(checkpoint["state_dict"], meta["ema"]))
     classifier = Classifier(model, model_name=meta["model_name"], class_names=meta["class_names"],
                             img_size=meta.get("img_size"), timm_args=timm_args, **asdict(Preprocessing.from_dict(meta)))
-    return classifier.to(map_location).eval()
+    return classifier.to(device).eval()

@@ -1,7 +1,7 @@
 """Models to predict with, without Lightning: a `vit fit` checkpoint (torch) or its ONNX export (onnxruntime).
 
-`load_model(path)` returns a `vit.deploy.Classifier` for a checkpoint and an `OnnxClassifier` for a
-``.onnx`` file written by `vit export`. Both map images (B, C, H, W) to logits and carry ``class_names``,
+`vit.deploy.load_classifier(path)` returns a `vit.deploy.Classifier` for a checkpoint and an `OnnxClassifier` for
+a ``.onnx`` file written by `vit export`. Both map images (B, C, H, W) to logits and carry ``class_names``,
 ``in_chans``, ``img_size``, ``device`` and ``eval_transform()``, built from the same few numbers, so a
 file is prepared the same way whichever runs it. onnxruntime is imported only for ``.onnx`` files.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from vit.deploy.classifier import Classifier, ModelInput, load_classifier
+from vit.deploy.classifier import Classifier, ModelInput, read_classifier
 from vit.deploy.cpu import has_native_bf16
 from vit.deploy.metadata import _load_proto, is_int8, onnx_metadata
 from vit.errors import MissingPackageError, UserPathError, UserValueError
@@ -81,18 +81,18 @@ class OnnxClassifier(ModelInput):
         return torch.from_numpy(self.session.run(None, {self.input_name: images.float().cpu().numpy()})[0])
 
 
-def load_model(
-    path: str | os.PathLike, device: str | torch.device = "cpu", *, compile: bool = False,
-    threads: int | None = None,
+def torch_or_onnx(
+    path: str | os.PathLike, device: str | torch.device = "cpu", *, compile: bool = False, threads: int | None = None,
 ) -> Classifier | OnnxClassifier:
-    """A `vit fit` checkpoint as a torch `Classifier` (``compile``: torch.compile it), or a ``.onnx`` export."""
+    """A checkpoint as a torch `Classifier` (``compile``: torch.compile it), or an ``.onnx`` file as it is: what
+    `vit.deploy.load_classifier` gives without a ``backend``."""
     if Path(path).suffix.lower() == ONNX_SUFFIX:
         if torch.device(device).type != "cpu":
             raise UserValueError(f"{path}: ONNX models run on the CPU here (onnxruntime), not on {device}")
         if compile:
             raise UserValueError(f"{path}: compile applies to checkpoints; onnxruntime optimises ONNX models itself")
         return OnnxClassifier(path, threads)
-    classifier = load_classifier(path, map_location=device)
+    classifier = read_classifier(path, device)
     if compile:
         classifier.model.compile()  # in place: the state-dict keys stay the same
     return classifier

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from vit.checkpoints.io import missing_message, newest_checkpoint, read_checkpoint
 from vit.checkpoints.meta import evaluated_weights
 from vit.checkpoints.runs import run_checkpoint_folders
-from vit.deploy.classifier import load_classifier
+from vit.deploy.classifier import read_classifier
 from vit.errors import UserPathError, UserValueError
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ def load_teacher(
         source, size, interpolation, renorm = f"{teacher} ({weights})", None, "bicubic", None
     else:
         path = resolve(teacher, folder)
-        classifier = load_classifier(path)
+        classifier = read_classifier(path)
         network, names, source = classifier.model, classifier.class_names, str(path)
         size, interpolation = tuple(classifier.img_size), classifier.interpolation
         if classifier.in_chans != in_chans:
