@@ -24,7 +24,7 @@ from vit.errors import MissingPackageError, UserValueError
 def default_threads() -> int:
     """Half the CPU cores, at least 1. A model thread with every core oversubscribes the machine: its OpenMP
     (or onnxruntime) team waits at each op for a worker that the event loop and decoding threads keep off a
-    core, and the digits model's batch of 8 took 300 ms instead of 1.5 ms on 2 cores at concurrency 64."""
+    core (docs/serve.md measures what that cost)."""
     return max(1, len(os.sched_getaffinity(0)) // 2)
 
 
@@ -42,9 +42,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="address to bind (default: %(default)s, this machine only; 0.0.0.0 for every interface)")
     parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; default: %(default)s)")
     parser.add_argument("--max_batch_size", type=int, default=8, help="requests per model batch (default: %(default)s)")
-    # 10 ms, not 5: on 2 cores the HTTP work, not the model, is the bottleneck, and a 5 ms window held a mean
-    # of 3.6-5.4 requests at concurrency 16 against 5.8 with 10 ms (scripts/bench/load_test.py --batching). A lone
-    # request never waits for it (the batch closes when no other request is admitted).
+    # 10 ms, not 5: on 2 cores the HTTP work, not the model, is the bottleneck, and a 5 ms window batched fewer
+    # requests (docs/serve.md; scripts/bench/load_test.py --batching). A lone request never waits for it (the batch
+    # closes when no other request is admitted).
     parser.add_argument("--batch_timeout_ms", type=float, default=10.0,
                         help="how long a batch waits to fill after its first request; a lone request does not "
                         "wait (default: %(default)s)")
@@ -98,7 +98,7 @@ def bind(host: str, port: int) -> socket.socket:
     """A listening socket on host:port (0: a free port), or a clear error when the address is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on connections whose socket says TCP, and
-    # without it every small answer waited ~40 ms (Nagle's algorithm meeting the client's delayed ACK).
+    # without it every small answer waited for Nagle's algorithm to meet the client's delayed ACK (docs/serve.md).
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:

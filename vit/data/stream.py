@@ -63,10 +63,10 @@ def mixed_seed(*values: int) -> int:
 def seed_transform(seed: int) -> None:
     """Seed the CPU RNGs a worker-side transform draws from: python's ``random`` (timm's crop box, op
     probabilities and magnitudes), numpy's global RNG (RandAugment's op choice, AugMix) and torch's
-    CPU generator (the flip, torchvision's colour jitter). About 7 us, so it can run per sample.
+    CPU generator (the flip, torchvision's colour jitter). Cheap enough to run per sample.
 
     Not ``torch.manual_seed``: it also queues a seed for every device type not yet initialised (CUDA,
-    XPU, MTIA), capturing a traceback each time, ~0.1 ms, or ~0.3 ms deep inside a DataLoader."""
+    XPU, MTIA), capturing a traceback each time: many times the cost (docs/speed.md)."""
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
     torch.default_generator.manual_seed(seed)

@@ -83,13 +83,12 @@ def _importable(module: str) -> bool:
 
 # ---- the models ----------------------------------------------------------------------------------
 class Bf16Classifier(torch.nn.Module):
-    """A checkpoint's classifier with its weights cast to bf16: on AMX it ran ViT-S/16 faster than autocast
-    (4.3x against 3.8x eager fp32), which keeps fp32 weights and casts them at every matmul.
+    """A checkpoint's classifier with its weights cast to bf16: faster than autocast, which keeps fp32 weights and
+    casts them at every matmul.
 
     On a CPU with AVX512-BF16 but no AMX (AMD Zen 4), attention takes the explicit path (two bf16 matmuls and a
-    softmax): SDPA's bf16 flash kernel took 5.7 ms a block of ViT-S/16 at batch 8, the explicit path 2.8 ms,
-    and the whole model went from 1.83x to 2.07x eager fp32 in one table (docs/inference.md). With AMX SDPA
-    stays, as measured.
+    softmax), which ran faster there than SDPA's bf16 flash kernel; with AMX SDPA stays, as measured. The
+    figures of both choices: docs/inference.md.
     """
 
     backend = "torch-bf16"

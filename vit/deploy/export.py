@@ -208,7 +208,7 @@ def timm_architecture(model_name: str, model: VisionTransformer) -> tuple[str, d
     ours = _arch_args(model.config)
 
     def overrides(name: str) -> dict[str, Any]:
-        theirs = _arch_args(named_config(name))  # once per name: an asdict per key made this 15x slower
+        theirs = _arch_args(named_config(name))  # once per name, not an asdict per key
         return {k: v for k, v in ours.items() if theirs[k] != v}
 
     candidates = [n for n in MODEL_CONFIGS if timm.is_model(n) and not set(overrides(n)) & set(NOT_TIMM_ARGS)]
