@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 
 def blas_threads(n: int, d: int) -> int:
     """BLAS threads for scikit-learn on n x d features: one for small problems, where OpenBLAS's threads cost
-    far more than they save (the digits' logistic regression ran 50x slower with 2 threads on a busy 2-core
-    machine), else torch's thread count (the config's ``num_threads``)."""
+    far more than they save (docs/speed.md, "choices measured"), else torch's thread count (the config's
+    ``num_threads``)."""
     return 1 if n * d < 1 << 22 else torch.get_num_threads()
 
 

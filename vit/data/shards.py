@@ -55,9 +55,8 @@ _WDS_EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}  # what timm's wds read
 def _shrink(img: Image.Image, max_side: int) -> bytes:
     """``img`` with its shorter side resized to ``max_side`` (bicubic), encoded as JPEG 90 (4:2:0) or PNG.
 
-    Measured on 427x320 re-encodes of 500x375 photos (libjpeg-turbo, one core): 4:2:0 decodes in 0.54 ms
-    against 4:4:4's 0.71; quality 85 would save 9% of that decode (~2% of a DeiT-augmented image's loader
-    time) and quality 75 17%, at a visible cost; Huffman ``optimize`` makes files 2% smaller, not faster."""
+    4:2:0 decodes faster than 4:4:4; a lower quality would save little of the loader's time at a visible cost,
+    and Huffman ``optimize`` makes files smaller, not faster (docs/speed.md, "choices measured")."""
     shown = decode(img)  # RGB, turned as its EXIF orientation says: the re-encoded file keeps no EXIF
     w, h = shown.size
     scale = max_side / min(w, h)
