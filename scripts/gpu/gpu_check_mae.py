@@ -31,7 +31,7 @@ from PIL import Image
 from vit.cli.main import cli
 
 HERE = Path(__file__).resolve().parent
-CONFIGS = HERE.parent / "configs"
+CONFIGS = HERE.parents[1] / "configs"
 PAIRS = {  # pre-training recipe -> the fine-tuning recipe that takes its encoder
     "mae_folder_vit_small": "folder_vit_small", "mae_folder_vit_base": "folder_vit_base",
     "mae_imagenet_vit_base": "mae_imagenet_vit_base",
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
                      "--trainer.limit_val_batches=2", "--test_after_fit=false", *common], min(steps, 20), 2, True)
         results[recipe] = {"pretrain": pretrained, "fine_tune": tuned}
         (out / "gpu_check_mae.json").write_text(json.dumps(results, indent=2))
-    spec = importlib.util.spec_from_file_location("benchmark_mae", HERE / "benchmark_mae.py")
+    spec = importlib.util.spec_from_file_location("benchmark_mae", HERE.parent / "bench" / "benchmark_mae.py")
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)
     model = "vit_tiny_patch16_224" if args.quick else "vit_base_patch16_224"

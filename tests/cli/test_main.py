@@ -6,6 +6,7 @@ import csv
 import logging
 import os
 import re
+import shutil
 import socket
 import subprocess
 
@@ -33,11 +34,14 @@ def test_fit_tests_best_checkpoint_saves_config_and_reruns(fitted, tmp_path, cap
     header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"train_loss", "val_acc", "test_acc", "lr-AdamW/decay", "lr-AdamW/no_decay"} <= set(header)
 
-    # a second run into the same folders neither fails nor overwrites the first
-    main(["fit", *short_run(fitted, steps=2)])
+    # a second run into the same folders neither fails nor overwrites the first (in a copy: `fitted` is shared, and
+    # a second best-*.ckpt in it would change what other tests find there)
+    again = shutil.copytree(fitted, tmp_path / "again")
+    main(["fit", *short_run(again, steps=2)])
     out = capsys.readouterr().out
     assert "test accuracy of" in out and "best-" in out
-    assert (fitted / "logs" / "digits" / "version_1" / "config.yaml").is_file()
+    assert (again / "logs" / "digits" / "version_1" / "config.yaml").is_file()
+    assert (again / "logs" / "digits" / "version_0" / "config.yaml").read_bytes() == (run / "config.yaml").read_bytes()
 
 
 def test_validate_and_test_report_the_checkpoint_accuracy(fitted):
