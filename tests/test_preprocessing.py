@@ -88,6 +88,31 @@ def test_what_the_config_sets_wins_over_the_weights(tmp_path, photos, caplog):
     assert "the config sets img_size 32, mean [0.1, 0.2, 0.3]" in said
 
 
+def test_a_one_channel_checkpoint_fills_all_but_mean_and_std_of_an_rgb_folder(tmp_path, photos, caplog):
+    """A digits checkpoint (1 channel, as `vit fit` of configs/digits.yaml writes its "vit" entry) as the
+    pretrained weights of an RGB ImageFolder: its size, crop and resize are filled in, its 1-channel mean/std
+    are not (an RGB folder needs 3), and the line says so rather than "the config sets mean None"."""
+    import torch
+
+    from vit.cli.main import follow_the_weights
+
+    ckpt = tmp_path / "digits.ckpt"
+    torch.save({"state_dict": {}, "vit": {
+        "task": "classify", "model_name": "vit_tiny_patch16_224", "class_names": [str(d) for d in range(10)],
+        "model_config": {"img_size": [8, 8], "in_chans": 1, "patch_size": 2}, "mean": [0.3053], "std": [0.376],
+        "crop_pct": 1.0, "interpolation": "bilinear"}}, ckpt)
+    unset = dict.fromkeys(["img_size", "mean", "std", "crop_pct", "interpolation"])
+    config = {"data": {"class_path": "vit.data.ImageFolder", "init_args": {"root": str(photos), **unset}},
+              "model": {"init_args": {"model": "vit_tiny_patch16_224", "pretrained": str(ckpt)}}}
+    with caplog.at_level(logging.INFO):
+        follow_the_weights(config)
+    assert config["data"]["init_args"] == {"root": str(photos), "img_size": 8, "mean": None, "std": None,
+                                           "crop_pct": 1.0, "interpolation": "bilinear"}
+    said = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("preprocessing from"))
+    assert "img_size 8, crop_pct 1.0, interpolation bilinear" in said and "None" not in said, said
+    assert "mean and std stay the DataModule's own: the weights' are for 1 channel(s), the data has 3" in said, said
+
+
 def test_no_pretrained_weights_keeps_the_datamodules_defaults(tmp_path, photos):
     run = cli(["--config", str(only_pretrained(tmp_path, "vit_small_patch16_224", None, photos))], run=False)
     assert run.datamodule.mean == (0.485, 0.456, 0.406) and run.datamodule.img_size == 224  # ImageNet's, as before

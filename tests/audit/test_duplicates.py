@@ -152,6 +152,26 @@ def test_the_luma_hash_proposes_the_textured_copies_the_phash_misses():
     assert both >= 0.9 and 1 - both <= (1 - alone) / 3, (alone, both)
 
 
+def test_a_luma_pair_is_among_the_two_best_of_both_its_images():
+    """60 handwritten 1s (scikit-learn's digits, upsampled to 32 px) are all look-alikes of one another; with
+    random pHashes only the luma search proposes, and a pair must be among the two best of *both* its images:
+    no image is in more than 2 candidate pairs (36 pairs here; "of either" makes 84, up to 6 an image)."""
+    from sklearn.datasets import load_digits
+
+    from vit.audit.duplicates import candidates
+
+    digits = load_digits()
+    ones = digits.images[digits.target == 1][:60]
+    images = [Image.fromarray((x * 255 / 16).astype(np.uint8)).resize((32, 32), Image.Resampling.BICUBIC)
+              for x in ones]
+    thumbs = np.stack([thumbnail(img) for img in images])
+    hashes = [int(v) for v in np.random.default_rng(0).integers(0, 2**63, len(images))]  # pair nothing
+    i, j, _ = candidates(hashes, [[h] for h in hashes], luma_hashes(thumbs), thumbs)
+    per_image = np.bincount(np.r_[i, j], minlength=len(images))
+    assert len(i) >= 20, len(i)  # the luma search does propose here
+    assert per_image.max() <= 2, (len(i), per_image.max())
+
+
 def test_the_search_in_processes_and_in_blocks_finds_the_same_pairs(monkeypatch):
     import vit.audit.duplicates as duplicates
 

@@ -101,3 +101,16 @@ def test_trust_reports_accuracy_beside_chance():
     assert not verdict["trusted"] and "too close to chance" in verdict["verdict"]
     perfect = np.eye(2)[labels]
     assert trust(perfect, labels)["trusted"] and trust(perfect, labels)["skill"] == 1
+
+
+def test_trust_draws_its_line_between_skill_0_6_and_0_8():
+    # Two classes of 10 each: k of each class's 10 predicted right is balanced accuracy k/10 and skill
+    # (k/10 - 1/2) / (1 - 1/2): 8 right is skill 0.6, below the 0.7 bar; 9 right is 0.8, above it.
+    from vit.audit.labels import trust
+
+    labels = np.array([0] * 10 + [1] * 10)
+    for right, skill, trusted in ((8, 0.6, False), (9, 0.8, True)):
+        predicted = np.r_[[0] * right + [1] * (10 - right), [1] * right + [0] * (10 - right)]
+        verdict = trust(np.eye(2)[predicted], labels)
+        assert verdict["balanced_accuracy"] == right / 10 and abs(verdict["skill"] - skill) < 1e-9
+        assert verdict["trusted"] is trusted, verdict

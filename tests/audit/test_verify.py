@@ -107,6 +107,14 @@ def test_closest_keeps_the_pairs_both_images_rank_highest():
     assert closest(np.array([0, 1]), np.array([2, 2]), np.array([0.9, 0.9])).all()  # ties keep both
 
 
+def test_needed_shortfall_is_the_looser_images():
+    # A copy of a smooth image (bar 0.99) and a textured one (bar 0.90) may fall short by the textured one's
+    # measure: 2 x (1 - 0.90) + 0.002 = 0.202, not the smooth one's 2 x 0.01 + 0.002 = 0.022. Both orders.
+    np.testing.assert_allclose(needed_shortfall(np.array([0.99]), np.array([0.90])), [0.202])
+    np.testing.assert_allclose(needed_shortfall(np.array([0.90]), np.array([0.99])), [0.202])
+    np.testing.assert_allclose(needed_shortfall(np.array([0.999, 0.8]), np.array([0.999, 0.95])), [0.004, 0.402])
+
+
 def test_own_bars_follow_the_picture(fixture):
     pictures, _ = fixture
     thumbs = np.stack([thumbnail(img) for img in pictures])

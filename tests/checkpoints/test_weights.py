@@ -173,6 +173,24 @@ def test_grayscale_model_folds_rgb_patch_embedding(tmp_path):
         torch.testing.assert_close(ours(gray), theirs(gray.expand(-1, 3, -1, -1)), atol=1e-4, rtol=1e-4)
 
 
+def test_rgb_model_spreads_grayscale_patch_embedding(tmp_path):
+    # The other direction: 1-channel weights in an RGB model. The convolution is linear, so the RGB model on any
+    # x must give the 1-channel model's logits on x's channel mean: each channel gets a third of the weight.
+    tiny = dict(depth=1, embed_dim=32, num_heads=2, patch_size=4, img_size=8, num_classes=3)
+    torch.manual_seed(0)
+    gray = vit.create_model("vit_tiny_patch16_224", in_chans=1, **tiny).eval()
+    with torch.no_grad():
+        for p in gray.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    save_file(gray.state_dict(), tmp_path / "gray.safetensors")
+    rgb = vit.create_model("vit_tiny_patch16_224", in_chans=3, **tiny).eval()
+    result = vit.load_pretrained(rgb, tmp_path / "gray.safetensors")
+    assert "from 1 to 3 input channels" in " ".join(result.notes)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(rgb(x), gray(x.mean(1, keepdim=True)), atol=1e-5, rtol=1e-5)
+
+
 def test_mismatch_lists_keys_and_changes_nothing(tmp_path):
     theirs = perturbed_timm("vit_tiny_patch16_224")
     sd = theirs.state_dict()

@@ -189,6 +189,35 @@ class ScriptedScores(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+class CrashesInFirstValidation(ScriptedScores):
+    """Validation of epoch 0 fails (a crash, or a kill, while it runs)."""
+
+    def validation_step(self, batch, batch_idx):
+        if self.current_epoch == 0:
+            raise RuntimeError("simulated crash in validation")
+        super().validation_step(batch, batch_idx)
+
+
+def test_the_step_that_ends_an_epoch_is_saved_after_its_validation(tmp_path):
+    """2 epochs of 4 steps, last.ckpt every 2 steps: step 4 ends epoch 0, and is saved after its validation, not
+    after the batch (resumed, a checkpoint of an epoch's last batch skips that validation). Validation crashes
+    in epoch 0: last.ckpt holds step 2. Without the crash it ends at step 8."""
+    from vit.cli.training import LastCheckpoint
+
+    loader = DataLoader(TensorDataset(torch.ones(4, 1)), batch_size=1)
+
+    def fit(module: LightningModule, folder: Path) -> int:
+        trainer = Trainer(max_epochs=2, callbacks=[LastCheckpoint(dirpath=str(folder), every_n_train_steps=2)],
+                          logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+        trainer.fit(module, loader, loader)
+        return torch.load(folder / "last.ckpt", weights_only=True)["global_step"]
+
+    with pytest.raises(RuntimeError, match="simulated crash in validation"):
+        fit(CrashesInFirstValidation([0.5, 0.6]), tmp_path / "crashed")
+    assert torch.load(tmp_path / "crashed" / "last.ckpt", weights_only=True)["global_step"] == 2
+    assert fit(ScriptedScores([0.5, 0.6]), tmp_path / "whole") == 8
+
+
 def test_best_is_the_runs_best_checkpoint_when_save_top_k_keeps_several(tmp_path):
     """With checkpoint.save_top_k 3 the newest best-*.ckpt is epoch 3's (0.8), the third-best score; `--ckpt_path
     best` and `teacher: best` mean epoch 1's (0.9). A second run in the folder: its own best. A filename of the

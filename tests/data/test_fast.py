@@ -279,19 +279,22 @@ def record_decoded_sizes(monkeypatch) -> list:
     return sizes
 
 
-@pytest.mark.parametrize("kind", ["rgb", "progressive", "grey", "cmyk", "portrait"])
+@pytest.mark.parametrize("kind", ["rgb", "progressive", "grey", "cmyk", "portrait5", "portrait6", "portrait7",
+                                  "portrait8"])
 def test_a_jpeg_much_larger_than_the_crop_decodes_reduced_and_crops_as_timm_does_from_the_whole(
         kind, tmp_path, photos, monkeypatch):
     """A phone-sized JPEG, opened but not decoded, is decoded at 1/2-1/8 scale where the crop box allows; the
     crop is timm's crop of the whole decode (same draws, same box) within a grey level on average (0.5 measured;
     the DCT scaling and the wide bicubic filter smooth the camera's grain apart). A box rounded to whole reduced
-    pixels is 2.4 off on average (measured), so the bar below tells the two apart."""
+    pixels is 2.4 off on average (measured), so the bar below tells the two apart. Every EXIF orientation that
+    turns the picture a quarter is tried: 6 and 8 (turned), 5 and 7 (turned and mirrored)."""
     from vit.data.io import load_image, open_image
 
     portrait = Image.Exif()
-    portrait[0x0112] = 6  # stored landscape, shown turned a quarter: a phone's portrait photo
+    if kind.startswith("portrait"):
+        portrait[0x0112] = int(kind[-1])  # stored landscape, shown turned a quarter: a phone's portrait photo
     mode, save = {"rgb": ("RGB", {}), "progressive": ("RGB", {"progressive": True}), "grey": ("L", {}),
-                  "cmyk": ("CMYK", {}), "portrait": ("RGB", {"exif": portrait})}[kind]
+                  "cmyk": ("CMYK", {})}.get(kind, ("RGB", {"exif": portrait}))
     path = big_jpeg(tmp_path / "photo.jpg", photos[0], mode=mode, **save)
     stored = Image.open(path).size
     size = 64
@@ -299,7 +302,7 @@ def test_a_jpeg_much_larger_than_the_crop_decodes_reduced_and_crops_as_timm_does
     ours = train_transform(plain, size, "bicubic", IMAGENET_MEAN, IMAGENET_STD)
     reference = create_transform(size, is_training=True, interpolation="bicubic", separate=True)[0]  # crop, flip
     whole = load_image(path)  # as shown: timm's transform of it is the reference (timm itself ignores EXIF)
-    assert whole.size == (stored[::-1] if kind == "portrait" else stored)
+    assert whole.size == (stored[::-1] if kind.startswith("portrait") else stored)
     decoded = record_decoded_sizes(monkeypatch)
     diffs = []
     for i in range(24):

@@ -131,6 +131,26 @@ def test_reading_the_orientation_decodes_nothing(tmp_path):
         load_image(tmp_path / "cut.png")
 
 
+def test_a_png_of_junk_pixels_is_refused_after_its_orientation_is_read(tmp_path):
+    """A valid 64x64 PNG header whose IDAT is 4 junk bytes: reading its orientation must not decode it (PIL's
+    getexif() would, swallow the error and count the junk as loaded), so the decode still fails, naming it."""
+    import struct
+    import zlib
+
+    from vit.data.io import exif_orientation, open_image
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", 64, 64, 8, 2, 0, 0, 0)  # 8-bit RGB
+    (tmp_path / "junk.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+                                        + chunk(b"IDAT", b"\xde\xad\xbe\xef") + chunk(b"IEND", b""))
+    with open_image(tmp_path / "junk.png") as img:
+        assert img.size == (64, 64) and exif_orientation(img) == 1
+    with pytest.raises(OSError, match=r"cannot read image .*junk\.png"):
+        load_image(tmp_path / "junk.png")
+
+
 def test_a_large_jpeg_decodes_at_the_scale_the_evaluation_resize_needs(tmp_path):
     """`vit predict`, `vit serve` and the val/test splits resize the short side to S before the centre crop: a
     JPEG at least 4S is decoded at 1/2-1/8 scale, still >= 2S, and resizes to within a grey level of the whole

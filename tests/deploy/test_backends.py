@@ -29,6 +29,7 @@ NO_VNNI = frozenset({"avx2", "avx512f", "fma"})  # an AVX-512 CPU of before Casc
 VNNI = frozenset({"avx2", "avx512f", "avx512_vnni"})
 AMX = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8"})
 ZEN4 = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"})  # AMD EPYC Genoa: bf16 dot products, no AMX
+AVX_VNNI = frozenset({"avx2", "avx_vnni"})  # Intel Alder/Arrow Lake: 256-bit VNNI, no AVX-512
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +150,8 @@ def test_static_int8_quantises_the_linear_layers_and_keeps_the_rest_fp32(trained
     assert "calibrated on 300 images" in trained["printed"]
 
 
-@pytest.mark.parametrize(("flags", "reduce"), [(NO_VNNI, True), (VNNI, False), (AMX, False), (None, True)])
+@pytest.mark.parametrize(("flags", "reduce"), [(NO_VNNI, True), (VNNI, False), (AVX_VNNI, False), (AMX, False),
+                                               (ZEN4, False), (None, True)])
 def test_reduce_range_follows_the_instruction_set(monkeypatch, flags, reduce):
     monkeypatch.setattr(vit.deploy.cpu, "cpu_flags", lambda: flags)
     assert vit.deploy.cpu.reduce_range_for() is reduce

@@ -77,6 +77,55 @@ def test_cascading_randomisation_leaves_attention_alone_until_the_blocks_change(
     assert set(MAPS) <= set(result)
 
 
+def test_cascading_randomisation_goes_from_the_top_block_down():
+    # A map that records the model it is shown: the first call is the trained model, then one per step. With
+    # 3 blocks, step 1 re-initialises block 2 alone and step 2 blocks 1 and 2; block 0 waits for step 3.
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=4, embed_dim=32, depth=3,
+                              num_heads=2).eval()
+    shown: list[list[dict[str, torch.Tensor]]] = []
+
+    def recording(m, images):
+        shown.append([{k: v.clone() for k, v in block.state_dict().items()} for block in m.blocks])
+        return torch.rand(len(images), 4, 4)
+
+    cascading_randomisation(model, torch.randn(2, 1, 8, 8), {"recording": recording})
+    trained, steps = shown[0], shown[1:]
+    changed = [[b for b in range(3) if any(not torch.equal(v, trained[b][k]) for k, v in step[b].items())]
+               for step in steps]
+    assert changed == [[], [2], [1, 2], [0, 1, 2]], changed
+
+
+class Recorder(nn.Module):
+    """A model of 2x2 patches that records every batch it is shown and answers two equal logits."""
+
+    patch_size = (2, 2)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shown: list[torch.Tensor] = []
+
+    def forward(self, x):
+        self.shown.append(x.clone())
+        return torch.zeros(len(x), 2)
+
+
+def test_a_deleted_patch_takes_each_channels_own_mean():
+    # Three channels around means 1, 0 and 0.5 (a +-0.2 checkerboard on each): once every patch is deleted, or
+    # before any is inserted, the model sees those three means, not one grey value for all.
+    r, c = torch.meshgrid(torch.arange(8), torch.arange(8), indexing="ij")
+    wiggle = ((r + c) % 2 * 0.4 - 0.2)  # +-0.2, mean 0
+    images = torch.stack([1.0 + wiggle, 0.0 + wiggle, 0.5 + wiggle])[None]  # (1, 3, 8, 8)
+    model = Recorder()
+    curves = perturbation_curves(model, images, torch.rand(1, 4, 4), torch.tensor([0]), random_orders=1)
+    shown = model.shown
+    assert len(shown) == 5 * 17 and len(curves["MoRF deletion"]) == 17
+    means = torch.tensor([1.0, 0.0, 0.5]).view(1, 3, 1, 1).expand(1, 3, 8, 8)
+    torch.testing.assert_close(shown[16], means, atol=1e-6, rtol=0)  # MoRF deletion, all 16 patches gone
+    torch.testing.assert_close(shown[2 * 17], means, atol=1e-6, rtol=0)  # insertion, none yet
+    torch.testing.assert_close(shown[0], images, atol=0, rtol=0)  # MoRF deletion, none gone yet
+
+
 def test_pointing_set_hides_the_class_pattern_in_one_patch():
     images, labels, cells = pointing_set(64, noise=0.0, seed=3)
     assert images.shape == (64, 1, 16, 16) and set(labels.tolist()) == {0, 1, 2, 3}

@@ -78,6 +78,21 @@ def test_every_family_and_size_equals_timm(name):
             assert max((a - b).abs().max().item() for a, b in zip(got, want)) <= 1e-4
 
 
+def test_a_fresh_models_layer_scale_starts_where_timms_does():
+    # The parity test above overwrites LayerScale with timm's weights: here both are fresh. DeiT III starts its
+    # gammas at 1e-6, DINOv2 and DINOv3 at 1e-5 (timm's Eva calls them gamma_1/gamma_2); the others have none.
+    # The value is the family's (configs.py), so its smallest size stands for it: the large ones take seconds.
+    for name in [names[0] for names in FAMILIES.values()]:
+        options = dict(depth=1, img_size=4 * MODEL_CONFIGS[name]["patch_size"])
+        theirs = {k.replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma"): v
+                  for k, v in timm.create_model(name, pretrained=False, **options).state_dict().items()
+                  if "gamma" in k}
+        ours = {k: v for k, v in vit.create_model(name, **options).state_dict().items() if "gamma" in k}
+        assert ours.keys() == theirs.keys(), (name, sorted(ours), sorted(theirs))
+        for k in ours:
+            torch.testing.assert_close(ours[k], theirs[k], rtol=0, atol=0, msg=f"{name} {k}")
+
+
 @pytest.mark.parametrize("name", ["vit_small_patch14_dinov2", "vit_small_patch14_reg4_dinov2",
                                   "deit3_small_patch16_224", "deit_small_distilled_patch16_224",
                                   "vit_base_patch16_siglip_224"])

@@ -8,6 +8,7 @@ import asyncio
 import base64
 import io
 import json
+import threading
 import time
 
 import numpy as np
@@ -307,6 +308,55 @@ def test_a_full_queue_answers_503_with_retry_after_and_recovers(predictor):
             assert busy.headers["Retry-After"] == "1" and busy.json()["code"] == "queue_full"
             assert (await client.get("/health")).status_code == 200
             assert (await client.post("/predict", **multipart(GOOD))).status_code == 200
+    run(go())
+
+
+def test_a_lone_request_does_not_wait_out_the_batch_timeout(predictor):
+    # The other side of the seven-in-one-batch test: with no other request admitted, no company can come, so a
+    # lone request is batched at once, not after batch_timeout_ms (2 s here).
+    async def go():
+        app = make_app(predictor, max_batch_size=8, batch_timeout_ms=2000)
+        async with client_of(app) as client:
+            response = await client.post("/predict", **multipart(GOOD))
+        assert response.status_code == 200 and response.json()["batch_size"] == 1
+        assert response.json()["timing_ms"]["queue"] < 200, response.json()["timing_ms"]
+    run(go())
+
+
+class Blocked(Predictor):
+    """The real model, whose requests' batches wait until ``release`` is set (the warm-up's do not)."""
+
+    def __init__(self, inner: Predictor) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.release = threading.Event()
+
+    def run(self, jobs):
+        if any(job.future is not None for job in jobs):
+            self.release.wait(20)
+        return super().run(jobs)
+
+
+def test_max_queue_admits_exactly_that_many(predictor):
+    # max_queue 4 and 6 requests at once while the model is stuck: 4 admitted (the gauge), exactly 2 turned away.
+    async def go():
+        blocked = Blocked(predictor)
+        app = make_app(blocked, max_batch_size=2, max_queue=4, batch_timeout_ms=1)
+        async with client_of(app) as client:
+            try:
+                posts = [asyncio.ensure_future(client.post("/predict", **multipart(GOOD))) for _ in range(6)]
+                deadline = time.monotonic() + 10
+                while True:  # until every request is either answered or admitted
+                    metrics = (await client.get("/metrics")).text
+                    admitted = float(next(line.split()[1] for line in metrics.splitlines()
+                                          if line.startswith("vit_admitted ")))
+                    answered = [p.result().status_code for p in posts if p.done()]
+                    if admitted + len(answered) == 6 or time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.02)
+                assert (admitted, answered) == (4, [503, 503]), (admitted, answered)
+            finally:
+                blocked.release.set()
+            assert [r.status_code for r in await asyncio.gather(*posts)].count(200) == 4
     run(go())
 
 

@@ -126,6 +126,31 @@ def test_with_mixup_the_teacher_sees_the_students_mixed_images(tmp_path):
     torch.testing.assert_close(network.seen[0], shown[0], atol=0, rtol=0)  # ... and the same for both
 
 
+class Recorder(torch.nn.Module):
+    """A teacher network that records what it was shown and answers zeros."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.clone())
+        return torch.zeros(len(x), 10)
+
+
+@pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
+def test_the_teacher_sees_the_students_images_resized_to_its_own_size(interpolation):
+    # A 16x16 teacher of an 8x8 student: torch's own resize of the batch, by the teacher's interpolation; a batch
+    # already at 16x16 goes through untouched.
+    teacher = Teacher(network := Recorder(), "recorder", DIGITS, img_size=(16, 16), interpolation=interpolation)
+    small, large = torch.randn(3, 1, 8, 8), torch.randn(3, 1, 16, 16)
+    teacher(small)
+    teacher(large)
+    expected = torch.nn.functional.interpolate(small, size=(16, 16), mode=interpolation, align_corners=False)
+    torch.testing.assert_close(network.seen[0], expected, atol=0, rtol=0)
+    torch.testing.assert_close(network.seen[1], large, atol=0, rtol=0)
+
+
 @pytest.fixture(scope="module")
 def teacher_ckpt(tmp_path_factory) -> Path:
     """A tiny ViT teacher for 8x8 digits, trained two steps by a Trainer."""

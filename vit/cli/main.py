@@ -285,17 +285,23 @@ def follow_the_weights(config: Any) -> None:
                        f"data.init_args.mean/std if those weights were trained otherwise")
         return
     values, origin = found
+    notes = []
     chans = getattr(data_class(config), "in_chans", None)
     if isinstance(chans, int) and len(values.get("mean", ())) not in (0, chans):
         # weights of other channels (a 1-channel digits checkpoint on a folder of photos): filling them in would
         # fail as a DataModule error; left out, the checkpoint's own check names the mismatch when it loads
+        if "mean" in unset or "std" in unset:
+            notes.append(f"mean and std stay the DataModule's own: the weights' are for {len(values['mean'])} "
+                         f"channel(s), the data has {chans}")
         values = {k: v for k, v in values.items() if k not in ("mean", "std")}
     filled = [k for k in unset if k in values]
     for k in filled:
         data_args[k] = list(values[k]) if isinstance(values[k], tuple) else values[k]
-    given = [f"{k} {data_args[k]}" for k in DATA_KEYS if k in data_args and k not in filled]
-    rank_zero_info("preprocessing from " + origin + ": " + ", ".join(f"{k} {data_args[k]}" for k in filled)
-                   + (f" (the config sets {', '.join(given)})" if given else ""))
+    given = [f"{k} {data_args[k]}" for k in DATA_KEYS if k in data_args and k not in unset]
+    notes = ([f"the config sets {', '.join(given)}"] if given else []) + notes
+    rank_zero_info("preprocessing from " + origin + ": "
+                   + (", ".join(f"{k} {data_args[k]}" for k in filled) or "nothing filled in")
+                   + (f" ({'; '.join(notes)})" if notes else ""))
 
 
 def data_class(config: Any) -> type | None:
