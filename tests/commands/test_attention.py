@@ -183,19 +183,78 @@ def test_vit_attention_over_a_folder_skips_unreadable_files_and_writes_predicts_
                                    [p["probability"] for p in theirs["top_k"]], atol=1e-5)
 
 
-def test_native_size_scales_a_large_photo_down_to_the_patch_limit_keeping_its_shape(tmp_path):
-    """A 6000 x 6000 photo at its own size was 140,625 patches at 16 px, and its attention asked for 40 TB."""
-    from vit.commands.attention import NATIVE_MAX_PATCHES, prepare_image
-    from vit.deploy import load_classifier
+def test_help_shows_the_three_modes_and_their_options(capsys):
+    """`--text` and `--faithfulness` were hidden: `vit attention` sniffed argv for them, and neither `vit --help`
+    nor `vit attention --help` named them."""
+    from vit.commands import main
 
-    ckpt = tmp_path / "rgb.ckpt"
-    write_checkpoint(ckpt, model_name="vit_cifar_patch4_32", num_classes=3, class_names=["cat", "dog", "fox"],
-                     model_kwargs=dict(embed_dim=32, depth=1, num_heads=4))
-    classifier = load_classifier(ckpt)
-    for width, height in [(3000, 2000), (64, 40)]:  # 375,000 patches of 4 px; and a small one, kept as it is
-        tensor = prepare_image(Image.new("RGB", (width, height)), classifier, native_size=True).tensor
-        h, w = tensor.shape[-2] // 4, tensor.shape[-1] // 4
-        if width * height // 16 <= NATIVE_MAX_PATCHES:
-            assert (h, w) == (height // 4, width // 4)
-        else:
-            assert 0.95 * NATIVE_MAX_PATCHES < h * w <= NATIVE_MAX_PATCHES and abs(w / h - 1.5) < 0.05
+    with pytest.raises(SystemExit) as done:
+        main(["attention", "--help"])
+    assert done.value.code == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("usage: vit attention --ckpt CKPT IMAGE [IMAGE ...]")
+    for usage in ("vit attention --ckpt CKPT --text SENTENCE [SENTENCE ...]", "vit attention --ckpt CKPT "
+                  "--faithfulness IMAGE [IMAGE ...]"):
+        assert usage in printed
+    for section in ("modes (one at most", "attention maps (the default mode):", "--text: a translation checkpoint's",
+                    "--faithfulness: the checks of the maps:"):
+        assert section in printed
+    for option in ("--text SENTENCE", "--faithfulness", "--rollout", "--native_size", "--target SENTENCE",
+                   "--beam_size", "--heads", "--max_images"):
+        assert f"  {option}" in printed, option
+    main(["--help"])
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  attention"))
+    assert "--text" in line and "--faithfulness" in line
+
+
+@pytest.mark.parametrize("argv, mode", [
+    (["--ckpt", "m.ckpt", "a.png", "photos"], "maps"),
+    (["--ckpt", "t.ckpt", "--text", "1 2 3", "4 5"], "text"),  # the old spellings, options anywhere
+    (["--text", "1 2 3", "--ckpt", "t.ckpt"], "text"),
+    (["--text=1 2 3", "--ckpt", "t.ckpt", "--heads", "cross", "--layer", "0", "--head", "1"], "text"),
+    (["--faithfulness", "--ckpt", "m.ckpt", "photos"], "faithfulness"),
+    (["--ckpt", "m.ckpt", "photos", "--faithfulness", "--max_images", "3"], "faithfulness"),
+])
+def test_the_old_spellings_choose_the_mode(argv, mode, tmp_path):
+    from vit.commands.attention import parse_args
+
+    args = parse_args([*argv, "--out", str(tmp_path / "out")])
+    assert args.mode == mode
+    if mode == "text":
+        assert args.images == [] and args.text[0] == "1 2 3"
+        assert (args.layer, args.head) in ((-1, "mean"), (0, 1))  # one layer and one head: the alignment's
+    else:
+        assert args.images and args.text is None
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--text", "1 2", "--faithfulness"], "not allowed with argument"),
+    (["--text", "1 2", "--rollout", "grad"], "--rollout does not apply to --text"),
+    (["--text", "1 2", "--layer", "0", "1"], "--text draws one decoder layer's alignment"),
+    (["--text", "1 2", "--head", "x"], "--head takes a head number or 'mean', got 'x'"),
+    (["photo.png", "--text", "1 2"], "not on image files (photo.png)"),
+    (["photo.png", "--max_images", "3"], "--max_images does not apply to the attention maps of images"),
+    (["photo.png", "--faithfulness", "--head", "0"], "--head does not apply to --faithfulness"),
+    (["--faithfulness"], "--faithfulness checks the maps on images: give image files or folders"),
+    ([], "give image files or folders to draw the attention maps of"),
+])
+def test_an_option_of_another_mode_is_refused_by_name(argv, said, capsys):
+    from vit.commands.attention import parse_args
+
+    with pytest.raises(SystemExit) as done:
+        parse_args(["--ckpt", "m.ckpt", *argv])
+    assert done.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_every_file_of_the_maps_is_written_atomically(tmp_path, digits_checkpoint, monkeypatch):
+    """A kill while a figure or predictions.json is written leaves the old file or the new one, never half."""
+    import vit.commands.attention as attention
+    from vit.files import save_atomic
+
+    written = []
+    monkeypatch.setattr(attention, "save_atomic", lambda write, path: written.append(path) or save_atomic(write, path))
+    image = tmp_path / "digit.png"
+    Image.fromarray((np.random.default_rng(1).random((8, 8)) * 255).astype(np.uint8)).save(image)
+    out = tmp_path / "maps"
+    attention.main(["--ckpt", str(digits_checkpoint), str(image), "--out", str(out), "--rollout", "none"])
+    assert sorted(written) == sorted(out.iterdir()) == [out / "digit.png", out / "predictions.json"]

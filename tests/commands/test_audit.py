@@ -15,30 +15,8 @@ import skimage.data
 from PIL import Image
 
 from tests import CONFIGS
-from tests.audit.test_duplicates import near_copy
+from tests.audit.test_run import HOSTILE, planted_folder
 from vit.commands import main, run
-
-HOSTILE = "<img src=x onerror=alert(1)>.png"
-
-
-def planted_folder(root: Path) -> dict[str, str]:
-    """root/{train,val,test}/<photo>/: 64x64 tiles of three photos (camera: one image, a small class), plus a test
-    tile copied exactly into train under another name, a near copy of another, a bad file, and a copy of the
-    camera tile in astronaut/ under a hostile name (a label conflict)."""
-    for name, count in (("astronaut", 14), ("coffee", 14), ("camera", 1)):
-        pixels = np.asarray(Image.fromarray(getattr(skimage.data, name)()).convert("RGB"))
-        for k in range(count):
-            split = "test" if k % 5 == 4 else "val" if k % 5 == 3 else "train"
-            y, x = divmod(k, 4)
-            path = root / split / name / f"{name}{k}.png"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            Image.fromarray(pixels[64 * y:64 * y + 64, 64 * x + 64:64 * x + 128]).save(path)
-    exact, near = root / "train/astronaut/renamed.png", root / "train/coffee/near.jpg"
-    shutil.copyfile(root / "test/astronaut/astronaut4.png", exact)
-    near_copy(Image.open(root / "test/coffee/coffee9.png")).save(near)
-    (root / "train/coffee/empty.png").write_bytes(b"")
-    shutil.copyfile(root / "train/camera/camera0.png", root / "train/astronaut" / HOSTILE)  # and a label conflict
-    return {"exact": str(exact), "near": str(near)}
 
 
 def audit_args(root: Path, out: Path, tmp_path: Path, *extra: str) -> list[str]:

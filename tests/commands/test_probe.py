@@ -17,8 +17,8 @@ from PIL import Image
 
 from tests import CONFIGS
 from tests.conftest import subprocess_env
+from tests.test_probe import C_GRID, K_GRID, made_up_features, sklearn_choices
 from vit.commands import main, probe, run
-from vit.commands.probe import folded_head
 from vit.data.base import no_test_reason
 
 CLASSES = ("red", "green", "blue")
@@ -49,71 +49,24 @@ def tiny_probe_args(root: Path, tmp_path: Path, out: bool = True, test_fraction:
     ]
 
 
-# Made-up features on which val and test prefer different C and k (seed 10 of `made_up_features`, checked
-# in the test that uses them): a probe that chooses on test reports other C and k than one that chooses on val.
-C_GRID, K_GRID = (0.001, 0.01, 0.1, 1.0, 10.0), (1, 3, 5, 10, 20)
-
-
-def made_up_features(seed: int = 10, dim: int = 32) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Three overlapping Gaussian classes: 60 train, 45 val and 45 test (features float32-exact, labels)."""
-    rng = np.random.default_rng(seed)
-    means = rng.normal(0, 0.35, (3, dim))
-    splits = {}
-    for split, per_class in (("train", 20), ("val", 15), ("test", 15)):
-        y = np.repeat(np.arange(3), per_class)
-        splits[split] = ((means[y] + rng.normal(0, 1, (len(y), dim))).astype(np.float32).astype(np.float64), y)
-    return splits
-
-
 def use_features(monkeypatch, features: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[str]:
     """Make `vit probe` take ``features`` instead of extracting them; returns the splits it asks for."""
     asked = []
 
-    def split_features(model, dataset, split, *rest):
+    def split_features(model, dataset, split, **options):
         asked.append(split)
         x, y = features[split]
-        return torch.tensor(x, dtype=torch.float32), torch.tensor(y), "made up by the test"
+        return x, y, "made up by the test"
 
     monkeypatch.setattr(probe, "split_features", split_features)
     return asked
 
 
-def best_on(scores: dict, smaller_first: bool) -> float:
-    """The grid value of the highest score; ties go to the smaller value (C) or the larger one (k)."""
-    return min(scores, key=lambda v: (-scores[v], v if smaller_first else -v))
-
-
 def test_probe_chooses_C_and_k_on_val_and_scores_test_once(tmp_path, monkeypatch, capsys):
-    """Fails if the test split takes any part in choosing C or k: on these features val and test disagree."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.neighbors import KNeighborsClassifier
-    from sklearn.preprocessing import StandardScaler
-    from threadpoolctl import threadpool_limits
-
+    """The command reports what `vit.probe.fit_probes` chose on val (tests/test_probe.py checks the choosing)."""
     features = made_up_features()
-    (x_train, y_train), val, test = features["train"], features["val"], features["test"]
-    # Independently, with sklearn: top-1 on val and on test of every C (cold fits) and every k.
-    lr, knn = {}, {}
-    with threadpool_limits(1, user_api="blas"):
-        scaler = StandardScaler().fit(x_train)
-        for c in C_GRID:
-            clf = LogisticRegression(C=c, max_iter=5000, tol=1e-8).fit(scaler.transform(x_train), y_train)
-            lr[c] = [np.mean(clf.predict(scaler.transform(x)) == y) for x, y in (val, test)]
-        for k in K_GRID:
-            neighbours = KNeighborsClassifier(n_neighbors=k, metric="cosine", algorithm="brute").fit(x_train, y_train)
-            knn[k] = [np.mean(neighbours.predict(x) == y) for x, y in (val, test)]
-    val_c, test_c = (best_on({c: scores[i] for c, scores in lr.items()}, True) for i in (0, 1))
-    val_k, test_k = (best_on({k: scores[i] for k, scores in knn.items()}, False) for i in (0, 1))
-    # The premise: val and test choose differently, and val's C wins by more than a fit's rounding could flip.
-    assert val_c != test_c and val_k != test_k, (lr, knn)
-    assert lr[val_c][0] - max(v for c, (v, _) in lr.items() if c != val_c) >= 2 / len(val[1]), lr
-
-    selection_inputs = []
-    for name in ("fit_logistic", "fit_knn"):
-        original = getattr(probe, name)
-        spy = lambda train, chooser, grid, original=original: (selection_inputs.append((train, chooser)),
-                                                               original(train, chooser, grid))[1]
-        monkeypatch.setattr(probe, name, spy)
+    expected = sklearn_choices(features)
+    val_c, val_k, val, test = expected["val_c"], expected["val_k"], features["val"], features["test"]
     use_features(monkeypatch, features)
     root = noisy_colour_folder(tmp_path / "images", per_class=4)
     args = tiny_probe_args(root, tmp_path)
@@ -123,16 +76,10 @@ def test_probe_chooses_C_and_k_on_val_and_scores_test_once(tmp_path, monkeypatch
 
     assert (result["logistic_C"], result["knn_k"]) == (val_c, val_k)
     assert f"C={val_c:g}, chosen on val" in out and f"k={val_k}, chosen on val" in out
-    assert result["logistic_val_acc"] == pytest.approx(lr[val_c][0], abs=1.01 / len(val[1]))
-    assert (result["knn_val_acc"], result["knn_test_acc"]) == pytest.approx(knn[val_k])
-    assert result["logistic_test_acc"] == pytest.approx(lr[val_c][1], abs=1.01 / len(test[1]))
+    assert result["logistic_val_acc"] == pytest.approx(expected["lr"][val_c][0], abs=1.01 / len(val[1]))
+    assert (result["knn_val_acc"], result["knn_test_acc"]) == pytest.approx(expected["knn"][val_k])
+    assert result["logistic_test_acc"] == pytest.approx(expected["lr"][val_c][1], abs=1.01 / len(test[1]))
     assert result["held_out_test"] is True
-    # Both choices saw train and val, never a test feature or label.
-    assert len(selection_inputs) == 2
-    for train, chooser in selection_inputs:
-        np.testing.assert_array_equal(train[0], x_train)
-        np.testing.assert_array_equal(chooser[0], val[0])
-        np.testing.assert_array_equal(chooser[1], val[1])
 
 
 def test_probe_without_a_test_split_reports_val_only(tmp_path, monkeypatch, capsys):
@@ -203,26 +150,6 @@ def test_probe_checkpoint_goes_to_a_run_folder_beside_vit_fits_or_to_out(tmp_pat
     assert sorted(p.name for p in (work / "lightning_logs" / "probe").iterdir()) == ["version_0", "version_1"]
 
 
-@pytest.mark.parametrize("num_classes, trained", [(2, 2), (4, 3)])
-def test_folded_head_gives_sklearn_probabilities(num_classes, trained):
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import StandardScaler
-    from threadpoolctl import threadpool_limits
-
-    rng = np.random.default_rng(0)
-    x = rng.normal(3.0, [0.1, 5.0, 1.0, 20.0], (200, 4))  # scales far from 1: the scaler matters
-    y = rng.integers(0, trained, 200)  # classes from `trained` on have no training images
-    scaler = StandardScaler().fit(x)
-    with threadpool_limits(1, user_api="blas"):  # small matrices: BLAS threads only cost time
-        clf = LogisticRegression(C=0.5).fit(scaler.transform(x), y)
-    weight, bias = folded_head(scaler, clf, num_classes)
-    assert weight.shape == (num_classes, 4)
-    probs = torch.softmax(torch.tensor(x, dtype=torch.float32) @ weight.T + bias, dim=-1).double()
-    expected = clf.predict_proba(scaler.transform(x))
-    torch.testing.assert_close(probs[:, :trained], torch.tensor(expected), atol=1e-5, rtol=0)
-    assert (probs[:, trained:] < 1e-6).all()
-
-
 def test_probe_on_a_folder_caches_features_and_its_checkpoint_predicts_the_same(tmp_path, capsys):
     from vit.data import ImageFolder
 
@@ -290,23 +217,6 @@ def test_probe_on_each_kind_of_head_saves_a_checkpoint_that_predicts_what_it_sco
         torch.testing.assert_close(features, torch.cat([tokens[:, 0], tokens[:, 1:].mean(1)], dim=-1))
     accuracy = (logits.argmax(-1) == torch.tensor(labels)).float().mean().item()
     assert accuracy == pytest.approx(result["logistic_test_acc"])
-
-
-def test_a_feature_that_barely_varies_keeps_the_float32_head_exact():
-    """A random model's cls token hardly varies between images (std 1e-5 against 1 for the rest): standardised,
-    its weight in the folded float32 head became 1e5, and the head's logits lost 0.01-0.05 to cancellation, so
-    the checkpoint and the probe disagreed on near-ties (seen on an AMD CPU). The logits must stay the probe's."""
-    from vit.commands.probe import fit_logistic
-
-    rng = np.random.default_rng(0)
-    x = rng.normal(0.0, 1.0, (60, 8))
-    x[:, 0] = 2.5 + rng.normal(0, 1e-6, 60)  # the near-constant feature, far from 0
-    y = (x[:, 1] + x[:, 2] > 0).astype(int) + (x[:, 3] > 1)
-    scaler, clf, _, _ = fit_logistic((x[:40], y[:40]), (x[40:], y[40:]), [1.0])
-    weight, bias = folded_head(scaler, clf, 3)
-    logits = torch.tensor(x, dtype=torch.float32) @ weight.T + bias
-    expected = clf.decision_function(scaler.transform(x))  # float64, the probe's own scores
-    assert (logits.double() - torch.tensor(expected)).abs().max() < 1e-3
 
 
 def test_probe_checkpoint_is_a_fit_checkpoint_and_a_pretrained_source(tmp_path):

@@ -262,6 +262,36 @@ def test_a_second_run_refuses_finished_shards_and_resumes_unfinished_ones(tmp_pa
         write_shards(folder, tmp_path / "out", num_workers=1)
 
 
+def test_the_webdataset_tars_and_the_json_files_are_written_atomically(tmp_path, monkeypatch):
+    """A kill while a tar is written once left a torn shard that timm's reader fails on; now each tar, info.json
+    and _info.json goes through `save_atomic`, and an interrupted tar leaves nothing under its name."""
+    import vit.data.shards as shards
+
+    folder = tmp_path / "photos"
+    write_class_folders(folder, ["a", "b"], per_class=10, size=16)
+    written = []
+    real_save = shards.save_atomic
+    monkeypatch.setattr(shards, "save_atomic", lambda write, path: written.append(Path(path)) or real_save(write, path))
+    info = write_shards(folder, tmp_path / "out", num_workers=1)
+    assert written[-1] == tmp_path / "out" / "info.json" and not list((tmp_path / "out").rglob("*.tmp"))
+    real_add, added = shards._add_sample, []
+
+    def dies_on_the_sixth(tar, key, sample):
+        added.append(key)
+        if len(added) == 6:
+            raise KeyboardInterrupt  # as if killed while the second tar is written
+        real_add(tar, key, sample)
+
+    monkeypatch.setattr(shards, "_add_sample", dies_on_the_sixth)
+    with pytest.raises(KeyboardInterrupt):
+        shards.write_webdataset(tmp_path / "out", info, samples_per_tar=4)
+    assert sorted(p.name for p in (tmp_path / "out" / "wds").iterdir()) == ["train-000000.tar"]  # whole, or none
+    monkeypatch.setattr(shards, "_add_sample", real_add)
+    written.clear()
+    shards.write_webdataset(tmp_path / "out", info, samples_per_tar=4)
+    assert sorted(written) == sorted((tmp_path / "out" / "wds").iterdir())  # every tar and _info.json
+
+
 def test_writing_counts_samples_as_workers_handle_them_and_is_quiet(tmp_path, monkeypatch, capfd):
     import contextlib
 

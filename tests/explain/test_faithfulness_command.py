@@ -12,7 +12,13 @@ from tests.commands.test_attention import write_checkpoint
 from vit.commands import run
 
 
-def test_faithfulness_writes_aucs_and_correlations(tmp_path, capsys):
+def test_faithfulness_writes_aucs_and_correlations(tmp_path, capsys, monkeypatch):
+    import vit.commands.faithfulness as faithfulness
+    from vit.files import save_atomic
+
+    written = []  # every file goes through save_atomic: a kill leaves the old file or the new one
+    monkeypatch.setattr(faithfulness, "save_atomic",
+                        lambda write, path: written.append(path) or save_atomic(write, path))
     ckpt = tmp_path / "digits.ckpt"
     write_checkpoint(ckpt, num_classes=10, mean=(0.5,), std=(0.5,),
                      model_kwargs=dict(embed_dim=32, depth=2, num_heads=4))
@@ -26,6 +32,7 @@ def test_faithfulness_writes_aucs_and_correlations(tmp_path, capsys):
                   "--max_images", "5"])
     assert result["images"] == 5
     saved = json.loads((tmp_path / "out" / "faithfulness.json").read_text())
+    assert written == [tmp_path / "out" / "faithfulness.json"] == list((tmp_path / "out").iterdir())
     assert set(saved["deletion_insertion_auc"]) == {"cls attention", "rollout", "grad rollout"}
     assert len(saved["randomisation_spearman"]["rollout"]) == 3  # head, then 2 blocks
     printed = capsys.readouterr().out

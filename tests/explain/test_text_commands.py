@@ -53,6 +53,20 @@ def test_attention_text_writes_the_alignment_png_and_the_weights_json(translate_
     assert forced[0]["target"] == ["3", "2", "1", "<eos>"] and forced[0]["mode"] == "teacher forcing"
 
 
+def test_attention_text_writes_every_file_atomically(translate_ckpt, tmp_path, monkeypatch):
+    """A kill while a figure or attention.json is written leaves the old file or the new one, never half."""
+    import vit.commands.text_attention as text_attention
+    from vit.files import save_atomic
+
+    written = []
+    monkeypatch.setattr(text_attention, "save_atomic",
+                        lambda write, path: written.append(path) or save_atomic(write, path))
+    out = tmp_path / "maps"
+    main(["attention", "--ckpt", str(translate_ckpt), "--text", "1 2 3", "--out", str(out), "--heads", "cross"])
+    assert sorted(written) == sorted(out.iterdir()) == [out / "0_alignment.png", out / "0_cross_heads.png",
+                                                        out / "attention.json"]
+
+
 def test_attention_text_errors_name_the_option(translate_ckpt, tmp_path):
     common = ["attention", "--ckpt", str(translate_ckpt), "--text", "1 2", "--out", str(tmp_path)]
     with pytest.raises(ValueError, match="--head 5: the model has 2 heads"):

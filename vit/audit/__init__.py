@@ -5,4 +5,5 @@
   found through a multi-index hash table, not by comparing every pair.
 - `vit.audit.labels`: out-of-fold probabilities and confident learning (Northcutt et al., 2021).
 - `vit.audit.report`: summary.json, the CSV files and report.html.
+- `vit.audit.run`: one audit of a DataModule, the checks above in turn: `run_audit`, `Audit.write`, `findings`.
 """

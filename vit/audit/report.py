@@ -119,10 +119,16 @@ def render_html(summary: dict[str, Any], charts: dict[str, bytes], pairs: Sequen
     parts = [f"<h1>vit audit: {e(summary['data'])}</h1>",
              '<section id="summary"><p class="summary">' + e("; ".join(summary_sentences(summary))) + ".</p>",
              f'<p class="note">{inv["images"]} images in {len(inv["classes"])} classes; '
-             + e(", ".join(f"{n} {s}" for s, n in inv["images_per_split"].items())) + "</p></section>"]
+             + e(", ".join(f"{n} {s}" for s, n in inv["images_per_split"].items())) + "</p></section>",
+             _inventory_section(inv, charts), _bad_files_section(inv["bad_files"]),
+             _duplicates_section(summary["duplicates"], pairs, img, shown),
+             _label_issues_section(summary.get("label_issues") or {}, issues, img, shown)]
+    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>vit audit</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
 
-    parts.append('<section id="inventory"><h2>Inventory</h2>')
-    parts.append(_figure(charts["classes"], "images per class and split"))
+
+def _inventory_section(inv: dict[str, Any], charts: dict[str, bytes]) -> str:
+    parts = ['<section id="inventory"><h2>Inventory</h2>', _figure(charts["classes"], "images per class and split")]
     if inv["small_classes"]:
         parts.append("<p>Classes under 10% of the largest class's training images:</p>"
                      + _table(["class", "training images", "largest class"],
@@ -133,22 +139,25 @@ def render_html(summary: dict[str, Any], charts: dict[str, bytes], pairs: Sequen
         parts.append(_figure(charts["aspect"], "aspect ratios"))
     parts.append(_table(["mode", "images"], list(inv["modes"].items()))
                  + _table(["format", "images"], list(inv["formats"].items())) + "</section>")
+    return "".join(parts)
 
-    parts.append(f'<section id="bad-files"><h2>Bad files ({len(inv["bad_files"])})</h2>')
-    parts.append(_table(["path", "split", "problem"], [(b["path"], b["split"], b["problem"])
-                                                       for b in inv["bad_files"]]) if inv["bad_files"]
-                 else "<p>None: every file's header reads and every image decodes.</p>")
-    parts.append("</section>")
 
-    dup = summary["duplicates"]
+def _bad_files_section(bad_files: Sequence[dict[str, Any]]) -> str:
+    listed = (_table(["path", "split", "problem"], [(b["path"], b["split"], b["problem"]) for b in bad_files])
+              if bad_files else "<p>None: every file's header reads and every image decodes.</p>")
+    return f'<section id="bad-files"><h2>Bad files ({len(bad_files)})</h2>{listed}</section>'
+
+
+def _duplicates_section(dup: dict[str, Any], pairs: Sequence[dict[str, Any]], img: Callable[[Any], str],
+                        shown: int) -> str:
     cross = [p for p in pairs if p["split_a"] != p["split_b"]]
-    parts.append(f'<section id="duplicates"><h2>Duplicates across splits ({len(cross)} pairs)</h2>'
-                 f'<p class="note">{dup["exact"]} exact pairs (same decoded pixels) and {dup["near"]} near pairs: '
-                 f'{dup["candidates"]} candidates (pHash, or a zoomed window\'s, within {dup["radius"]} of 64 bits), '
-                 f'kept where the aligned colour correlation reaches what an edited copy of the two images would '
-                 f'(and at least {dup["min_score"]}), and no other candidate of either is closer; '
-                 f'{dup["within_split"]} '
-                 "pairs lie within a split (see duplicates.csv).</p><div class=\"grid\">")
+    parts = [f'<section id="duplicates"><h2>Duplicates across splits ({len(cross)} pairs)</h2>'
+             f'<p class="note">{dup["exact"]} exact pairs (same decoded pixels) and {dup["near"]} near pairs: '
+             f'{dup["candidates"]} candidates (pHash, or a zoomed window\'s, within {dup["radius"]} of 64 bits), '
+             f'kept where the aligned colour correlation reaches what an edited copy of the two images would '
+             f'(and at least {dup["min_score"]}), and no other candidate of either is closer; '
+             f'{dup["within_split"]} '
+             "pairs lie within a split (see duplicates.csv).</p><div class=\"grid\">"]
     card = lambda p: (f'<div class="card"><div class="pair">{img(p["_a"])}{img(p["_b"])}</div>'
                       f'{e(p["kind"])}, hash distance {e(p["distance"])}, score {e(p["score"])}'
                       f' (needed {e(p["needed"])})'
@@ -159,9 +168,12 @@ def render_html(summary: dict[str, Any], charts: dict[str, bytes], pairs: Sequen
     parts.append(f'</div><h3>Identical images with different labels ({len(conflicts)})</h3><div class="grid">')
     parts += [card(p) for p in conflicts[:shown]]
     parts.append("</div></section>")
+    return "".join(parts)
 
-    labels = summary.get("label_issues") or {}
-    parts.append(f'<section id="label-issues"><h2>Suspected label issues ({labels.get("flagged") or 0})</h2>')
+
+def _label_issues_section(labels: dict[str, Any], issues: Sequence[dict[str, Any]], img: Callable[[Any], str],
+                          shown: int) -> str:
+    parts = [f'<section id="label-issues"><h2>Suspected label issues ({labels.get("flagged") or 0})</h2>']
     if labels.get("skipped") or labels.get("trusted") is False:
         parts.append(f'<p class="summary">{e(labels.get("skipped") or labels["verdict"])}</p>')
     parts.append(f'<p class="note">{e(labels.get("note", ""))}</p><div class="grid">')
@@ -169,5 +181,4 @@ def render_html(summary: dict[str, Any], charts: dict[str, bytes], pairs: Sequen
         parts.append(f'<div class="card">{img(issue["_record"])}<br>given <b>{e(issue["given"])}</b>, suggested '
                      f'<b>{e(issue["suggested"])}</b>, score {issue["score"]:.3g}<br>{e(issue["path"])}</div>')
     parts.append("</div></section>")
-    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>vit audit</title>"
-            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
+    return "".join(parts)

@@ -7,6 +7,7 @@ the ``gamma_1/2`` LayerScale of DeiT III and timm's Eva (DINOv3). `to_timm_names
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -78,31 +79,39 @@ def convert_npz(w: dict[str, Tensor]) -> dict[str, Tensor]:
     if out["pos_embed"].dim() == 2:
         out["pos_embed"] = out["pos_embed"][None]
 
-    mha, mlp, ln2 = (0, 0, 1) if big_vision else (1, 3, 2)
     if stacked:
         depth = w[f"{prefix}Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
     else:
         pattern = re.compile(re.escape(prefix) + r"Transformer/encoderblock_(\d+)/")
         depth = 1 + max((int(m.group(1)) for k in w if (m := pattern.match(k))), default=-1)
     for i in range(depth):
-        b, idx = ("Transformer/encoderblock/", i) if stacked else (f"Transformer/encoderblock_{i}/", None)
-        a = f"{b}MultiHeadDotProductAttention_{mha}/"
-        qkv = [get(f"{a}{n}/kernel", idx) for n in ("query", "key", "value")]
-        out |= {
-            f"blocks.{i}.norm1.weight": get(f"{b}LayerNorm_0/scale", idx),
-            f"blocks.{i}.norm1.bias": get(f"{b}LayerNorm_0/bias", idx),
-            f"blocks.{i}.attn.qkv.weight": torch.cat([k.flatten(1).T for k in qkv]),  # (3C, C)
-            f"blocks.{i}.attn.qkv.bias": torch.cat(
-                [get(f"{a}{n}/bias", idx).reshape(-1) for n in ("query", "key", "value")]
-            ),
-            f"blocks.{i}.attn.proj.weight": get(f"{a}out/kernel", idx).flatten(0, 1).T,  # (C, C)
-            f"blocks.{i}.attn.proj.bias": get(f"{a}out/bias", idx),
-            f"blocks.{i}.norm2.weight": get(f"{b}LayerNorm_{ln2}/scale", idx),
-            f"blocks.{i}.norm2.bias": get(f"{b}LayerNorm_{ln2}/bias", idx),
-        }
-        for r in range(2):
-            out[f"blocks.{i}.mlp.fc{r + 1}.weight"] = get(f"{b}MlpBlock_{mlp}/Dense_{r}/kernel", idx).T
-            out[f"blocks.{i}.mlp.fc{r + 1}.bias"] = get(f"{b}MlpBlock_{mlp}/Dense_{r}/bias", idx)
+        out |= _npz_block(get, i, stacked=stacked, big_vision=big_vision)
+    return out
+
+
+def _npz_block(get: Callable[[str, int | None], Tensor], i: int, *, stacked: bool, big_vision: bool
+               ) -> dict[str, Tensor]:
+    """Block ``i`` of a ViT .npz in timm's names; ``get(name, index)`` reads an array (of the stacked blocks, the
+    ``index``-th row). big_vision numbers the attention and MLP modules from 0, the original ViT from 1."""
+    mha, mlp, ln2 = (0, 0, 1) if big_vision else (1, 3, 2)
+    b, idx = ("Transformer/encoderblock/", i) if stacked else (f"Transformer/encoderblock_{i}/", None)
+    a = f"{b}MultiHeadDotProductAttention_{mha}/"
+    qkv = [get(f"{a}{n}/kernel", idx) for n in ("query", "key", "value")]
+    out = {
+        f"blocks.{i}.norm1.weight": get(f"{b}LayerNorm_0/scale", idx),
+        f"blocks.{i}.norm1.bias": get(f"{b}LayerNorm_0/bias", idx),
+        f"blocks.{i}.attn.qkv.weight": torch.cat([k.flatten(1).T for k in qkv]),  # (3C, C)
+        f"blocks.{i}.attn.qkv.bias": torch.cat(
+            [get(f"{a}{n}/bias", idx).reshape(-1) for n in ("query", "key", "value")]
+        ),
+        f"blocks.{i}.attn.proj.weight": get(f"{a}out/kernel", idx).flatten(0, 1).T,  # (C, C)
+        f"blocks.{i}.attn.proj.bias": get(f"{a}out/bias", idx),
+        f"blocks.{i}.norm2.weight": get(f"{b}LayerNorm_{ln2}/scale", idx),
+        f"blocks.{i}.norm2.bias": get(f"{b}LayerNorm_{ln2}/bias", idx),
+    }
+    for r in range(2):
+        out[f"blocks.{i}.mlp.fc{r + 1}.weight"] = get(f"{b}MlpBlock_{mlp}/Dense_{r}/kernel", idx).T
+        out[f"blocks.{i}.mlp.fc{r + 1}.bias"] = get(f"{b}MlpBlock_{mlp}/Dense_{r}/bias", idx)
     return out
 
 

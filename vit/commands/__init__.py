@@ -26,7 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("vit.commands.predict", "classify image files: vit predict --ckpt CKPT|MODEL.onnx IMAGES..."),
     "export": ("vit.commands.export", "write a checkpoint as ONNX, timm safetensors or one .ckpt: vit export ..."),
     "serve": ("vit.commands.serve", "serve a checkpoint or ONNX model over HTTP, with a page: vit serve --ckpt CKPT"),
-    "attention": ("vit.commands.attention", "draw attention maps and the top classes of image files"),
+    "attention": ("vit.commands.attention", "attention maps and top classes of images; --text: a translation's; "
+                  "--faithfulness: check the maps"),
     "probe": ("vit.commands.probe", "linear-probe and kNN baseline on frozen features: vit probe --config CFG"),
     "shard": ("vit.commands.shard", "write an image folder as streaming shards: vit shard SRC OUT [--max_side 320]"),
     "audit": ("vit.commands.audit", "check a dataset: leakage, duplicates, label issues, skew: vit audit --config CFG"),

@@ -6,39 +6,39 @@ On the given images (prepared as `vit predict` prepares them) it prints and writ
   against a random patch order (`vit.explain.checks.perturbation_curves`);
 * the cascading model-randomisation check: each map's Spearman correlation with the trained model's as the
   head and then the blocks from the top down are re-initialised (Adebayo et al., 2018).
-`vit attention` hands over here when it sees ``--faithfulness``.
+`vit attention` parses the options (this module adds the group of its own) and runs `run` when ``--faithfulness``
+is given.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
 from vit.errors import UserValueError
+from vit.files import save_atomic
+
+OPTIONS = ("max_images",)  # the options of this mode alone (argparse dests)
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """Command-line options of `vit attention --faithfulness`."""
-    parser = argparse.ArgumentParser(prog="vit attention --faithfulness", description=__doc__.splitlines()[0])
-    parser.add_argument("--faithfulness", action="store_true", help="run the checks (this command)")
-    parser.add_argument("images", nargs="+", type=Path, help="image files, or folders searched recursively")
-    parser.add_argument("--ckpt", required=True, type=Path, help="checkpoint written by `vit fit`")
-    parser.add_argument("--max_images", type=int, default=256, help="check at most this many images (default: 256)")
-    parser.add_argument("--out", type=Path, default=Path("attention_maps"), help="output folder (default: %(default)s)")
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
-    args = parser.parse_args(list(argv))
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The options of `vit attention --faithfulness`, as a group of `vit attention`'s parser."""
+    group = parser.add_argument_group("--faithfulness: the checks of the maps")
+    group.add_argument("--max_images", type=int, default=256, help="check at most this many images (default: 256)")
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse what cannot run in `vit attention --faithfulness`."""
+    if not args.images:
+        parser.error("--faithfulness checks the maps on images: give image files or folders")
     if args.max_images < 1:
         parser.error(f"--max_images must be at least 1, got {args.max_images}")
-    return args
 
 
-def main(argv: Sequence[str]) -> dict:
-    """Run `vit attention --faithfulness ...` (without the command name); returns the numbers."""
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> dict:
+    """Run `vit attention --faithfulness ...` on parsed (and checked) options; returns the numbers."""
     from vit.data.io import find_images, load_image
     from vit.deploy.classifier import read_classifier
     from vit.explain.checks import MAPS, cascading_randomisation, faithfulness_table
@@ -46,11 +46,11 @@ def main(argv: Sequence[str]) -> dict:
     files = find_images(args.images).files[: args.max_images]
     classifier = read_classifier(args.ckpt, args.device)
     classifier.require_vit("the faithfulness checks of attention maps", args.ckpt)
-    transform, mode = classifier.eval_transform(), "L" if classifier.in_chans == 1 else "RGB"
+    transform = classifier.eval_transform()
     tensors, unreadable = [], []
     for path in files:
         try:
-            tensors.append(transform(load_image(path, mode)))  # as `vit predict` decodes it
+            tensors.append(transform(load_image(path, classifier.image_mode)))  # as `vit predict` decodes it
         except OSError as error:
             unreadable.append(f"{path}: {error}")
     if not tensors:
@@ -71,7 +71,6 @@ def main(argv: Sequence[str]) -> dict:
     print("randomised                 " + "  ".join(f"{name:>13}" for name in MAPS))
     for i, step in enumerate(randomised["steps"]):
         print(f"{step:<26} " + "  ".join(f"{randomised[name][i]:>13.3f}" for name in MAPS))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "faithfulness.json").write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out / 'faithfulness.json'}")
+    path = save_atomic(lambda f: f.write(json.dumps(result, indent=2).encode()), args.out / "faithfulness.json")
+    print(f"wrote {path}")
     return result

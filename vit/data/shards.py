@@ -35,7 +35,7 @@ from PIL import Image
 
 from vit.data.io import decode, describe_bad_files, exif_orientation, open_image
 from vit.errors import UserPathError, UserValueError
-from vit.files import cache_dir
+from vit.files import cache_dir, save_atomic
 from vit.network import unreachable
 from vit.progress import progress, progress_while
 
@@ -193,9 +193,8 @@ def _claim(out: Path, plan: dict[str, Any]) -> None:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+    text = json.dumps(data, indent=1).encode()
+    save_atomic(lambda f: f.write(text), path)
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -223,6 +222,17 @@ def _add_sample(tar: tarfile.TarFile, key: str, sample: dict[str, Any]) -> None:
     _add(tar, f"{key}.json", json.dumps({"id": sample["id"], "label": int(sample["label"])}).encode())
 
 
+def _write_tar(path: Path, samples: Iterator[tuple[str, dict[str, Any]]]) -> None:
+    """A tar of webdataset ``samples`` (key, sample), written atomically: a kill mid-tar leaves no torn shard."""
+
+    def write(f: Any) -> None:
+        with tarfile.open(fileobj=f, mode="w") as tar:
+            for key, sample in samples:
+                _add_sample(tar, key, sample)
+
+    save_atomic(write, path)
+
+
 def write_webdataset(out: Path, info: dict[str, Any], samples_per_tar: int = 10_000) -> None:
     """``out/wds``: each split's samples as tar shards (``key.jpg|png|webp``, ``key.cls``, ``key.json``)
     plus the ``_info.json`` timm's ``wds/`` reader needs (names, sample counts, file names, lengths)."""
@@ -238,9 +248,8 @@ def write_webdataset(out: Path, info: dict[str, Any], samples_per_tar: int = 10_
         for start in range(0, len(dataset), samples_per_tar):
             filenames.append(f"{name}-{len(filenames):06d}.tar")
             lengths.append(min(samples_per_tar, len(dataset) - start))
-            with tarfile.open(wds / filenames[-1], "w") as tar:
-                for _, i in zip(range(lengths[-1]), indices):  # range first: zip then stops without taking one
-                    _add_sample(tar, f"{i:08d}", dataset[i])  # keys end at the first dot: the path goes in json
+            # range first: zip then stops without taking one; keys end at the first dot: the path goes in json
+            _write_tar(wds / filenames[-1], ((f"{i:08d}", dataset[i]) for _, i in zip(range(lengths[-1]), indices)))
         next(indices, None)  # closes the progress bar
         splits_info[name] = {"name": name, "num_samples": sum(lengths), "filenames": filenames,
                              "shard_lengths": lengths}

@@ -22,7 +22,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from importlib import resources
 
@@ -226,9 +226,21 @@ def create_app(service: Service, *, api_key: str | None = None, cors_origins: li
     app = FastAPI(title="vit serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics(service)
     service.on_batch = metrics.batch_size.observe
-    page = resources.files("vit.serve").joinpath("page.html").read_text(encoding="utf-8")
-    classifier = service.predictor.classifier
-    num_classes = len(classifier.class_names)
+    add_error_handlers(app)
+    add_status_routes(app, service, metrics, lambda: describe(service, api_key=api_key, model_path=model_path))
+    add_predict_route(app, service)
+    app.add_middleware(Guard, metrics=metrics, api_key=api_key)
+    if cors_origins:  # added last, so outermost: a browser's preflight (which carries no key) is answered
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Content-Type", API_KEY_HEADER])
+    return app
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error as `error_response`'s JSON: ours, the router's 404 and 405, a bad parameter, and a bug (whose
+    traceback goes to the log, never to the client)."""
 
     @app.exception_handler(RequestError)
     async def request_error(_: Request, e: RequestError) -> JSONResponse:
@@ -248,6 +260,27 @@ def create_app(service: Service, *, api_key: str | None = None, cors_origins: li
         log.exception("unexpected error")  # the traceback goes to the log, never to the client
         return error_response(500, "internal", "internal error; the details are in the server's log")
 
+
+def describe(service: Service, *, api_key: str | None, model_path: str) -> dict:
+    """GET /info's answer: the model, its classes and image settings, the backend, and the server's limits."""
+    card, limits = service.predictor.classifier.card(), service.limits  # the card an export carries
+    return {
+        "model": card["model_name"], "path": model_path, "classes": card["class_names"],
+        "image": {"size": card["img_size"], "channels": card["in_chans"], "mean": card["mean"], "std": card["std"],
+                  "crop_pct": card["crop_pct"], "interpolation": card["interpolation"]},
+        "backend": service.predictor.backend, "attention": service.predictor.attention,
+        "api_key": api_key is not None,
+        "limits": {"max_batch_size": limits.max_batch_size, "batch_timeout_ms": limits.batch_timeout_ms,
+                   "max_queue": limits.max_queue, "timeout_s": limits.timeout_s,
+                   "max_body_mb": limits.max_body_mb, "max_pixels": limits.max_pixels,
+                   "top_k": limits.top_k},
+    }
+
+
+def add_status_routes(app: FastAPI, service: Service, metrics: Metrics, info: Callable[[], dict]) -> None:
+    """GET /, /livez, /health, /info (``info()``'s answer) and /metrics."""
+    page = resources.files("vit.serve").joinpath("page.html").read_text(encoding="utf-8")
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:
         return HTMLResponse(page)
@@ -262,25 +295,18 @@ def create_app(service: Service, *, api_key: str | None = None, cors_origins: li
             return error_response(503, "not_ready", "loading the model", {"Retry-After": "1"})
         return JSONResponse({"status": "ok"})
 
-    @app.get("/info")
-    async def info() -> dict:
-        limits = service.limits
-        return {
-            "model": classifier.model_name, "path": model_path, "classes": list(classifier.class_names),
-            "image": {"size": list(classifier.img_size), "channels": classifier.in_chans,
-                      "mean": list(classifier.mean), "std": list(classifier.std), "crop_pct": classifier.crop_pct,
-                      "interpolation": classifier.interpolation},
-            "backend": service.predictor.backend, "attention": service.predictor.attention,
-            "api_key": api_key is not None,
-            "limits": {"max_batch_size": limits.max_batch_size, "batch_timeout_ms": limits.batch_timeout_ms,
-                       "max_queue": limits.max_queue, "timeout_s": limits.timeout_s,
-                       "max_body_mb": limits.max_body_mb, "max_pixels": limits.max_pixels,
-                       "top_k": limits.top_k},
-        }
+    @app.get("/info", name="info")
+    async def get_info() -> dict:
+        return info()
 
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def add_predict_route(app: FastAPI, service: Service) -> None:
+    """POST /predict: the image in any of the three formats, ``top_k`` from the query or the JSON parameters."""
+    num_classes = len(service.predictor.classifier.class_names)
 
     @app.post("/predict")
     async def predict(request: Request) -> JSONResponse:
@@ -291,11 +317,3 @@ def create_app(service: Service, *, api_key: str | None = None, cors_origins: li
         if "top_k" in parameters:
             top_k = parse_top_k(parameters["top_k"], num_classes)
         return JSONResponse(await service.answer(data, top_k=top_k, attention=attention, name=name))
-
-    app.add_middleware(Guard, metrics=metrics, api_key=api_key)
-    if cors_origins:  # added last, so outermost: a browser's preflight (which carries no key) is answered
-        from fastapi.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["GET", "POST"],
-                           allow_headers=["Content-Type", API_KEY_HEADER])
-    return app
