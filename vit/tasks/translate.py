@@ -58,7 +58,7 @@ class Translator(BaseTask):
         beam_size: beams for "beam" decoding.
         length_penalty: beam search length penalty (Wu et al., 2016).
         max_decode_length: most tokens to generate (default: 2 x source length + 10).
-        model_kwargs: the Seq2SeqTransformer's arguments (embed_dim, num_heads, ...), given flat.
+        model_kwargs: the fields of the model's `TextConfig` (embed_dim, num_heads, ...), given flat.
     """
 
     task = "translate"  # its checkpoint["vit"] holds only this: the tokenizers travel in the hyperparameters
