@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from vit.nn.attention import KVCache, MultiHeadAttention, causal_mask
+from vit.nn.attention import KVCache, MultiHeadAttention, causal_mask, locality_scale
+from vit.nn.rope import Rotary
 
 B, LQ, LK, DIM, HEADS = 3, 5, 7, 32, 4
 
@@ -200,3 +201,76 @@ def test_bad_shapes_are_clear_errors():
         MultiHeadAttention(30, 4)
     with pytest.raises(ValueError, match="context"):
         MultiHeadAttention(DIM, HEADS, cross=True)(x)
+
+
+# ---- the steps of the forward pass, one at a time ---------------------------------------------------
+def rotate_as_complex(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Channels c and c + D/2 as one complex number, turned by e^(i·angle): (..., L, D), angles (L, D/2)."""
+    half = x.shape[-1] // 2
+    z = torch.complex(x[..., :half], x[..., half:]) * torch.polar(torch.ones_like(angles), angles)
+    return torch.cat([z.real, z.imag], dim=-1)
+
+
+@pytest.mark.parametrize("num_queries", [None, 2])
+@pytest.mark.parametrize("return_attention", [False, True])
+def test_rotary_positions_turn_queries_and_keys_before_the_kernel(num_queries, return_attention):
+    torch.manual_seed(7)
+    attn = MultiHeadAttention(DIM, HEADS).double().eval()
+    D, L = DIM // HEADS, 6
+    angles = torch.rand(L, D // 2, dtype=torch.float64) * 6.3
+    angles[0] = 0  # a prefix token, which the rotation leaves alone
+    rope = Rotary(torch.cat([angles.sin()] * 2, -1), torch.cat([angles.cos()] * 2, -1))
+    x = torch.randn(2, L, DIM, dtype=torch.float64)
+    n = L if num_queries is None else num_queries
+    q, k, v = (x @ attn.qkv.weight.T + attn.qkv.bias).view(2, L, 3, HEADS, D).permute(2, 0, 3, 1, 4)
+    q, k = rotate_as_complex(q[:, :, :n], angles[:n]), rotate_as_complex(k, angles)  # the queries: first n tokens
+    weights = (q @ k.transpose(-2, -1) / D**0.5).softmax(-1)  # (B, H, n, L)
+    expected = (weights @ v).transpose(1, 2).reshape(2, n, DIM) @ attn.proj.weight.T + attn.proj.bias
+    queries, context = (x, None) if num_queries is None else (x[:, :n], x)
+    got = attn(queries, context, rope=rope, return_attention=return_attention)
+    if return_attention:
+        got, got_weights = got
+        torch.testing.assert_close(got_weights, weights)
+    torch.testing.assert_close(got, expected)
+
+
+def test_locality_scale_multiplies_each_heads_queries_by_its_own_scale():
+    q = torch.randn(2, 3, 5, 4)  # (B, H, Lq, D)
+    scale = torch.tensor([0.5, 2.0, -1.0])
+    expected = torch.stack([q[:, h] * scale[h] for h in range(3)], dim=1)
+    torch.testing.assert_close(locality_scale(q, scale), expected)
+    # an autocast bf16 q stays bf16 against the fp32 parameter
+    assert locality_scale(q.bfloat16(), scale).dtype == torch.bfloat16
+
+
+def test_locality_attention_refuses_a_cache_before_touching_it():
+    attn = MultiHeadAttention(DIM, HEADS, locality_attention=True)
+    cache = KVCache()
+    with pytest.raises(ValueError, match="KV cache breaks"):
+        attn(torch.randn(1, 3, DIM), cache=cache)
+    assert cache.k is None and cache.v is None
+
+
+def test_causal_goes_to_sdpa_as_its_flag_only_over_a_plain_square(monkeypatch):
+    """The flag lets SDPA pick its flash kernels; any other mask goes in as an additive mask (and no flag)."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, is_causal=False, **kwargs):
+        calls.append((is_causal, attn_mask))
+        return sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    attn = MultiHeadAttention(DIM, HEADS).eval()
+    x = torch.randn(B, LK, DIM)
+    attn(x, is_causal=True)
+    assert calls.pop() == (True, None)
+    attn(x, is_causal=True, key_padding_mask=padding_mask([LK, 5, 3], LK))
+    flag, mask = calls.pop()
+    assert not flag and mask.shape == (B, 1, LK, LK)
+    torch.testing.assert_close(mask[0, 0], torch.zeros(LK, LK).masked_fill(causal_mask(LK, LK), float("-inf")))
+    attn(x[:, -2:], x, is_causal=True)  # the last 2 queries over all keys (as with a KV cache): not a square
+    flag, mask = calls.pop()
+    assert not flag and torch.equal(torch.isneginf(mask), causal_mask(2, LK))
+    attn(x)
+    assert calls.pop() == (False, None)

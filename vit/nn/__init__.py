@@ -1,9 +1,9 @@
 """Neural-network modules: the attention kernel, Transformer blocks, the ViT and the text model."""
 
 from vit.nn.attention import KVCache, MultiHeadAttention
-from vit.nn.blocks import DecoderBlock, DropPath, EncoderBlock, LayerScale, Mlp
-from vit.nn.configs import ViTConfig
-from vit.nn.layers import AttentionPool, QuickGELU
+from vit.nn.blocks import DecoderBlock, DropPath, EncoderBlock, LayerScale, Mlp, QuickGELU
+from vit.nn.configs import TextConfig, ViTConfig
+from vit.nn.layers import AttentionPool
 from vit.nn.pyramid import SimpleFeaturePyramid
 from vit.nn.rope import DinoV3Rope
 from vit.nn.vision import (
@@ -33,6 +33,7 @@ __all__ = [
     "QuickGELU",
     "ShiftedPatchEmbed",
     "SimpleFeaturePyramid",
+    "TextConfig",
     "ViTConfig",
     "VisionTransformer",
     "build_model",

@@ -1,8 +1,18 @@
 """Multi-head scaled dot-product attention: the one kernel every Transformer in `vit` uses.
 
-Two paths run through the same weights:
+One forward pass, one step a concern:
 
-* the fast path calls ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels);
+    x (B, Lq, C), context (B, Lk, C)
+      -> project: q (B, H, Lq, D); k, v (B, H, Lk, D)   a `KVCache` adds the past steps' keys and values
+      -> rotate q and k by their positions                (`vit.nn.rope.Rotary`, DINOv3; optional)
+      -> fold LSA's learned temperature into q            (`locality_scale`; optional)
+      -> mask: one additive mask, or SDPA's causal flag   (`merge_masks`)
+      -> kernel: softmax(q kᵀ/√D + mask) v                (B, H, Lq, D), and the weights (B, H, Lq, Lk) if asked
+      -> merge the heads, proj                            (B, Lq, C)
+
+The kernel has two paths through the same weights:
+
+* the fused path calls ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels);
 * the explicit path computes ``softmax(QKᵀ/√d)·V`` and also returns the attention weights,
   shaped (batch, heads, queries, keys). Ask for it with ``return_attention=True``; setting a layer's
   ``fused_attn = False`` (timm's switch) takes it without returning the weights.
@@ -37,6 +47,13 @@ class KVCache:
 
     k: Tensor | None = None
     v: Tensor | None = None
+
+    def update(self, k: Tensor, v: Tensor, *, append: bool) -> tuple[Tensor, Tensor]:
+        """Keep this step's keys and values, after the past ones with ``append`` (self-attention); return all."""
+        if append and self.k is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
 
     def reorder(self, index: Tensor) -> None:
         """Select batch rows in place (beam search keeps the surviving beams)."""
@@ -103,6 +120,15 @@ def merge_masks(
     return merged
 
 
+def locality_scale(q: Tensor, learned_scale: Tensor) -> Tensor:
+    """LSA's learned temperature folded into the queries (B, H, Lq, D): head h's queries times its 1/τ_h.
+
+    Folded into q because SDPA's ``scale`` must be one float; the kernel then scales by 1. Cast so that an
+    autocast bf16 q is not promoted to fp32 against the fp32 parameter.
+    """
+    return q * learned_scale.to(q.dtype).view(-1, 1, 1)  # (H, 1, 1) over (B, H, Lq, D)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with timm's parameter layout.
 
@@ -156,7 +182,22 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = x.shape
         return x.reshape(B, L, n, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
 
-    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    def _project(
+        self, x: Tensor, context: Tensor | None, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries from ``x``, keys and values from ``context`` (else ``x``): (B, H, L, D) each.
+
+        With a ``cache``, self-attention appends this step's keys and values to the past ones; cross-attention
+        projects the context at the first step and reuses it after.
+        """
+        if self.cross and cache is not None and cache.k is not None:
+            return self._heads(self.q(x), 1)[0], cache.k, cache.v
+        q, k, v = self._qkv(x, context)
+        if cache is not None:
+            k, v = cache.update(k, v, append=not self.cross)
+        return q, k, v
+
+    def _qkv(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         if self.cross:
             if context is None:
                 raise ValueError("cross-attention needs a context tensor")
@@ -172,6 +213,46 @@ class MultiHeadAttention(nn.Module):
             q = self._heads(F.linear(x, w[:C], None if b is None else b[:C]), 1)[0]
             k, v = self._heads(F.linear(context, w[C:], None if b is None else b[C:]), 2).unbind(0)
         return q, k, v
+
+    def _mask(
+        self, attn_mask: Tensor | None, key_padding_mask: Tensor | None, is_causal: bool, q: Tensor, num_keys: int,
+        explicit: bool,
+    ) -> tuple[Tensor | None, bool]:
+        """One additive mask for the kernel (None: nothing masked), and whether SDPA takes causality as its flag.
+
+        A plain causal mask over a full square goes to SDPA as the flag, so flash kernels apply. LSA masks the
+        diagonal: no token attends to itself.
+        """
+        locality = self.learned_scale is not None
+        num_queries = q.shape[2]
+        if (is_causal and not explicit and not locality and attn_mask is None and key_padding_mask is None
+                and num_queries == num_keys):
+            return None, True
+        mask = merge_masks(attn_mask, key_padding_mask, is_causal, num_queries, num_keys, q.dtype, q.device,
+                           exclude_self=locality)
+        return mask, False
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, causal: bool, scale: float | None,
+        explicit: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The kernel: softmax(q kᵀ · scale + mask) v (B, H, Lq, D), with the weights (B, H, Lq, Lk) if ``explicit``.
+
+        ``scale`` None is 1/√D; ``causal`` is SDPA's flag (`_mask` never sets it for the explicit path).
+        """
+        empty = None
+        if mask is not None:  # a query with every key masked would softmax to NaN: unmask it, zero its output
+            empty = torch.isneginf(mask).all(dim=-1, keepdim=True)
+            mask = mask.masked_fill(empty, 0.0)
+        if explicit:
+            scores = (q * (self.scale if scale is None else scale)) @ k.transpose(-2, -1)  # (B, H, Lq, Lk)
+            weights = (scores if mask is None else scores + mask).softmax(dim=-1)
+            if empty is not None:
+                weights = weights.masked_fill(empty, 0.0)
+            return self.attn_drop(weights) @ v, weights
+        dropout = self.attn_drop.p if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scale)
+        return (out if empty is None else out.masked_fill(empty, 0.0)), None
 
     def forward(
         self,
@@ -191,66 +272,18 @@ class MultiHeadAttention(nn.Module):
         weights (B, H, Lq, Lk). ``cache`` enables incremental decoding. ``rope`` turns the queries and keys
         by their patch's rotary angles (`vit.nn.rope`); the queries are the sequence's first Lq tokens.
         """
+        if cache is not None and self.learned_scale is not None:
+            raise ValueError("locality_attention aligns query i with key i, which a KV cache breaks")
         B, Lq, C = x.shape
-        if cache is not None and self.cross and cache.k is not None:
-            q = self._heads(self.q(x), 1)[0]
-            k, v = cache.k, cache.v
-        else:
-            q, k, v = self._project(x, context)  # each (B, H, L, D)
-            if cache is not None:
-                if not self.cross and cache.k is not None:
-                    k = torch.cat([cache.k, k], dim=2)
-                    v = torch.cat([cache.v, v], dim=2)
-                cache.k, cache.v = k, v
+        q, k, v = self._project(x, context, cache)  # (B, H, Lq, D), (B, H, Lk, D), (B, H, Lk, D)
         if rope is not None:
             q, k = rope.apply(q), rope.apply(k)
-        Lk = k.shape[2]
-        scale = self.scale
+        scale = None  # SDPA's own 1/√D
         if self.learned_scale is not None:
-            if cache is not None:
-                raise ValueError("locality_attention aligns query i with key i, which a KV cache breaks")
-            # Fold the per-head scale into q (SDPA's `scale` must be a float); cast so that an autocast
-            # bf16 q is not promoted to fp32 against the fp32 parameter.
-            q, scale = q * self.learned_scale.to(q.dtype).view(-1, 1, 1), 1.0  # (H, 1, 1) over (B, H, Lq, D)
-
-        # A plain causal mask over a full square goes to SDPA as a flag, so flash kernels apply.
+            q, scale = locality_scale(q, self.learned_scale), 1.0
         explicit = return_attention or not self.fused_attn
-        sdpa_causal = (
-            is_causal and attn_mask is None and key_padding_mask is None and Lq == Lk and not explicit
-            and not self.locality_attention
-        )
-        mask = merge_masks(
-            attn_mask, key_padding_mask, is_causal and not sdpa_causal, Lq, Lk, q.dtype, q.device,
-            exclude_self=self.locality_attention,
-        )
-        fully_masked = None
-        if mask is not None:
-            # A row with every key masked would softmax to NaN: unmask it, then zero its output.
-            fully_masked = torch.isneginf(mask).all(dim=-1, keepdim=True)
-            mask = mask.masked_fill(fully_masked, 0.0)
-
-        if explicit:
-            scores = (q * scale) @ k.transpose(-2, -1)  # (B, H, Lq, Lk)
-            if mask is not None:
-                scores = scores + mask
-            weights = scores.softmax(dim=-1)
-            if fully_masked is not None:
-                weights = weights.masked_fill(fully_masked, 0.0)
-            out = self.attn_drop(weights) @ v
-        else:
-            out = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=mask,
-                dropout_p=self.attn_drop.p if self.training else 0.0,
-                is_causal=sdpa_causal,
-                scale=None if self.learned_scale is None else 1.0,  # None: SDPA's own 1/√d, as before
-            )
-            if fully_masked is not None:
-                out = out.masked_fill(fully_masked, 0.0)
-
+        mask, causal = self._mask(attn_mask, key_padding_mask, is_causal, q, k.shape[2], explicit)
+        out, weights = self._attend(q, k, v, mask, causal=causal, scale=scale, explicit=explicit)
         out = out.transpose(1, 2).reshape(B, Lq, C)  # (B, H, Lq, D) -> (B, Lq, C)
         out = self.proj_drop(self.proj(out))
         return (out, weights) if return_attention else out
-

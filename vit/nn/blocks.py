@@ -2,21 +2,38 @@
 
 Every block is a stack of residual branches. Pre-norm blocks (ViT, GPT-2) normalise each branch's input:
     x = x + attn(norm1(x));  x = x + mlp(norm2(x))
-post-norm blocks (Vaswani et al. 2017) normalise after each residual sum:
+post-norm blocks (Vaswani et al. 2017), classes of their own, normalise after each residual sum:
     x = norm1(x + attn(x));  x = norm2(x + mlp(x))
-The difference lives in one method, ``residual``: the `PostNorm` mixin overrides it.
+A model builds its blocks from its config (`EncoderBlock.from_config`: a `ViTConfig` or a `TextConfig`, whose
+block options have the same names). Asked for them, a block returns its attention weights beside its output,
+as the kernel returns them: by argument, with no hooks and no state kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import Any, Self
 
 import torch
 from torch import Tensor, nn
 
 from vit.nn.attention import KVCache, MultiHeadAttention
+from vit.nn.configs import TextConfig, ViTConfig
 from vit.nn.rope import Rotary
+
+
+class QuickGELU(nn.Module):
+    """OpenAI CLIP's approximation of GELU, x * sigmoid(1.702 x): its weights were trained with it."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+# The MLP's activation by its config name (`ViTConfig.act_layer`, `TextConfig.activation`).
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "gelu": nn.GELU, "gelu_tanh": partial(nn.GELU, approximate="tanh"), "quick_gelu": QuickGELU, "relu": nn.ReLU,
+}
 
 
 class Mlp(nn.Module):
@@ -69,6 +86,14 @@ class LayerScale(nn.Module):
         return f"init_values={self.init_values}"
 
 
+def attend(
+    attn: MultiHeadAttention, *args: Tensor | None, return_attention: bool = False, **kwargs: Any
+) -> tuple[Tensor, Tensor | None]:
+    """``attn``'s output and, with ``return_attention``, its weights (else None): one shape either way."""
+    out = attn(*args, return_attention=return_attention, **kwargs)
+    return out if return_attention else (out, None)
+
+
 class EncoderBlock(nn.Module):
     """Self-attention then MLP, each in a pre-norm residual branch; ``locality_attention`` makes it LSA.
 
@@ -103,12 +128,22 @@ class EncoderBlock(nn.Module):
         self.ls2 = LayerScale(embed_dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path_rate)
 
-    @staticmethod
-    def residual(
-        x: Tensor, norm: nn.Module, branch: Callable[[Tensor], Tensor], drop_path: nn.Module, keep: int | None = None
-    ) -> Tensor:
-        """Pre-norm: x + branch(norm(x)). With ``keep``, only the first ``keep`` tokens come out."""
-        return x[:, :keep] + drop_path(branch(norm(x)))
+    @classmethod
+    def from_config(cls, config: ViTConfig | TextConfig, drop_path_rate: float = 0.0) -> Self:
+        """The block its model's config describes; ``drop_path_rate`` is this block's own (it rises with depth)."""
+        c = config
+        return cls(
+            c.embed_dim, c.num_heads, mlp_ratio=c.mlp_ratio, qkv_bias=c.qkv_bias, drop_rate=c.drop_rate,
+            attn_drop_rate=c.attn_drop_rate, drop_path_rate=drop_path_rate, act_layer=ACTIVATIONS[c.act_layer],
+            norm_eps=c.norm_eps, locality_attention=c.locality_attention, init_values=c.init_values,
+        )
+
+    def self_attention(
+        self, x: Tensor, num_queries: int | None = None, **kwargs: Any
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attention of the first ``num_queries`` tokens of ``x`` (all by default) over all of them: (out, weights)."""
+        queries, context = (x, None) if num_queries is None else (x[:, :num_queries], x)
+        return attend(self.attn, queries, context, **kwargs)
 
     def forward(
         self,
@@ -125,27 +160,39 @@ class EncoderBlock(nn.Module):
         ``num_queries=n`` updates and returns only the first n tokens while they still attend to
         all N: a ViT's last block needs nothing but the cls token. ``rope``: rotary positions (DINOv3).
         """
-        weights: list[Tensor] = []
+        h, weights = self.self_attention(self.norm1(x), num_queries, key_padding_mask=key_padding_mask,
+                                         attn_mask=attn_mask, rope=rope, return_attention=return_attention)
+        x = x[:, :num_queries] + self.drop_path1(self.ls1(h))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return (x, weights) if return_attention else x
 
-        def attend(tokens: Tensor) -> Tensor:  # all N tokens; queries are the first num_queries
-            queries, context = (tokens, None) if num_queries is None else (tokens[:, :num_queries], tokens)
-            out = self.attn(queries, context, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
-                            return_attention=return_attention, rope=rope)
-            if return_attention:
-                out, w = out
-                weights.append(w)
-            return self.ls1(out)
 
-        x = self.residual(x, self.norm1, attend, self.drop_path1, keep=num_queries)
-        x = self.residual(x, self.norm2, lambda t: self.ls2(self.mlp(t)), self.drop_path2)
-        return (x, weights[0]) if return_attention else x
+class PostNormEncoderBlock(EncoderBlock):
+    """Self-attention then MLP, each residual sum followed by its LayerNorm, as in the 2017 paper."""
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        num_queries: int | None = None,
+        return_attention: bool = False,
+        rope: Rotary | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """As `EncoderBlock.forward`, post-norm."""
+        h, weights = self.self_attention(x, num_queries, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                                         rope=rope, return_attention=return_attention)
+        x = self.norm1(x[:, :num_queries] + self.drop_path1(self.ls1(h)))
+        x = self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
+        return (x, weights) if return_attention else x
 
 
 class DecoderBlock(EncoderBlock):
     """An encoder block with cross-attention over the encoder output between its two branches; pre-norm.
 
     Its self-attention is causal. Takes EncoderBlock's arguments; the cross-attention gets the same
-    bias, dropout and stochastic depth as the self-attention.
+    bias, dropout and stochastic depth as the self-attention (LayerScale, if any, is on the other two branches).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, **kwargs: Any) -> None:
@@ -175,46 +222,42 @@ class DecoderBlock(EncoderBlock):
         ``return_attention`` also gives the self- and cross-attention weights, (B, H, T, T') and
         (B, H, T, S), from the kernel's explicit path; without it both run on the fused path.
         """
-        weights: list[Tensor] = []
-
-        def keep(out: Tensor | tuple[Tensor, Tensor]) -> Tensor:
-            if not return_attention:
-                return out
-            weights.append(out[1])
-            return out[0]
-
-        self_attend = lambda h: keep(self.attn(
-            h, is_causal=True, key_padding_mask=padding_mask, cache=self_cache, return_attention=return_attention
-        ))
-        cross_attend = lambda h: keep(self.cross_attn(
-            h, memory, key_padding_mask=memory_padding_mask, cache=cross_cache, return_attention=return_attention
-        ))
-        x = self.residual(x, self.norm1, self_attend, self.drop_path1)
-        x = self.residual(x, self.cross_norm, cross_attend, self.drop_path_cross)
-        x = self.residual(x, self.norm2, self.mlp, self.drop_path2)
-        return (x, *weights) if return_attention else x
+        h, self_weights = attend(self.attn, self.norm1(x), is_causal=True, key_padding_mask=padding_mask,
+                                    cache=self_cache, return_attention=return_attention)
+        x = x + self.drop_path1(self.ls1(h))
+        h, cross_weights = attend(self.cross_attn, self.cross_norm(x), memory, key_padding_mask=memory_padding_mask,
+                                     cache=cross_cache, return_attention=return_attention)
+        x = x + self.drop_path_cross(h)
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return (x, self_weights, cross_weights) if return_attention else x
 
 
-class PostNorm:
-    """Mixin for a block: each residual sum followed by its LayerNorm, as in the 2017 paper."""
+class PostNormDecoderBlock(DecoderBlock):
+    """Causal self-attention, cross-attention, then MLP, each residual sum followed by its LayerNorm."""
 
-    @staticmethod
-    def residual(
-        x: Tensor, norm: nn.Module, branch: Callable[[Tensor], Tensor], drop_path: nn.Module, keep: int | None = None
-    ) -> Tensor:
-        """Post-norm: norm(x + branch(x)). With ``keep``, only the first ``keep`` tokens come out."""
-        return norm(x[:, :keep] + drop_path(branch(x)))
-
-
-class PostNormEncoderBlock(PostNorm, EncoderBlock):
-    """Self-attention then MLP, post-norm."""
-
-
-class PostNormDecoderBlock(PostNorm, DecoderBlock):
-    """Causal self-attention, cross-attention, then MLP, post-norm."""
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        *,
+        memory_padding_mask: Tensor | None = None,
+        padding_mask: Tensor | None = None,
+        self_cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
+        return_attention: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+        """As `DecoderBlock.forward`, post-norm."""
+        h, self_weights = attend(self.attn, x, is_causal=True, key_padding_mask=padding_mask, cache=self_cache,
+                                    return_attention=return_attention)
+        x = self.norm1(x + self.drop_path1(self.ls1(h)))
+        h, cross_weights = attend(self.cross_attn, x, memory, key_padding_mask=memory_padding_mask,
+                                     cache=cross_cache, return_attention=return_attention)
+        x = self.cross_norm(x + self.drop_path_cross(h))
+        x = self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
+        return (x, self_weights, cross_weights) if return_attention else x
 
 
 __all__ = [
-    "DecoderBlock", "DropPath", "EncoderBlock", "LayerScale", "Mlp", "PostNorm", "PostNormDecoderBlock",
-    "PostNormEncoderBlock",
+    "ACTIVATIONS", "DecoderBlock", "DropPath", "EncoderBlock", "LayerScale", "Mlp", "PostNormDecoderBlock",
+    "PostNormEncoderBlock", "QuickGELU", "attend",
 ]

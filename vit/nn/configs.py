@@ -1,22 +1,45 @@
-"""What a `VisionTransformer` is: one frozen `ViTConfig` (timm's argument names), and the named configurations.
+"""What a model is: one frozen config per model (with timm's argument names for the ViT), and the named ViTs.
 
-`create_model(name, **overrides)`, the checkpoint (``model_config``), the timm export, the tasks and MAE all
-read and write this one record; nothing rebuilds it from layer shapes. The named table is plain data: the
-fields each family sets, over `ViTConfig`'s defaults (the classic 2020 ViT). Names are timm's.
+`ViTConfig` describes a `VisionTransformer`: `create_model(name, **overrides)`, the checkpoint (``model_config``),
+the timm export, the tasks and MAE all read and write this one record; nothing rebuilds it from layer shapes.
+`TextConfig` describes the text `Seq2SeqTransformer` in the same style. Both name their blocks' options alike, so
+`EncoderBlock.from_config` builds a block from either. The named table is plain data: the fields each family
+sets, over `ViTConfig`'s defaults (the classic 2020 ViT). Names are timm's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import Any, ClassVar, Self
 
 POOLS = ("token", "avg", "map", "token_avg")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")
+TEXT_ACTIVATIONS = ("gelu", "relu")
+
+
+class ModelConfig:
+    """What both configs share: plain values in and out (a checkpoint's), and copies with changes."""
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Self:
+        """A config from (a checkpoint's) keyword values; an unknown key is an error that lists the known ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown model option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(known))}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (what a checkpoint stores and `from_dict` reads back)."""
+        return asdict(self)
+
+    def replace(self, **changes: Any) -> Self:
+        return replace(self, **changes) if changes else self
 
 
 @dataclass(frozen=True)
-class ViTConfig:
+class ViTConfig(ModelConfig):
     """Every option that shapes a VisionTransformer's weights or forward pass, with timm's names."""
 
     img_size: int | tuple[int, int] = 224
@@ -84,21 +107,65 @@ class ViTConfig:
     def use_fc_norm(self) -> bool:
         return self.global_pool == "avg" if self.fc_norm is None else self.fc_norm
 
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> ViTConfig:
-        """A config from (a checkpoint's) keyword values; an unknown key is an error that lists the known ones."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown model option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(known))}")
-        return cls(**values)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values (what a checkpoint stores and `from_dict` reads back)."""
-        return asdict(self)
+@dataclass(frozen=True)
+class TextConfig(ModelConfig):
+    """Every option of the text encoder-decoder `Seq2SeqTransformer` (Vaswani et al., 2017).
 
-    def replace(self, **changes: Any) -> ViTConfig:
-        return replace(self, **changes) if changes else self
+    Args:
+        src_vocab_size: source vocabulary size.
+        tgt_vocab_size: target vocabulary size (also the output layer's).
+        embed_dim: width of every token (the paper's d_model).
+        num_heads: attention heads per layer.
+        num_encoder_layers: encoder blocks.
+        num_decoder_layers: decoder blocks.
+        mlp_ratio: MLP hidden width / embed_dim.
+        drop_rate: dropout on embeddings and residual branches.
+        attn_drop_rate: dropout on attention weights.
+        activation: the MLP's activation, "relu" (the paper's) or "gelu".
+        norm_eps: LayerNorm epsilon.
+        norm_first: pre-norm blocks (True) or the paper's post-norm (False).
+        learned_positions: learned position embeddings instead of sinusoidal ones.
+        max_positions: longest sequence the positions cover.
+        share_embeddings: one token table for source and target (needs one vocabulary).
+        pad_id: the padding token's id (the tokenizer's): its embedding is zero, it is masked as a key, and
+            decoding pads finished rows with it.
+    """
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    embed_dim: int = 512
+    num_heads: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    mlp_ratio: float = 4.0
+    drop_rate: float = 0.1
+    attn_drop_rate: float = 0.0
+    activation: str = "relu"
+    norm_eps: float = 1e-5
+    norm_first: bool = True
+    learned_positions: bool = False
+    max_positions: int = 512
+    share_embeddings: bool = False
+    pad_id: int = 0
+    # The block options a ViTConfig sets and the text model fixes: biased q/k/v, no LSA, no LayerScale.
+    qkv_bias: ClassVar[bool] = True
+    locality_attention: ClassVar[bool] = False
+    init_values: ClassVar[float | None] = None
+
+    def __post_init__(self) -> None:
+        if self.activation not in TEXT_ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(TEXT_ACTIVATIONS)}, got {self.activation!r}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                "share_embeddings needs one vocabulary for both sides, got source size "
+                f"{self.src_vocab_size} and target size {self.tgt_vocab_size}"
+            )
+
+    @property
+    def act_layer(self) -> str:
+        """The activation under the name the blocks read (`ViTConfig.act_layer`)."""
+        return self.activation
 
 
 # The families: each the fields it sets over the defaults. `create_model(name, **overrides)` builds them.

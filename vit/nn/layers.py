@@ -1,31 +1,18 @@
-"""Small parts: the patch embeddings, QuickGELU, the activations by name, SigLIP's attention pool.
+"""Small parts: the patch embeddings and SigLIP's attention pool.
 
-(LayerScale, part of every block, is in `vit.nn.blocks`.)
+(LayerScale, QuickGELU and the activations by name, parts of every block, are in `vit.nn.blocks`.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vit.nn.attention import MultiHeadAttention
-from vit.nn.blocks import Mlp
-
-
-class QuickGELU(nn.Module):
-    """OpenAI CLIP's approximation of GELU, x * sigmoid(1.702 x): its weights were trained with it."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x * torch.sigmoid(1.702 * x)
-
-
-ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
-    "gelu": nn.GELU, "gelu_tanh": partial(nn.GELU, approximate="tanh"), "quick_gelu": QuickGELU,
-}
+from vit.nn.blocks import ACTIVATIONS, Mlp, QuickGELU  # noqa: F401 - the activations' old home
 
 
 class AttentionPool(MultiHeadAttention):

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from vit.nn.attention import KVCache
 from vit.nn.blocks import DecoderBlock, EncoderBlock, PostNormDecoderBlock, PostNormEncoderBlock
+from vit.nn.configs import TextConfig
 
 
 def sinusoidal_positions(num_positions: int, dim: int) -> Tensor:
@@ -148,87 +150,33 @@ class _StepAttention:
         return TextAttention(encoder, decoder, cross)
 
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU}
-
-
 class Seq2SeqTransformer(nn.Module):
     """Encoder-decoder Transformer for sequence-to-sequence tasks such as translation.
 
-    Args:
-        src_vocab_size: source vocabulary size.
-        tgt_vocab_size: target vocabulary size (also the output layer's).
-        embed_dim: width of every token (the paper's d_model).
-        num_heads: attention heads per layer.
-        num_encoder_layers: encoder blocks.
-        num_decoder_layers: decoder blocks.
-        mlp_ratio: MLP hidden width / embed_dim.
-        drop_rate: dropout on embeddings and residual branches.
-        attn_drop_rate: dropout on attention weights.
-        activation: the MLP's activation, "relu" (the paper's) or "gelu".
-        norm_eps: LayerNorm epsilon.
-        norm_first: pre-norm blocks (True) or the paper's post-norm (False).
-        learned_positions: learned position embeddings instead of sinusoidal ones.
-        max_positions: longest sequence the positions cover.
-        share_embeddings: one token table for source and target (needs one vocabulary).
-        pad_id: the padding token's id (the tokenizer's): its embedding is zero, it is masked as a key, and
-            decoding pads finished rows with it.
+    Built from one `TextConfig` (``config=``, or its fields as keywords: ``Seq2SeqTransformer(src_vocab_size=...,
+    tgt_vocab_size=..., embed_dim=...)``), as the ViT from its `ViTConfig`.
     """
 
-    def __init__(
-        self,
-        *,
-        src_vocab_size: int,
-        tgt_vocab_size: int,
-        embed_dim: int = 512,
-        num_heads: int = 8,
-        num_encoder_layers: int = 6,
-        num_decoder_layers: int = 6,
-        mlp_ratio: float = 4.0,
-        drop_rate: float = 0.1,
-        attn_drop_rate: float = 0.0,
-        activation: str = "relu",
-        norm_eps: float = 1e-5,
-        norm_first: bool = True,
-        learned_positions: bool = False,
-        max_positions: int = 512,
-        share_embeddings: bool = False,
-        pad_id: int = 0,
-    ) -> None:
+    def __init__(self, config: TextConfig | None = None, **options: Any) -> None:
         super().__init__()
-        self.embed_dim = embed_dim
-        self.pad_id = pad_id
-        self.norm_first = norm_first
-        embed = dict(max_positions=max_positions, learned_positions=learned_positions, drop_rate=drop_rate,
-                     pad_id=pad_id)
-        self.src_embed = TokenEmbedding(src_vocab_size, embed_dim, **embed)
-        self.tgt_embed = TokenEmbedding(tgt_vocab_size, embed_dim, **embed)
-        if share_embeddings:
-            if src_vocab_size != tgt_vocab_size:
-                raise ValueError(
-                    "share_embeddings needs one vocabulary for both sides, got source size "
-                    f"{src_vocab_size} and target size {tgt_vocab_size}"
-                )
+        c = self.config = TextConfig(**options) if config is None else config.replace(**options)
+        self.embed_dim, self.pad_id, self.norm_first = c.embed_dim, c.pad_id, c.norm_first
+        embed = dict(max_positions=c.max_positions, learned_positions=c.learned_positions, drop_rate=c.drop_rate,
+                     pad_id=c.pad_id)
+        self.src_embed = TokenEmbedding(c.src_vocab_size, c.embed_dim, **embed)
+        self.tgt_embed = TokenEmbedding(c.tgt_vocab_size, c.embed_dim, **embed)
+        if c.share_embeddings:
             self.src_embed.token = self.tgt_embed.token
 
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-        block = dict(
-            mlp_ratio=mlp_ratio, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
-            act_layer=ACTIVATIONS[activation], norm_eps=norm_eps,
-        )
-        encoder_block = EncoderBlock if norm_first else PostNormEncoderBlock
-        decoder_block = DecoderBlock if norm_first else PostNormDecoderBlock
-        self.encoder = nn.ModuleList(
-            encoder_block(embed_dim, num_heads, **block) for _ in range(num_encoder_layers)
-        )
-        self.decoder = nn.ModuleList(
-            decoder_block(embed_dim, num_heads, **block) for _ in range(num_decoder_layers)
-        )
+        encoder_block = EncoderBlock if c.norm_first else PostNormEncoderBlock
+        decoder_block = DecoderBlock if c.norm_first else PostNormDecoderBlock
+        self.encoder = nn.ModuleList(encoder_block.from_config(c) for _ in range(c.num_encoder_layers))
+        self.decoder = nn.ModuleList(decoder_block.from_config(c) for _ in range(c.num_decoder_layers))
         # Pre-norm leaves the residual stream unnormalised: close each stack with a LayerNorm.
-        self.encoder_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if norm_first else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if norm_first else nn.Identity()
+        self.encoder_norm = nn.LayerNorm(c.embed_dim, eps=c.norm_eps) if c.norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(c.embed_dim, eps=c.norm_eps) if c.norm_first else nn.Identity()
 
-        self.head = nn.Linear(embed_dim, tgt_vocab_size, bias=False)
+        self.head = nn.Linear(c.embed_dim, c.tgt_vocab_size, bias=False)
         self._init_weights()
         self.head.weight = self.tgt_embed.token.weight  # tied, as in the paper
 
@@ -445,4 +393,6 @@ class Seq2SeqTransformer(nn.Module):
         return (tokens[rows, 1:], steps.stack(state.encoder_attention, rows)) if return_attention else tokens[rows, 1:]
 
 
-__all__ = ["DecoderState", "Seq2SeqTransformer", "TextAttention", "TokenEmbedding", "sinusoidal_positions"]
+__all__ = [
+    "DecoderState", "Seq2SeqTransformer", "TextAttention", "TextConfig", "TokenEmbedding", "sinusoidal_positions",
+]

@@ -28,9 +28,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from vit.errors import UserValueError
-from vit.nn.blocks import EncoderBlock
+from vit.nn.blocks import ACTIVATIONS, EncoderBlock
 from vit.nn.configs import MODEL_CONFIGS, ViTConfig, list_models, named_config
-from vit.nn.layers import ACTIVATIONS, AttentionPool, PatchEmbed, ShiftedPatchEmbed
+from vit.nn.layers import AttentionPool, PatchEmbed, ShiftedPatchEmbed
 from vit.nn.rope import DinoV3Rope
 
 __all__ = [
@@ -132,20 +132,12 @@ class VisionTransformer(nn.Module):
 
         # Stochastic depth rises linearly from 0 to drop_path_rate (plain floats: works on the meta device).
         drop_path = [c.drop_path_rate * i / max(c.depth - 1, 1) for i in range(c.depth)]
-        act = ACTIVATIONS[c.act_layer]
-        self.blocks = nn.Sequential(*[
-            EncoderBlock(
-                c.embed_dim, c.num_heads, mlp_ratio=c.mlp_ratio, qkv_bias=c.qkv_bias, drop_rate=c.drop_rate,
-                attn_drop_rate=c.attn_drop_rate, drop_path_rate=drop_path[i], act_layer=act, norm_eps=c.norm_eps,
-                locality_attention=c.locality_attention, init_values=c.init_values,
-            )
-            for i in range(c.depth)
-        ])
+        self.blocks = nn.Sequential(*[EncoderBlock.from_config(c, drop_path_rate=rate) for rate in drop_path])
         # timm's convention: average pooling normalises after pooling, in `fc_norm`; SigLIP pools by attention.
         layer_norm = lambda: nn.LayerNorm(c.embed_dim, eps=c.norm_eps)
         self.norm = layer_norm() if c.final_norm and not c.use_fc_norm else nn.Identity()
         self.attn_pool = (AttentionPool(c.embed_dim, c.num_heads, mlp_ratio=c.mlp_ratio, norm_eps=c.norm_eps,
-                                        act_layer=act) if c.global_pool == "map" else None)
+                                        act_layer=ACTIVATIONS[c.act_layer]) if c.global_pool == "map" else None)
         self.fc_norm = layer_norm() if c.final_norm and c.use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(c.drop_rate)
         self.head = nn.Linear(self.head_hidden_size, c.num_classes) if c.num_classes > 0 else nn.Identity()

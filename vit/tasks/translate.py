@@ -20,7 +20,7 @@ from torchmetrics.text import SacreBLEUScore
 
 from vit.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer, tokenizer_from_dict
 from vit.errors import UserValueError
-from vit.nn.text import Seq2SeqTransformer
+from vit.nn.text import Seq2SeqTransformer, TextConfig
 from vit.tasks.base import BaseTask
 from vit.tasks.optim import adamw
 
@@ -58,7 +58,7 @@ class Translator(BaseTask):
         beam_size: beams for "beam" decoding.
         length_penalty: beam search length penalty (Wu et al., 2016).
         max_decode_length: most tokens to generate (default: 2 x source length + 10).
-        model_kwargs: the Seq2SeqTransformer's arguments (embed_dim, num_heads, ...), given flat.
+        model_kwargs: the fields of the model's `TextConfig` (embed_dim, num_heads, ...), given flat.
     """
 
     task = "translate"  # its checkpoint["vit"] holds only this: the tokenizers travel in the hyperparameters
@@ -93,10 +93,10 @@ class Translator(BaseTask):
         super().__init__()  # saves the arguments; configure_models (the tokenizers), configure_metrics
         # Built here, not in configure_models, from **model_kwargs: jsonargparse finds the model's own arguments
         # in this call, so `vit fit --help` lists them and a config may set them.
-        self.model = Seq2SeqTransformer(
+        self.model = Seq2SeqTransformer(TextConfig(
             src_vocab_size=self.source_tokenizer.vocab_size, tgt_vocab_size=self.target_tokenizer.vocab_size,
             pad_id=PAD_ID, **model_kwargs,
-        )
+        ))
 
     def configure_models(self) -> None:
         """The tokenizers (the Seq2SeqTransformer, sized by their vocabularies, follows in ``__init__``)."""
