@@ -82,6 +82,9 @@ def short_parse_error(message: str) -> str:
         option = re.match(r"Option '([^']+)' is not accepted", reason) or re.match(
             r'Key "([^"]+)" is not expected', reason)
         if option:
+            moved = moved_options(name, class_path, option.group(1), VitArgumentParser.args)
+            if moved:
+                return moved
             hint = did_you_mean(option.group(1), accepted_arguments(class_path))
             return f"{name}: {class_path} has no option {option.group(1)!r}{hint}"
         missing = re.match(r"module '([^']+)' has no attribute '([^']+)'", reason)
@@ -100,12 +103,52 @@ def short_parse_error(message: str) -> str:
                                                           .replace("'>", "") for e in errors)
 
 
-def accepted_arguments(class_path: str) -> list[str]:
-    """The init arguments of a class, following ``**kwargs`` into its bases as jsonargparse does."""
+def moved_options(name: str, class_path: str, option: str, args: list[str]) -> str | None:
+    """Where ``option``, an argument of an older ``class_path``, lives now (the class's ``moved`` table), with every
+    other moved option the command line and its config files give, one line each; None if it never existed."""
+    moved: dict[str, str] = getattr(imported_class(class_path), "moved", {})
+    if option not in moved:
+        return None
+    given = {a.split("=", 1)[0].removeprefix(f"--{name}.init_args.") for a in args
+             if a.startswith(f"--{name}.init_args.")}
+    files = config_files(args)
+    for file in files:
+        given |= set(yaml_keys(file, f"{name}.init_args"))
+    old = [option, *sorted(k for k in given if k in moved and k != option)]
+    lines = [f"{name}.init_args.{k} " + (moved[k] if " " in moved[k] else f"moved: use {name}.init_args.{moved[k]}")
+             for k in old]
+    where = [f for f in files if any(has_key(f, f"{name}.init_args.{k}") for k in old)]
+    head = f"{', '.join(where)}: " if where else ""
+    return head + f"{class_path} takes these options elsewhere now:\n  " + "\n  ".join(lines)
+
+
+def yaml_keys(path: str, dotted: str) -> list[str]:
+    """The keys of the mapping at ``dotted`` (``model.init_args``) in the YAML file ``path``, if any."""
+    import yaml
+
+    try:
+        node: Any = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return list(node) if isinstance(node, dict) else []
+
+
+def imported_class(class_path: str) -> type | None:
+    """The class ``class_path`` names, or None if it does not import."""
     module, _, name = class_path.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module), name)
+        found = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
+        return None
+    return found if isinstance(found, type) else None
+
+
+def accepted_arguments(class_path: str) -> list[str]:
+    """The init arguments of a class, following ``**kwargs`` into its bases as jsonargparse does."""
+    cls = imported_class(class_path)
+    if cls is None:
         return []
     names: list[str] = []
     for klass in cls.__mro__:
