@@ -3,6 +3,7 @@ nearest valid name, instead of argparse's usage and a dump of jsonargparse's Uni
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import itertools
@@ -21,6 +22,12 @@ class VitArgumentParser(LightningArgumentParser):
     of jsonargparse's Union validation."""
 
     args: ClassVar[list[str]] = []  # the command line last parsed, for naming the config file a bad key came from
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No prefix matching, in the parsers jsonargparse makes for a class's arguments too (of this type): argparse
+        # would take --model.init_args.optim.warmup_epoch for optim.warmup_epochs, silently.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def parse_args(self, args: Any = None, *more: Any, **kwargs: Any) -> Any:
         VitArgumentParser.args = list(sys.argv[1:] if args is None else args)
@@ -76,23 +83,11 @@ def short_parse_error(message: str) -> str:
     if key is None:
         return message.strip().splitlines()[0]
     name, rest = key.group(1), key.group(2).strip()
-    problem = re.search(r"Problem with given class_path '([^']+)':\s*\n\s*(.+)", rest)
-    if problem:
-        class_path, reason = problem.group(1), problem.group(2).strip()
-        option = re.match(r"Option '([^']+)' is not accepted", reason) or re.match(
-            r'Key "([^"]+)" is not expected', reason)
-        if option:
-            moved = moved_options(name, class_path, option.group(1), VitArgumentParser.args)
-            if moved:
-                return moved
-            hint = did_you_mean(option.group(1), accepted_arguments(class_path))
-            return f"{name}: {class_path} has no option {option.group(1)!r}{hint}"
-        missing = re.match(r"module '([^']+)' has no attribute '([^']+)'", reason)
-        if missing:
-            module = importlib.import_module(missing.group(1))
-            hint = did_you_mean(missing.group(2), [n for n in dir(module) if n[:1].isupper()])
-            return f"{name}: no class {missing.group(2)!r} in {missing.group(1)}{hint}"
-        return f"{name}: {class_path}: {reason}"
+    problems = re.findall(r"Problem with given class_path '([^']+)':\s*\n\s*(.+)", rest)
+    if problems:  # the innermost class's (a head inside the model: model.init_args.head)
+        nested = re.findall(r'Parser key "([^"]+)"', rest.split("Problem with given class_path", 1)[1])
+        where = name + "".join(f".init_args.{k}" for k in nested)
+        return class_problem(where, problems[-1][0], problems[-1][1].strip())
     if "Union subtypes" not in rest:
         return f"{name}: {rest}"
     errors = [line.strip()[2:] for line in rest.splitlines()
@@ -103,9 +98,33 @@ def short_parse_error(message: str) -> str:
                                                           .replace("'>", "") for e in errors)
 
 
+def class_problem(name: str, class_path: str, reason: str) -> str:
+    """What is wrong with the class ``class_path`` at key ``name``: an option it lacks (moved, or misspelt: the
+    nearest of its options, a settings group's fields included), a class that does not exist, or ``reason``."""
+    option = re.match(r"Option '([^']+)' is not accepted", reason) or re.match(
+        r'Key "([^"]+)" is not expected', reason) or re.match(r"unrecognized arguments: --([^=\s]+)", reason)
+    group = re.match(r"Group '([^']+)' does not accept option '([^']+)'", reason)
+    if group:
+        option_name = f"{group.group(1)}.{group.group(2)}"
+    elif option:
+        option_name = option.group(1)
+    else:
+        missing = re.match(r"module '([^']+)' has no attribute '([^']+)'", reason)
+        if missing:
+            module = importlib.import_module(missing.group(1))
+            hint = did_you_mean(missing.group(2), [n for n in dir(module) if n[:1].isupper()])
+            return f"{name}: no class {missing.group(2)!r} in {missing.group(1)}{hint}"
+        return f"{name}: {class_path}: {reason}"
+    moved = moved_options(name, class_path, option_name, VitArgumentParser.args)
+    if moved:
+        return moved
+    hint = did_you_mean(option_name, accepted_arguments(class_path))
+    return f"{name}: {class_path} has no option {option_name!r}{hint}"
+
+
 def moved_options(name: str, class_path: str, option: str, args: list[str]) -> str | None:
     """Where ``option``, an argument of an older ``class_path``, lives now (the class's ``moved`` table), with every
-    other moved option the command line and its config files give, one line each; None if it never existed."""
+    other moved option the command line and its config files give; None if the class never had it."""
     moved: dict[str, str] = getattr(imported_class(class_path), "moved", {})
     if option not in moved:
         return None
@@ -114,12 +133,25 @@ def moved_options(name: str, class_path: str, option: str, args: list[str]) -> s
     files = config_files(args)
     for file in files:
         given |= set(yaml_keys(file, f"{name}.init_args"))
-    old = [option, *sorted(k for k in given if k in moved and k != option)]
-    lines = [f"{name}.init_args.{k} " + (moved[k] if " " in moved[k] else f"moved: use {name}.init_args.{moved[k]}")
-             for k in old]
+    old = sorted({option, *(k for k in given if k in moved)})
+    places: dict[str, list[str]] = {}
+    for key in old:  # by where they went: optim.lr and optim.min_lr to "optim"
+        places.setdefault(moved[key].rsplit(".", 1)[0] if "." in moved[key] and ":" not in moved[key]
+                          else moved[key], []).append(key)
+    lines = [moved_line(name, place, keys) for place, keys in places.items()]
     where = [f for f in files if any(has_key(f, f"{name}.init_args.{k}") for k in old)]
     head = f"{', '.join(where)}: " if where else ""
-    return head + f"{class_path} takes these options elsewhere now:\n  " + "\n  ".join(lines)
+    return head + f"{class_path} takes {'this option' if len(old) == 1 else 'these options'} elsewhere now:\n  " + \
+        "\n  ".join(lines)
+
+
+def moved_line(name: str, place: str, keys: list[str]) -> str:
+    """``model.init_args.lr moved: use model.init_args.optim.lr``, braced for several keys; or the class they
+    belong to (``class_path: ...``)."""
+    listed = keys[0] if len(keys) == 1 else "{" + ", ".join(keys) + "}"
+    if place.startswith("class_path:"):
+        return f"{name}.init_args.{listed}: options of {name}.{place.replace(':', ' =', 1)}"
+    return f"{name}.init_args.{listed} moved: use {name}.init_args.{place}.{listed}"
 
 
 def yaml_keys(path: str, dotted: str) -> list[str]:
@@ -157,6 +189,9 @@ def accepted_arguments(class_path: str) -> list[str]:
             continue
         params = list(inspect.signature(init).parameters.values())[1:]
         names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        for p in params:  # a settings group's fields: optim.lr
+            if dataclasses.is_dataclass(p.default) and not isinstance(p.default, type):
+                names += [f"{p.name}.{f.name}" for f in dataclasses.fields(p.default)]
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
     return names

@@ -44,9 +44,9 @@ from vit.tasks.optim import (
 
 log = logging.getLogger(__name__)
 
-_DISTILLED = "is an option of its own task now: model.class_path: vit.tasks.DistilledClassifier"
-# The arguments of 0.1's ImageClassifier that live elsewhere now, and where (under model.init_args): `vit fit`'s
-# parser names the new key when a config gives an old one.
+_DISTILLED = "class_path: vit.tasks.DistilledClassifier"
+# The arguments of 0.1's ImageClassifier that live elsewhere now, and where: a key under model.init_args, or the
+# class that takes them. `vit fit`'s parser names the new place when a config gives an old key.
 MOVED: dict[str, str] = {
     **{name: f"optim.{name}" for name in ("lr", "lr_base_batch", "weight_decay", "betas", "warmup_epochs",
                                           "warmup_steps", "min_lr", "schedule", "layer_decay", "ema_decay")},

@@ -17,10 +17,10 @@ from vit.tasks.classify import ImageClassifier
 class ConvNetClassifier(ImageClassifier):
     """Deprecated: `ImageClassifier` with ``backbone: timm`` (which this is, with 0.1's defaults)."""
 
-    def __init__(self, model: str = "resnet10t", img_size: int = 32, **kwargs: Any) -> None:
+    def __init__(self, model: str = "resnet10t", img_size: int = 32, backbone: str = "timm", **kwargs: Any) -> None:
         warnings.warn("vit.tasks.ConvNetClassifier is deprecated: use vit.tasks.ImageClassifier with backbone: timm "
                       "(configs/teacher_small.yaml)", DeprecationWarning, stacklevel=2)
-        super().__init__(model=model, img_size=img_size, **{"backbone": "timm", **kwargs})
+        super().__init__(model=model, img_size=img_size, backbone=backbone, **kwargs)
 
 
 __all__ = ["ConvNetClassifier"]
