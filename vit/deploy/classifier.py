@@ -90,7 +90,7 @@ def load_classifier(path: str | os.PathLike, map_location: str | torch.device = 
     """Rebuild a trained classifier from a `vit fit` checkpoint alone, in eval mode."""
     checkpoint = read_checkpoint(path)
     meta = expect_task(checkpoint, "classify", path)
-    if meta.get("model_source") == "timm":  # a convnet `vit fit` trained (vit.tasks.ConvNetClassifier)
+    if meta.get("model_source") == "timm":  # a timm network `vit fit` trained (backbone: timm)
         import timm
 
         model = timm.create_model(meta["model_name"], **meta["model_config"])

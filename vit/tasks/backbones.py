@@ -13,6 +13,7 @@ what a checkpoint records about it, so that `vit.deploy.load_classifier` rebuild
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -111,15 +112,18 @@ class TimmBackbone(Backbone):
         return network, config
 
     def load_pretrained(self, network: nn.Module, source: str) -> None:
-        """A timm tag (``resnet10t.c3_in1k``) or a weights file for this model, through timm (which leaves a head
-        of another size out)."""
-        import timm
+        """A weights file for this network, or a timm tag (``resnet10t.c3_in1k``), through timm's own loading: a
+        classifier of another size is left out, and another channel count adapts the first convolution."""
+        from timm.models import get_pretrained_cfg, load_pretrained
 
-        name = network.pretrained_cfg["architecture"]
-        file = Path(source).is_file()
-        loaded = timm.create_model(name if file else source, pretrained=True, num_classes=network.num_classes,
-                                   in_chans=network.in_chans, pretrained_cfg_overlay={"file": source} if file else None)
-        network.load_state_dict(loaded.state_dict())
+        if Path(source).is_file():
+            cfg: dict[str, Any] | None = {**network.pretrained_cfg, "file": source}
+        else:
+            found = get_pretrained_cfg(source) if "." in source else None
+            cfg = found.to_dict() if found is not None else None
+        if cfg is None:
+            raise UserValueError(f"pretrained: {source!r} is neither a file nor a timm tag (timm.list_pretrained())")
+        load_pretrained(network, pretrained_cfg=cfg, num_classes=network.num_classes, in_chans=network.in_chans)
 
     def roles(self, network: nn.Module) -> ParamRoles:
         """From timm's ``group_matcher(coarse=True)``: its first group the stem, the others blocks; the classifier
@@ -130,7 +134,7 @@ class TimmBackbone(Backbone):
         head = tuple(n for n, m in network.named_modules() if m is classifier and n)
         groups = group_parameters(network, network.group_matcher(coarse=True)) if hasattr(network, "group_matcher") \
             else {}
-        ordered = [tuple(n for n in names if not any(n == h or n.startswith(h + ".") for h in head))
+        ordered = [owners(n for n in names if not any(n == h or n.startswith(h + ".") for h in head))
                    for _, names in sorted(groups.items())]
         ordered = [names for names in ordered if names]
         skip = tuple(network.no_weight_decay()) if hasattr(network, "no_weight_decay") else ()
@@ -139,6 +143,12 @@ class TimmBackbone(Backbone):
     def meta(self, img_size: int | None) -> dict[str, Any]:
         """A timm network, and the input side a ViT's config would hold."""
         return {"model_source": "timm", "img_size": img_size}
+
+
+def owners(names: Iterable[str]) -> tuple[str, ...]:
+    """The modules that hold the parameters ``names`` (``layer1.0.bn1`` for ``layer1.0.bn1.weight``), in order: the
+    entries of a role, so freezing finds the modules to put in eval mode (a BatchNorm's statistics stay)."""
+    return tuple(dict.fromkeys(name.rsplit(".", 1)[0] if "." in name else name for name in names))
 
 
 BACKBONES: dict[str, type[Backbone]] = {b.kind: b for b in (ViTBackbone, TimmBackbone)}

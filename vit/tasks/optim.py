@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -59,17 +59,6 @@ class Optimization:
         object.__setattr__(self, "betas", tuple(self.betas))  # a config's list
         if self.schedule not in SCHEDULES:
             raise UserValueError(f"optim.schedule must be 'cosine' or 'onecycle', got {self.schedule!r}")
-
-    @classmethod
-    def of(cls, value: Optimization | Mapping[str, Any] | None) -> Optimization:
-        """``value`` as an `Optimization`: itself, or built from its fields (a checkpoint's hyperparameters)."""
-        if value is None or isinstance(value, Mapping):
-            return cls(**(value or {}))
-        return value
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields, as a config holds them."""
-        return asdict(self)
 
 
 def param_groups(
