@@ -31,7 +31,7 @@ class VitArgumentParser(LightningArgumentParser):
 
     def parse_args(self, args: Any = None, *more: Any, **kwargs: Any) -> Any:
         VitArgumentParser.args = list(sys.argv[1:] if args is None else args)
-        return super().parse_args(args, *more, **kwargs)
+        return super().parse_args(nested_nulls(VitArgumentParser.args), *more, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # a parser used internally, whose caller handles the error
@@ -54,6 +54,30 @@ class VitArgumentParser(LightningArgumentParser):
             text = f"{', '.join(files) + ': ' if files else ''}no option {key!r}{did_you_mean(key, keys)}"
         sys.stderr.write(f"{command}: error: {text}\n(`{command} --help` lists the options)\n")
         raise SystemExit(2)
+
+
+def nested_nulls(args: list[str]) -> list[str]:
+    """``args`` with each null given to a key two levels inside a class's arguments (``--model.init_args.optim.ema_decay
+    null``) written as the mapping it sets (``--model.init_args={optim: {ema_decay: null}}``), which jsonargparse
+    merges as it should: the dotted form it re-reads as the string "None", which no ``float | None`` takes
+    (jsonargparse 4.53)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg, given = args[i], None
+        nested = re.fullmatch(r"(--[\w.]*init_args)\.(\w+(?:\.\w+)+)(=null)?", arg)
+        if nested and nested.group(3):
+            given = 1
+        elif nested and i + 1 < len(args) and args[i + 1] == "null":
+            given = 2
+        if given is None:
+            out.append(arg)
+            i += 1
+            continue
+        keys = nested.group(2).split(".")  # type: ignore[union-attr]
+        out.append(f"{nested.group(1)}=" + "".join(f"{{{k}: " for k in keys) + "null" + "}" * len(keys))  # type: ignore[union-attr]
+        i += given
+    return out
 
 
 def config_files(args: list[str]) -> list[str]:

@@ -64,8 +64,8 @@ def upgraded_hparams(hparams: dict[str, Any], meta: dict[str, Any]) -> dict[str,
         return None
     moved = lambda prefix: {k: v for k, v in hparams.items() if MOVED.get(k, "").startswith(prefix)}
     distilling = hparams.get("distillation", "none") != "none"
-    kept = {k: v for k, v in hparams.items() if not k.startswith("_") and (k not in MOVED or (distilling and
-                                                                           MOVED[k] == _DISTILLED))}
+    keep = lambda k: not k.startswith("_") and (k not in MOVED or (distilling and MOVED[k] == _DISTILLED))
+    kept = {k: v for k, v in hparams.items() if keep(k)}  # _class_path, _instantiator: the new class decides
     head = {"class_path": "vit.tasks.heads.SingleLabelHead", "init_args": moved("head.")}
     backbone = {"backbone": "timm"} if meta.get("model_source") == "timm" else {}
     return {**kept, **backbone, "optim": moved("optim."), "head": head}
