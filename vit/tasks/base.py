@@ -10,13 +10,13 @@ then ``BaseTask.__init__`` saves them as hyperparameters and calls, in this orde
 ``configure_models`` (plural) is this set-up hook; Lightning's own ``configure_model`` (singular) runs later,
 inside a Trainer, and is where the classifier reads its pretrained weights.
 
-``BaseTask`` also says, once for every task, how a batch unpacks into inputs and targets (`unpack`), and keeps
-hyperparameters that are settings objects (`vit.tasks.optim.Optimization`, a `vit.tasks.heads` head) as a
-config file writes them, so a checkpoint's hyperparameters stay plain data.
+``BaseTask`` also says, once for every task, how a batch unpacks into inputs and targets (`unpack`) and how long
+this fit's lr schedule is (`schedule_steps`, which a resumed run re-plans), and keeps hyperparameters that are
+settings objects (`vit.tasks.optim.Optimization`, a `vit.tasks.heads` head) as a config file writes them, so a
+checkpoint's hyperparameters stay plain data.
 
-``VisionTask`` adds what the image tasks (classification, MAE pre-training) share: the named network, the
-warm-up + cosine schedule's length, the lr scaled to the global batch, and the check that a checkpoint's
-network is this run's.
+``VisionTask`` adds what the image tasks (classification, MAE pre-training) share: the named network, the lr
+scaled to the global batch, and the check that a checkpoint's network is this run's.
 """
 
 from __future__ import annotations
