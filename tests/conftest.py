@@ -168,8 +168,8 @@ def digits_run(tmp_path_factory) -> DigitsRun:
     from vit.commands import main
 
     root = built_once(tmp_path_factory, "digits_run", lambda root: main([
-        "fit", *quiet_run(root), "--trainer.max_epochs=15", "--model.init_args.warmup_epochs=1",
-        "--model.init_args.ema_decay=null"]))
+        "fit", *quiet_run(root), "--trainer.max_epochs=15", "--model.init_args.optim.warmup_epochs=1",
+        "--model.init_args.optim.ema_decay=null"]))
     metrics = list(csv.DictReader((root / "logs" / "digits" / "version_0" / "metrics.csv").open()))
     return DigitsRun(root, next((root / "ckpt").glob("best-*.ckpt")), root / "ckpt" / "last.ckpt", metrics)
 

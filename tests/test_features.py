@@ -57,6 +57,21 @@ def test_cache_is_keyed_by_weights_and_data_and_written_with_the_umask(tmp_path)
     assert weights_key(model, {}) == head_only
 
 
+def test_a_distilled_vits_second_head_is_a_head_to_the_cache_key_too():
+    """The key asks the model which parameters are its head (`param_roles`): DeiT's head_dist reads the features as
+    the head does, so a new probe head on a distilled ViT does not make its features stale."""
+    model = vit.create_model("deit_tiny_distilled_patch16_224", img_size=16, patch_size=8, depth=1, embed_dim=32,
+                             num_heads=2, num_classes=3)
+    key = weights_key(model, {})
+    with torch.no_grad():
+        model.head_dist.weight.add_(1.0)
+        model.head.bias.add_(1.0)
+    assert weights_key(model, {}) == key
+    with torch.no_grad():
+        model.dist_token.add_(1.0)
+    assert weights_key(model, {}) != key
+
+
 def test_file_fingerprint_follows_paths_labels_and_modification(tmp_path):
     paths = []
     for i in range(3):

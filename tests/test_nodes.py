@@ -55,7 +55,7 @@ def test_digits_on_two_nodes(tmp_path):
     output = two_nodes(
         tmp_path, "--config", str(CONFIGS / "digits.yaml"), "--trainer.max_epochs=1",
         "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2", "--trainer.limit_test_batches=2",
-        "--model.init_args.lr_base_batch=64",
+        "--model.init_args.optim.lr_base_batch=64",
     )
     check_one_run(output, tmp_path, lr=0.004, batch=64, steps=3)
 
@@ -69,6 +69,7 @@ def test_streaming_shards_on_two_nodes(tmp_path):
         tmp_path, "--config", str(CONFIGS / "shards_cpu.yaml"), f"--data.init_args.root={tmp_path / 'shards'}",
         "--data.init_args.batch_size=4", "--data.init_args.num_workers=0", "--trainer.max_epochs=1",
         "--trainer.limit_train_batches=3", "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}",
-        "--model.init_args.lr_base_batch=4", "--checkpoint.every_n_train_steps=3",  # the recipe's 20: none in 3 steps
+        "--model.init_args.optim.lr_base_batch=4",
+        "--checkpoint.every_n_train_steps=3",  # the recipe's 20: none in 3 steps
     )
     check_one_run(output, tmp_path, lr=1e-3, batch=4, steps=3)

@@ -72,7 +72,7 @@ SHRUNK_CONVNET = {"channels": [8, 16, 32, 64], "stem_width": 8, "output_stride":
 
 def shrunk(config: dict) -> dict:
     """The model_kwargs that shrink the recipe's network: a ViT's depth and width, a timm ResNet's channels."""
-    return SHRUNK_CONVNET if config["model"]["class_path"].endswith("ConvNetClassifier") else SHRUNK
+    return SHRUNK_CONVNET if config["model"]["init_args"].get("backbone") == "timm" else SHRUNK
 
 
 def teacher_folder(config: dict, folder: Path) -> list[str]:
@@ -82,10 +82,10 @@ def teacher_folder(config: dict, folder: Path) -> list[str]:
         return []
     from vit.checkpoints.io import save_checkpoint
     from vit.checkpoints.meta import classifier_checkpoint
-    from vit.tasks import ConvNetClassifier
+    from vit.tasks import ImageClassifier
 
-    teacher = ConvNetClassifier(model="resnet10t", model_kwargs=SHRUNK_CONVNET, num_classes=2,
-                                class_names=["n01", "n02"], img_size=32, mean=[0.5] * 3, std=[0.5] * 3)
+    teacher = ImageClassifier(backbone="timm", model="resnet10t", model_kwargs=SHRUNK_CONVNET, num_classes=2,
+                              class_names=["n01", "n02"], img_size=32, mean=[0.5] * 3, std=[0.5] * 3)
     checkpoint = classifier_checkpoint(teacher.checkpoint_meta(), teacher.model.state_dict())
     save_checkpoint(checkpoint, folder / "teacher" / "best-epoch=0-step=1.ckpt")
     return [f"--model.init_args.teacher_dir={folder / 'teacher'}"]
@@ -125,11 +125,12 @@ def test_image_recipe_runs_its_whole_pipeline(path, tmp_path):
     losses = logged(trainer, "train_loss")
     assert losses and all(math.isfinite(v) for v in losses)
     init = config["model"]["init_args"]
-    mixup = init.get("mixup_alpha", 0) > 0 or init.get("cutmix_alpha", 0) > 0
+    head = (init.get("head") or {}).get("init_args") or {}
+    mixup = head.get("mixup_alpha", 0) > 0 or head.get("cutmix_alpha", 0) > 0
     from vit.tasks.losses import SoftTargetCrossEntropy
 
     assert isinstance(model.train_loss, SoftTargetCrossEntropy) == mixup  # the loss the recipe implies
-    assert (model.model_ema is not None) == (init.get("ema_decay") is not None)
+    assert (model.model_ema is not None) == ((init.get("optim") or {}).get("ema_decay") is not None)
     assert model.model.num_classes == len(run.datamodule.class_names)
     best = Path(run.best_checkpoint.best_model_path)
     assert best.is_file() and (best.parent / "last.ckpt").is_file()
@@ -137,7 +138,7 @@ def test_image_recipe_runs_its_whole_pipeline(path, tmp_path):
     assert classifier.img_size == (run.datamodule.img_size,) * 2
     assert classifier.class_names == run.datamodule.class_names
     assert logged(trainer, "test_acc")  # ... and the test ran on it
-    if init.get("distillation", "none") != "none":  # the student learnt from the teacher, which is not in its file
+    if "distillation" in init:  # the student learnt from the teacher, which is not in its file
         assert model.teacher.source.endswith("best-epoch=0-step=1.ckpt") and logged(trainer, "teacher_ms")
         assert type(classifier.model).__name__ == "DistilledVisionTransformer"
 

@@ -38,11 +38,13 @@ def blas_threads(n: int, d: int) -> int:
 
 
 def weights_key(model: nn.Module, config: dict[str, Any]) -> str:
-    """A hash of what the pooled features depend on: the weights below the head and the model config."""
+    """A hash of what the pooled features depend on: the weights below the head (the model's ``head`` role,
+    `vit.nn.roles`: a distilled ViT's ``head_dist`` too) and the model config."""
     h = hashlib.sha256()
     digest(h, {k: v for k, v in config.items() if k != "num_classes" and "drop" not in k})
+    heads = model.param_roles().head if hasattr(model, "param_roles") else ("head",)
     for name, tensor in sorted(model.state_dict().items()):
-        if not name.startswith("head."):
+        if not any(name == head or name.startswith(head + ".") for head in heads):
             digest(h, name)
             digest(h, tensor)
     return h.hexdigest()

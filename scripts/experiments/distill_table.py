@@ -11,8 +11,9 @@ Per folder and seed, each a `vit fit` in its own process (imports included in it
     hard      configs/distill_small.yaml with DeiT's hard distillation (alpha 0.5), taught by that seed's teacher
               (its best checkpoint)
     soft      configs/distill_small.yaml as written (soft, alpha 0.9, tau 4), taught by the same teacher
-    alone     the student's architecture and schedule without a teacher (--model.init_args.distillation none):
-              what distillation itself adds, apart from the student's longer schedule and token heads
+    alone     the student's architecture and schedule without a teacher (--model.class_path vit.tasks.ImageClassifier:
+              the plain classifier, which drops the distillation options): what distillation itself adds, apart
+              from the student's longer schedule and token heads
 
 ``--recipe_args`` go to every arm (the knobs the recipes document, e.g. no flips for digits); ``--teacher_args`` to
 the teacher alone and ``--student_args`` to the three students (the variants docs/small-folders.md measured). The
@@ -55,9 +56,9 @@ def run_seed(folder: Path, seed: int, arms: Sequence[str], common: list[str],
             if arm in ("hard", "soft"):
                 args += ["--model.init_args.teacher", "best", "--model.init_args.teacher_dir", str(teacher_dir),
                          "--model.init_args.distillation", arm, *ARM_ARGS.get(arm, ())]
-            elif arm == "alone":
-                args += ["--model.init_args.distillation", "none"]
             args += (extra or {}).get(arm, [])
+            if arm == "alone":  # last: the plain classifier drops every distillation option given before
+                args += ["--model.class_path", "vit.tasks.ImageClassifier"]
             start = time.perf_counter()
             results[arm] = {**run_vit_fit(args, work), "seconds": time.perf_counter() - start}
             print(f"{folder.name} {arm} seed {seed}: {results[arm]['acc']:.4f} in {results[arm]['seconds']:.0f} s",
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--recipe_args", default="", help="more `vit fit` flags for every arm, e.g. "
                         "\"--data.init_args.hflip 0\" for digits")
     parser.add_argument("--teacher_args", default="", help="more `vit fit` flags for the teacher arm only, e.g. "
-                        "\"--model.init_args.label_smoothing 0\"")
+                        "\"--model.init_args.head.init_args.label_smoothing 0\"")
     parser.add_argument("--student_args", default="", help="more `vit fit` flags for the hard, soft and alone arms, "
                         "e.g. \"--model.init_args.teacher last\" (the teacher's last checkpoint, not its best)")
     parser.add_argument("--json", type=Path, help="also write the results here")

@@ -102,8 +102,9 @@ def parity_config(folder: Path, seed: int, epochs: int, workers: int, threads: i
                     "logger": False, "enable_progress_bar": False},
         "checkpoint": {"dirpath": "checkpoints", "monitor": None},  # no monitor: the last epoch is tested
         "model": {"class_path": "vit.tasks.ImageClassifier", "init_args": {
-            "model": "vit_tiny_patch16_224", "model_kwargs": model_kwargs, "lr": LR, "weight_decay": WEIGHT_DECAY,
-            "warmup_epochs": WARMUP * epochs, "schedule": "onecycle", "label_smoothing": SMOOTHING}},
+            "model": "vit_tiny_patch16_224", "model_kwargs": model_kwargs, "head": {"init_args": {
+                "label_smoothing": SMOOTHING}}, "optim": {"lr": LR, "weight_decay": WEIGHT_DECAY,
+                                                           "warmup_epochs": WARMUP * epochs, "schedule": "onecycle"}}},
         "data": {"class_path": "vit.data.ImageFolder", "init_args": {
             "root": str(folder), "img_size": ARCH["img_size"], "batch_size": BATCH, "num_workers": workers,
             "mean": [0.5] * 3, "std": [0.5] * 3, "auto_augment": None, "re_prob": 0.0, "color_jitter": 0.0,

@@ -37,10 +37,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from vit.data import Digits
 from vit.data.digits import DIGITS_MEAN, DIGITS_STD
-from vit.tasks import ImageClassifier, MaskedAutoencoder
+from vit.tasks import ImageClassifier, MaskedAutoencoder, Optimization
 
 MODEL = "vit_digits_patch4_16"  # dim 64, depth 4, 4 heads, 16x16 input in 4x4 patches (configs/digits.yaml's)
-ARMS = {"scratch": {}, "MAE fine-tune": {"finetune": "full", "layer_decay": 0.75},
+ARMS = {"scratch": {}, "MAE fine-tune": {"finetune": "full", "layer_decay": 0.75},  # layer_decay: an optim setting
         "MAE probe": {"finetune": "linear_probe"}}
 
 
@@ -119,8 +119,10 @@ def learn(arm: str, lr: float, mae: Path | None, train: DataLoader, steps: int, 
     """One run of ``arm`` at ``lr``, from ``seed_everything(seed)``: the head (or the whole scratch model), the
     batch order and the augmentation depend on this run alone."""
     seed_everything(seed, verbose=False)
-    model = ImageClassifier(model=MODEL, num_classes=10, img_size=16, in_chans=1, lr=lr, warmup_steps=steps // 10,
-                            min_lr=lr / 100, pretrained=str(mae) if mae else None, **ARMS[arm])
+    options = dict(ARMS[arm])
+    optim = Optimization(lr=lr, warmup_steps=steps // 10, min_lr=lr / 100, layer_decay=options.pop("layer_decay", None))
+    model = ImageClassifier(model=MODEL, num_classes=10, img_size=16, in_chans=1, optim=optim,
+                            pretrained=str(mae) if mae else None, **options)
     trainer(steps, root).fit(model, train)
     return model
 

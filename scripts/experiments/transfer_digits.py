@@ -29,11 +29,11 @@ from lightning.pytorch import Trainer, seed_everything
 from torch.utils.data import DataLoader, Dataset
 
 from vit.data import Digits
-from vit.tasks import ImageClassifier
+from vit.tasks import ImageClassifier, Optimization
 
 MODEL = "vit_digits_patch4_16"  # dim 64, depth 4, 4 heads, 16x16 input in 4x4 patches
 METHODS = {"scratch": {}, "linear probe": {"finetune": "linear_probe"},
-           "fine-tune": {"finetune": "full", "layer_decay": 0.75}}
+           "fine-tune": {"finetune": "full", "layer_decay": 0.75}}  # layer_decay: an optim setting
 
 
 class Relabelled(Dataset):
@@ -78,7 +78,7 @@ def accuracy(model: ImageClassifier, dataset: Dataset) -> float:
 def pretrain(data: Digits, epochs: int, root: Path) -> Path:
     """A ViT trained on every training image of digits 0-4; returns its checkpoint."""
     train = Relabelled(data.train_set, pick(data.train_set, range(5), None, 0), 0)
-    model = ImageClassifier(model=MODEL, num_classes=5, lr=4e-3, warmup_epochs=2, min_lr=1e-5,
+    model = ImageClassifier(model=MODEL, num_classes=5, optim=Optimization(lr=4e-3, warmup_epochs=2, min_lr=1e-5),
                             model_kwargs={"drop_path_rate": 0.1})
     steps = epochs * (len(train) // 64)
     fit = trainer(steps, root)
@@ -100,8 +100,10 @@ def learn(
     and every learning rate of the grid starts from the same weights.
     """
     seed_everything(seed, verbose=False)
-    model = ImageClassifier(model=MODEL, num_classes=5, lr=lr, warmup_steps=steps // 10, min_lr=lr / 100,
-                            pretrained=str(pretrained) if pretrained else None, **METHODS[method])
+    options = dict(METHODS[method])
+    optim = Optimization(lr=lr, warmup_steps=steps // 10, min_lr=lr / 100, layer_decay=options.pop("layer_decay", None))
+    model = ImageClassifier(model=MODEL, num_classes=5, optim=optim, pretrained=str(pretrained) if pretrained else None,
+                            **options)
     if pretrained:
         model.configure_model()  # load the 0-4 weights now (a Trainer would, but after the reset below)
         model.model.reset_classifier(5)  # the 0-4 head has the right shape, but means other classes

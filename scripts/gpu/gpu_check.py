@@ -80,13 +80,14 @@ def lightning_fit(device: str, quick: bool, out: Path) -> dict:
 
     from vit.data.digits import Digits
     from vit.tasks.classify import ImageClassifier
+    from vit.tasks.optim import Optimization
 
     seed_everything(0)
     gpu = device.startswith("cuda")
     data = Digits(img_size=16, batch_size=64, num_workers=2)
     model = ImageClassifier(
         model="vit_digits_patch4_16", num_classes=data.num_classes, class_names=data.class_names,
-        mean=data.mean, std=data.std, lr=4e-3, warmup_epochs=1, ema_decay=0.995,
+        mean=data.mean, std=data.std, optim=Optimization(lr=4e-3, warmup_epochs=1, ema_decay=0.995),
     )
     epochs = 1 if quick else 30
     trainer = Trainer(
@@ -117,8 +118,9 @@ def fsdp_fit(device: str, quick: bool, out: Path) -> dict:
 
     from vit.checkpoints.io import read_checkpoint
     from vit.nn.blocks import EncoderBlock
+    from vit.nn.roles import wrapped_name as original_name
     from vit.tasks.classify import ImageClassifier
-    from vit.tasks.optim import original_name
+    from vit.tasks.optim import Optimization
 
     seed_everything(0)
     gpu = device.startswith("cuda")
@@ -126,7 +128,8 @@ def fsdp_fit(device: str, quick: bool, out: Path) -> dict:
     labels = torch.randint(0, 10, (batch * 8,))
     images = torch.randn(len(labels), 3, size, size) + labels.view(-1, 1, 1, 1) * 0.1  # learnable: a class offset
     loader = DataLoader(TensorDataset(images, labels), batch_size=batch, shuffle=True, drop_last=True)
-    task = ImageClassifier(model=name, num_classes=10, img_size=size, lr=1e-4, layer_decay=0.75, warmup_steps=2)
+    task = ImageClassifier(model=name, num_classes=10, img_size=size,
+                           optim=Optimization(lr=1e-4, layer_decay=0.75, warmup_steps=2))
     strategy = FSDPStrategy(auto_wrap_policy={EncoderBlock}, activation_checkpointing_policy={EncoderBlock},
                             state_dict_type="sharded") if gpu else "ddp"
     trainer = Trainer(

@@ -262,7 +262,7 @@ def test_ddp_on_two_cpu_processes_with_ema(tmp_path):
     cmd = [sys.executable, "-m", "vit", "fit", *short_run(tmp_path, steps=steps), "--trainer.strategy=ddp",
            "--trainer.devices=2", f"--trainer.max_epochs={epochs}", f"--trainer.check_val_every_n_epoch={epochs}",
            f"--trainer.limit_val_batches={val_batches}", f"--data.init_args.batch_size={batch}",
-           "--model.init_args.warmup_epochs=0", "--test_after_fit=false",
+           "--model.init_args.optim.warmup_epochs=0", "--test_after_fit=false",
            "--trainer.callbacks+=tests.dummies.RecordWorldSize"]
     port = free_port()
     env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

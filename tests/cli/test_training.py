@@ -111,7 +111,7 @@ def test_a_finished_run_resumed_for_more_epochs_trains_them_on_the_longer_schedu
     """2 epochs, then `--trainer.max_epochs 4 --ckpt_path last`: the run goes on to step 16 with the lr a 4-epoch
     run has at each of steps 8-15, and says the schedule was re-planned. (With onecycle it stopped at step 9:
     torch's OneCycleLR took back the checkpoint's 8-step length.)"""
-    options = [f"--model.init_args.schedule={schedule}", "--model.init_args.warmup_epochs=1"]
+    options = [f"--model.init_args.optim.schedule={schedule}", "--model.init_args.optim.warmup_epochs=1"]
     lrs = {}
     for name, epochs in (("straight", [4]), ("extended", [2, 4])):
         for i, n in enumerate(epochs):

@@ -277,7 +277,7 @@ def test_calibration_from_a_config_goes_through_the_checkpoints_transform_not_th
     """A config's DataModule, built without its pretrained weights, normalises as the architecture's default would
     (ImageNet's mean and std for a fine-tuning recipe whose checkpoint was trained on augreg's 0.5): the images
     must be decoded as stored and prepared by the transform given, the checkpoint's, as `vit predict` does."""
-    from vit.cli.data import calibration_images, config_split_images
+    from vit.cli.data import calibration_images, config_split_images  # (deploy's own takes a folder alone)
 
     def brightness(image):  # a transform of our own: (1, 1, 1), the image's mean pixel value
         return torch.tensor(np.asarray(image), dtype=torch.float32).mean().reshape(1, 1, 1)

@@ -164,8 +164,6 @@ def test_dinov3_at_224_and_another_size(name):
 
 
 def test_no_weight_decay_and_layer_decay_groups_follow_timm():
-    from vit.tasks.optim import layer_id
-
     for name in ("vit_small_patch14_reg4_dinov2", "deit_small_distilled_patch16_224", "vit_base_patch16_clip_224",
                  "vit_base_patch16_siglip_224"):
         theirs = timm.create_model(name, pretrained=False, **small(name))
@@ -173,8 +171,9 @@ def test_no_weight_decay_and_layer_decay_groups_follow_timm():
         assert ours.no_weight_decay() == theirs.no_weight_decay(), name
         stem = [n for n, _ in ours.named_parameters() if not n.startswith(("blocks.", "norm.", "fc_norm.", "head",
                                                                              "attn_pool."))]
-        assert stem and all(layer_id(n, 2) == 0 for n in stem), stem  # reg/dist tokens and norm_pre with the stem
-        assert all(layer_id(n, 2) == 3 for n, _ in ours.named_parameters() if n.startswith("attn_pool."))
+        roles = ours.param_roles()
+        assert stem and all(roles.layer(n) == 0 for n in stem), stem  # reg/dist tokens and norm_pre with the stem
+        assert all(roles.layer(n) == 3 for n, _ in ours.named_parameters() if n.startswith("attn_pool."))
 
 
 def test_to_timm_names_keeps_timm_state_dicts_unchanged():

@@ -36,7 +36,7 @@ def test_the_students_read_their_seeds_teacher_and_the_table_adds_up(tmp_path, m
     for seed in (0, 1):
         (_, teacher_work), *students = calls[5 * seed + 1:5 * seed + 4]
         alone = calls[5 * seed + 4][0]  # the student's recipe without a teacher: the control
-        assert alone[alone.index("--model.init_args.distillation") + 1] == "none"
+        assert alone[-2:] == ["--model.class_path", "vit.tasks.ImageClassifier"]  # last: the teacher options drop
         assert "--model.init_args.teacher" not in alone
         for args, _ in students:
             assert args[args.index("--model.init_args.teacher_dir") + 1] == str(
@@ -71,10 +71,11 @@ def test_teacher_and_student_args_reach_their_arms_only_and_win(tmp_path, monkey
         return {"acc": 0.5, "steps": 1}
 
     monkeypatch.setattr(script, "run_vit_fit", fake_fit)
-    script.main([str(tmp_path / "tiles"), "--seeds", "1", "--teacher_args", "--model.init_args.label_smoothing 0",
+    smoothing = "--model.init_args.head.init_args.label_smoothing"
+    script.main([str(tmp_path / "tiles"), "--seeds", "1", "--teacher_args", f"{smoothing} 0",
                  "--student_args", "--model.init_args.teacher last"])
     last = lambda args, flag: [args[i + 1] for i, a in enumerate(args) if a == flag][-1]  # what jsonargparse keeps
-    assert last(calls["teacher"], "--model.init_args.label_smoothing") == "0"
-    assert all("--model.init_args.label_smoothing" not in calls[arm] for arm in ("scratch", "hard", "soft", "alone"))
+    assert last(calls["teacher"], smoothing) == "0"
+    assert all(smoothing not in calls[arm] for arm in ("scratch", "hard", "soft", "alone"))
     assert [last(calls[arm], "--model.init_args.teacher") for arm in ("hard", "soft")] == ["last", "last"]
     assert "--model.init_args.teacher" not in calls["scratch"] + calls["teacher"]

@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from vit.deploy import load_classifier
 from vit.tasks import load_task
 from vit.tasks.classify import ImageClassifier
-from vit.tasks.optim import warmup_cosine
+from vit.tasks.heads import SingleLabelHead
+from vit.tasks.optim import Optimization, warmup_cosine
 
 TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
 
@@ -36,7 +37,7 @@ def trainer(tmp_path, **kwargs) -> Trainer:
 
 
 def test_schedule_keeps_layer_decay_per_step(tmp_path):
-    model = tiny(lr=0.01, layer_decay=0.5, warmup_steps=4, min_lr=0.0)
+    model = tiny(optim=Optimization(lr=0.01, layer_decay=0.5, warmup_steps=4, min_lr=0.0))
     t = trainer(tmp_path, max_steps=6)
     t.fit(model, loader())
     opt = t.optimizers[0]
@@ -52,7 +53,7 @@ def test_schedule_keeps_layer_decay_per_step(tmp_path):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
 
-    model = tiny(lr=0.01, warmup_epochs=1, min_lr=0.0)
+    model = tiny(optim=Optimization(lr=0.01, warmup_epochs=1, min_lr=0.0))
     trainer(tmp_path, max_epochs=3, callbacks=[RecordLr()]).fit(model, loader())
     assert lrs == pytest.approx([0.01 * warmup_cosine(i, 3, 9, 0.0) for i in range(9)])
     assert lrs[:3] == pytest.approx([0.01 / 3, 0.02 / 3, 0.01])
@@ -76,7 +77,7 @@ def test_onecycle_schedule_is_the_plain_loops_per_group(tmp_path):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             seen.append([(g["name"], g["lr"], g["betas"][0]) for g in trainer.optimizers[0].param_groups])
 
-    model = tiny(lr=0.01, layer_decay=0.5, warmup_steps=3, schedule="onecycle")
+    model = tiny(optim=Optimization(lr=0.01, layer_decay=0.5, warmup_steps=3, schedule="onecycle"))
     trainer(tmp_path, max_epochs=3, callbacks=[Record()]).fit(model, loader())  # 9 steps
     assert len(seen) == 9
     for step, groups in enumerate(seen):
@@ -85,26 +86,26 @@ def test_onecycle_schedule_is_the_plain_loops_per_group(tmp_path):
             expected_lr, expected_beta1 = one_cycle(step, 0.01 * 0.5 ** (3 - layer), 3, 9)
             assert lr == pytest.approx(expected_lr, rel=1e-9) and beta1 == pytest.approx(expected_beta1), (step, name)
     for epochs, warmup in ((1, 5.0), (1, 0.0)):  # warm-up as long as the run, or none: still one cycle
-        model = tiny(lr=0.01, warmup_epochs=warmup, schedule="onecycle")
+        model = tiny(optim=Optimization(lr=0.01, warmup_epochs=warmup, schedule="onecycle"))
         trainer(tmp_path, max_epochs=epochs).fit(model, loader())
         assert model.trainer.global_step == 3
-    trainer(tmp_path, fast_dev_run=True).fit(tiny(schedule="onecycle"), loader())  # one step
+    trainer(tmp_path, fast_dev_run=True).fit(tiny(optim=Optimization(schedule="onecycle")), loader())  # one step
     with pytest.raises(ValueError, match="schedule must be"):
-        tiny(schedule="linear")
+        Optimization(schedule="linear")
     with pytest.raises(ValueError, match="staged"):
-        tiny(schedule="onecycle", finetune="staged", head_epochs=1)
+        tiny(optim=Optimization(schedule="onecycle"), finetune="staged", head_epochs=1)
 
 
 def test_losses_label_smoothing_and_mixup():
-    model = tiny(label_smoothing=0.1)
+    model = tiny(head=SingleLabelHead(label_smoothing=0.1))
     assert isinstance(model.train_loss, torch.nn.CrossEntropyLoss) and model.train_loss.label_smoothing == 0.1
     from timm.loss import SoftTargetCrossEntropy as TimmSoftTarget
 
     from vit.tasks.losses import SoftTargetCrossEntropy
 
-    model = tiny(mixup_alpha=0.8, cutmix_alpha=1.0)
+    model = tiny(head=SingleLabelHead(mixup_alpha=0.8, cutmix_alpha=1.0))
     assert isinstance(model.train_loss, SoftTargetCrossEntropy)
-    assert model.mixup.mixup_alpha == 0.8 and model.mixup.cutmix_alpha == 1.0
+    assert model.mixup.mixup.mixup_alpha == 0.8 and model.mixup.mixup.cutmix_alpha == 1.0  # timm's Mixup
     logits, targets = torch.randn(6, 10), torch.randn(6, 10).softmax(-1)
     torch.testing.assert_close(model.train_loss(logits, targets), TimmSoftTarget()(logits, targets))
     # class weights: for one-hot targets, exactly torch's weighted cross-entropy
@@ -115,14 +116,14 @@ def test_losses_label_smoothing_and_mixup():
 
 
 def test_mixup_training_runs_with_odd_batches(tmp_path):
-    model = tiny(mixup_alpha=0.8, cutmix_alpha=1.0)
+    model = tiny(head=SingleLabelHead(mixup_alpha=0.8, cutmix_alpha=1.0))
     t = trainer(tmp_path, max_steps=3)
     t.fit(model, loader(n=21, batch=7))
     assert t.global_step == 3 and torch.isfinite(t.callback_metrics["train_loss"])
 
 
 def test_ema_is_used_for_eval_and_checkpointed(tmp_path):
-    model = tiny(ema_decay=0.5, lr=0.01)
+    model = tiny(optim=Optimization(ema_decay=0.5, lr=0.01))
     # updated by averaging only: no gradients, so DDP has no unused trainable parameters
     assert not any(p.requires_grad for p in model.model_ema.parameters())
     assert all(p.requires_grad for p in model.model.parameters())
@@ -223,9 +224,9 @@ def test_bad_arguments_are_clear():
 
 def test_compile_keeps_the_checkpoint_keys():
     torch.manual_seed(0)
-    eager = tiny(ema_decay=0.9)
+    eager = tiny(optim=Optimization(ema_decay=0.9))
     torch.manual_seed(0)
-    compiled = tiny(ema_decay=0.9, compile=True)
+    compiled = tiny(optim=Optimization(ema_decay=0.9), compile=True)
     assert compiled.hparams.compile and not eager.hparams.compile
     assert list(compiled.state_dict()) == list(eager.state_dict())  # no "_orig_mod." anywhere
     assert all(not k.startswith("_orig_mod") for k in compiled.model.state_dict())

@@ -1,5 +1,6 @@
-"""A convnet checkpoint (`configs/teacher_small.yaml`'s teacher) through the commands that read checkpoints:
-predict, export to ONNX and to timm's safetensors layout, and a clear error where a ViT's attention is needed."""
+"""A convnet checkpoint (`configs/teacher_small.yaml`'s teacher: ``backbone: timm``) through the commands that read
+checkpoints: predict, export to ONNX and to timm's safetensors layout, and a clear error where a ViT's attention is
+needed; and 0.1's `ConvNetClassifier`, kept as that classifier with a DeprecationWarning."""
 
 from __future__ import annotations
 
@@ -18,10 +19,19 @@ from tests.conftest import built_once
 from vit.commands import main, run
 from vit.deploy import load_classifier
 from vit.errors import UserValueError
-from vit.tasks import ConvNetClassifier
+from vit.tasks import ConvNetClassifier, ImageClassifier
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DIGITS = [str(i) for i in range(10)]
+SHRUNK = {"channels": [8, 16, 32, 64], "stem_width": 8}
+
+
+def test_the_0_1_convnet_classifier_is_the_classifier_with_a_timm_backbone():
+    with pytest.warns(DeprecationWarning, match="ImageClassifier with backbone: timm"):
+        old = ConvNetClassifier(model_kwargs=SHRUNK, in_chans=1)
+    new = ImageClassifier(backbone="timm", model="resnet10t", img_size=32, model_kwargs=SHRUNK, in_chans=1)
+    assert isinstance(old, ImageClassifier) and old.backbone.kind == "timm" and old.hparams.img_size == 32
+    assert old.checkpoint_meta() == new.checkpoint_meta()  # what load_classifier reads: the same
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +40,8 @@ def convnet(tmp_path_factory) -> Path:
     def build(root: Path) -> None:
         g = torch.Generator().manual_seed(0)
         data = DataLoader(TensorDataset(torch.randn(16, 1, 8, 8, generator=g), torch.arange(16) % 10), batch_size=8)
-        model = ConvNetClassifier(model="resnet10t", model_kwargs={"channels": [8, 16, 32, 64], "stem_width": 8},
-                                  num_classes=10, in_chans=1, img_size=8, class_names=DIGITS, mean=[0.2], std=[0.4])
+        model = ImageClassifier(backbone="timm", model="resnet10t", model_kwargs=SHRUNK, num_classes=10, in_chans=1,
+                                img_size=8, class_names=DIGITS, mean=[0.2], std=[0.4])
         trainer = Trainer(default_root_dir=root, max_steps=2, logger=False, enable_checkpointing=False,
                           enable_progress_bar=False, enable_model_summary=False)
         trainer.fit(model, data)

@@ -21,17 +21,20 @@ from vit.checkpoints.meta import evaluated_weights
 from vit.deploy import load_classifier
 from vit.errors import UserPathError, UserValueError
 from vit.tasks.classify import ImageClassifier
-from vit.tasks.distill import Teacher, hard_distillation, soft_distillation
+from vit.tasks.distill import DistilledClassifier, Teacher, hard_distillation, soft_distillation
+from vit.tasks.heads import SingleLabelHead
+from vit.tasks.optim import Optimization
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
 DIGITS = [str(i) for i in range(10)]
 
 
-def student(**kwargs) -> ImageClassifier:
+def student(head: dict | None = None, optim: dict | None = None, **kwargs) -> DistilledClassifier:
     """A tiny distilled student for 1-channel 8x8 images of 10 classes."""
-    kwargs = {"distillation": "hard", "label_smoothing": 0.0, **kwargs}
-    return ImageClassifier(model="vit_digits_patch2_8", model_kwargs=dict(TINY), **kwargs)
+    head = SingleLabelHead(**{"label_smoothing": 0.0, **(head or {})})
+    return DistilledClassifier(**{"distillation": "hard", **kwargs}, model="vit_digits_patch2_8",
+                               model_kwargs=dict(TINY), head=head, optim=Optimization(**(optim or {})))
 
 
 def loader(n: int = 16, batch: int = 8) -> DataLoader:
@@ -93,13 +96,13 @@ class FixedTeacher(torch.nn.Module):
 @pytest.mark.parametrize("mode", ["hard", "soft"])
 def test_the_training_step_is_the_hand_formula(mode):
     torch.manual_seed(0)
-    model = student(distillation=mode, distill_alpha=0.3, distill_tau=2.0, label_smoothing=0.1)
+    model = student(distillation=mode, distill_alpha=0.3, distill_tau=2.0, head={"label_smoothing": 0.1})
     model.configure_losses()
     network = FixedTeacher()
     model.teacher = Teacher(network, "fixed", DIGITS)
     x, y = next(iter(loader()))
     model.train()
-    loss, logits = model.distill_loss(x, y)
+    loss, logits = model.loss_and_logits(x, y)
     with torch.no_grad():
         model.model.distilled_training = True
         cls, dist = model.model(x)
@@ -114,7 +117,7 @@ def test_the_training_step_is_the_hand_formula(mode):
 
 
 def test_with_mixup_the_teacher_sees_the_students_mixed_images(tmp_path):
-    model = student(mixup_alpha=0.8, cutmix_alpha=1.0, class_names=DIGITS)
+    model = student(head={"mixup_alpha": 0.8, "cutmix_alpha": 1.0}, class_names=DIGITS)
     model.teacher = Teacher(network := FixedTeacher(), "fixed", DIGITS)
     shown: list[torch.Tensor] = []
     model.model.register_forward_pre_hook(lambda module, args: shown.append(args[0].clone()) if module.training
@@ -174,7 +177,7 @@ class Watch(Callback):
 
 
 def test_the_teacher_is_frozen_unoptimised_and_not_saved(tmp_path, teacher_ckpt):
-    model = student(teacher=str(teacher_ckpt), class_names=DIGITS, ema_decay=0.9)
+    model = student(teacher=str(teacher_ckpt), class_names=DIGITS, optim={"ema_decay": 0.9})
     watch = Watch()
     t = trainer(tmp_path, callbacks=[watch], logger=True)
     t.fit(model, loader())
@@ -194,7 +197,7 @@ def test_the_teacher_is_frozen_unoptimised_and_not_saved(tmp_path, teacher_ckpt)
     assert checkpoint["vit"]["teacher"] == str(teacher_ckpt)
     assert "teacher_ms" in t.callback_metrics  # its forward, timed
     # a resumed run reads the student back and loads the teacher again, from its source
-    resumed = student(teacher=str(teacher_ckpt), class_names=DIGITS, ema_decay=0.9)
+    resumed = student(teacher=str(teacher_ckpt), class_names=DIGITS, optim={"ema_decay": 0.9})
     trainer(tmp_path, max_steps=3).fit(resumed, loader(), ckpt_path=tmp_path / "student.ckpt")
     assert resumed.global_step == 3 and resumed.teacher is not None
     # the teacher follows the student's moves and casts (what Lightning does on every rank)
@@ -272,7 +275,8 @@ def distilled(tmp_path_factory, fitted) -> Path:
 
     teacher = next((fitted / "ckpt").glob("best-*.ckpt"))
     root = built_once(tmp_path_factory, "distilled", lambda root: main(["fit", *short_digits_run(
-        root, "--model.init_args.distillation=hard", f"--model.init_args.teacher={teacher}")]))
+        root, "--model.class_path=vit.tasks.DistilledClassifier", "--model.init_args.distillation=hard",
+        f"--model.init_args.teacher={teacher}")]))
     return next((root / "ckpt").glob("best-*.ckpt"))
 
 
@@ -339,7 +343,8 @@ def test_predict_export_attention_and_probe_read_a_distilled_checkpoint(distille
     main(["attention", "--ckpt", str(distilled), str(images[0]), "--out", str(tmp_path / "maps")])
     assert (tmp_path / "maps" / "digit0.png").is_file()
 
-    result = run(["probe", *short_digits_run(tmp_path / "probe")[:2], "--model.init_args.distillation=hard",
+    result = run(["probe", *short_digits_run(tmp_path / "probe")[:2],
+                  "--model.class_path=vit.tasks.DistilledClassifier", "--model.init_args.distillation=hard",
                    "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}",
                    f"--model.init_args.pretrained={distilled}", "--data.init_args.num_workers=0",
                    "--cache_dir", str(tmp_path / "cache"), "--C", "1", "--k", "1", "--out", str(tmp_path / "pr.ckpt")])
@@ -349,10 +354,9 @@ def test_predict_export_attention_and_probe_read_a_distilled_checkpoint(distille
 
 
 def test_a_convnet_teacher_trained_by_vit_is_read_back_with_its_own_normalisation(tmp_path):
-    from vit.tasks import ConvNetClassifier
-
-    convnet = ConvNetClassifier(model="resnet10t", model_kwargs={"channels": [8, 16, 32, 64], "stem_width": 8},
-                                num_classes=10, in_chans=1, img_size=8, class_names=DIGITS, mean=[0.2], std=[0.4])
+    convnet = ImageClassifier(backbone="timm", model="resnet10t", model_kwargs={"channels": [8, 16, 32, 64],
+                              "stem_width": 8}, num_classes=10, in_chans=1, img_size=8, class_names=DIGITS,
+                              mean=[0.2], std=[0.4])
     t = trainer(tmp_path, max_steps=2)
     t.fit(convnet, loader())
     t.save_checkpoint(tmp_path / "convnet.ckpt")
@@ -363,8 +367,8 @@ def test_a_convnet_teacher_trained_by_vit_is_read_back_with_its_own_normalisatio
     with torch.no_grad():  # the student's images, normalised at 0.5/0.25, reach the teacher as 0.2/0.4 ones
         expected = convnet.eval_model.eval()((x * 0.25 + 0.5 - 0.2) / 0.4)
     torch.testing.assert_close(model.teacher(x), expected)
-    with pytest.raises(UserValueError, match="layer_decay must be None"):
-        ConvNetClassifier(layer_decay=0.75)
+    with pytest.raises(UserValueError, match=r"DeiT's dist token and second head: a ViT \(backbone: vit\)"):
+        DistilledClassifier(backbone="timm", model="resnet10t", img_size=8)  # a convnet teaches; it is no student
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])

@@ -12,16 +12,17 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import free_port, short_digits_run, subprocess_env
 from vit.commands import main
-from vit.tasks import ImageClassifier
+from vit.tasks import ImageClassifier, Optimization, SingleLabelHead
 
 STEPS = 3  # batches per epoch in the in-process runs
 BACKBONE = ("patch_embed.", "cls_token", "pos_embed", "blocks.", "norm.")
 
 
-def tiny(**kwargs) -> ImageClassifier:
+def tiny(optim: dict | None = None, **kwargs) -> ImageClassifier:
     torch.manual_seed(0)
     model_kwargs = {"depth": 3, "embed_dim": 32, "num_heads": 2, "drop_path_rate": 0.1}
-    return ImageClassifier(model="vit_digits_patch2_8", model_kwargs=model_kwargs, lr=0.01, **kwargs)
+    return ImageClassifier(model="vit_digits_patch2_8", model_kwargs=model_kwargs,
+                           optim=Optimization(**{"lr": 0.01, **(optim or {})}), **kwargs)
 
 
 def data(n: int = 8 * STEPS) -> DataLoader:
@@ -50,11 +51,26 @@ def test_linear_probe_trains_the_head_only(tmp_path):
 
 def test_linear_probe_freezes_clips_norm_pre_and_the_register_tokens_too(tmp_path):
     torch.manual_seed(0)
-    model = ImageClassifier(model="vit_digits_patch2_8", finetune="linear_probe", lr=0.01, model_kwargs={
-        "depth": 1, "embed_dim": 32, "num_heads": 2, "pre_norm": True, "reg_tokens": 2})
+    model = ImageClassifier(model="vit_digits_patch2_8", finetune="linear_probe", optim=Optimization(lr=0.01),
+                            model_kwargs={"depth": 1, "embed_dim": 32, "num_heads": 2, "pre_norm": True,
+                                          "reg_tokens": 2})
     before = {k: v.clone() for k, v in model.model.state_dict().items()}
     fit(model, 1, tmp_path)
     assert changed(before, model) == {"head.weight", "head.bias"}
+
+
+def test_linear_probe_freezes_siglips_attention_pool(tmp_path):
+    """Only the head trains in a linear probe: SigLIP's pretrained attention pool (``attn_pool``, which reads the
+    blocks' tokens for the head) is backbone too. (0.1 froze a list of modules without it, so the pool trained.)"""
+    torch.manual_seed(0)
+    shrunk = {"img_size": 8, "patch_size": 2, "in_chans": 1, "depth": 1, "embed_dim": 32, "num_heads": 2}
+    model = ImageClassifier(model="vit_base_patch16_siglip_224", finetune="linear_probe", model_kwargs=shrunk,
+                            optim=Optimization(lr=0.01))
+    assert model.model.global_pool == "map" and model.model.attn_pool is not None
+    before = {k: v.clone() for k, v in model.model.state_dict().items()}
+    fit(model, 1, tmp_path)
+    assert changed(before, model) == {"head.weight", "head.bias"}
+    assert not model.model.attn_pool.training  # frozen modules run in eval mode
 
 
 def test_partial_freezes_the_embedding_and_the_first_blocks(tmp_path):
@@ -67,7 +83,7 @@ def test_partial_freezes_the_embedding_and_the_first_blocks(tmp_path):
 
 
 def test_staged_trains_the_head_then_everything_with_a_second_warm_up(tmp_path):
-    model = tiny(finetune="staged", head_epochs=2, warmup_steps=2, min_lr=0.0)
+    model = tiny(finetune="staged", head_epochs=2, optim={"warmup_steps": 2, "min_lr": 0.0})
     before = {k: v.clone() for k, v in model.model.state_dict().items()}
     lrs = []
     from lightning.pytorch import Callback
@@ -79,7 +95,7 @@ def test_staged_trains_the_head_then_everything_with_a_second_warm_up(tmp_path):
     fit(model, 2, tmp_path, callbacks=[Record()])
     assert changed(before, model) <= {"head.weight", "head.bias"}  # two head-only epochs
     assert all(lr["layer4_decay" if "layer4_decay" in lr else "decay"] == 0.0 for lr in lrs)
-    model2 = tiny(finetune="staged", head_epochs=2, warmup_steps=2, min_lr=0.0)
+    model2 = tiny(finetune="staged", head_epochs=2, optim={"warmup_steps": 2, "min_lr": 0.0})
     lrs.clear()
     fit(model2, 4, tmp_path, callbacks=[Record()])
     assert any(k.startswith("blocks.") for k in changed(before, model2))  # then the backbone trains too
@@ -108,7 +124,7 @@ def test_the_parameter_group_table_is_logged_at_fit_start(tmp_path, caplog):
     lightning_log.addHandler(caplog.handler)
     try:
         with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
-            fit(tiny(finetune="linear_probe", layer_decay=0.75), 1, tmp_path, max_steps=1)
+            fit(tiny(finetune="linear_probe", optim={"layer_decay": 0.75}), 1, tmp_path, max_steps=1)
     finally:
         lightning_log.removeHandler(caplog.handler)
     table = caplog.text
@@ -133,7 +149,7 @@ def test_class_weighting_weights_each_class_by_its_rarity(tmp_path):
         def train_dataloader(self):
             return DataLoader(self.train_set, batch_size=10)
 
-    model = tiny(num_classes=2, class_weighting=True)
+    model = tiny(num_classes=2, head=SingleLabelHead(class_weighting=True))
     Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
             enable_model_summary=False).fit(model, datamodule=Imbalanced())
     torch.testing.assert_close(model.train_loss.weight, torch.tensor([30 / 40, 30 / 20]))

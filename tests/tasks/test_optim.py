@@ -6,13 +6,14 @@ import pytest
 import torch
 
 import vit
-from vit.tasks.optim import adamw, layer_id, param_groups, warmup_cosine
+from vit.tasks.optim import adamw, param_groups, warmup_cosine
 
 
 def test_param_groups_decay_and_layer_scales():
     model = vit.create_model("vit_digits_patch2_8", depth=2, embed_dim=32, num_heads=2)
     groups = param_groups(model, lr=1.0, weight_decay=0.05, layer_decay=0.5)
     names = {id(p): n for n, p in model.named_parameters()}
+    layer_id = lambda name, depth: model.param_roles().layer(name)  # the model says it
     seen = set()
     for g in groups:
         for p in g["params"]:

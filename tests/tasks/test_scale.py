@@ -16,10 +16,11 @@ from vit.checkpoints.io import DamagedCheckpointError, is_intact, read_checkpoin
 from vit.deploy import load_classifier
 from vit.nn.blocks import EncoderBlock
 from vit.tasks.classify import ImageClassifier
-from vit.tasks.optim import param_groups
+from vit.tasks.optim import Optimization, param_groups
 
 FSDP_RECIPE = CONFIGS / "finetune" / "mae_imagenet_vit_large_fsdp.yaml"
-TINY = dict(model="vit_digits_patch2_8", num_classes=10, layer_decay=0.75, model_kwargs={"depth": 2})
+TINY = dict(model="vit_digits_patch2_8", num_classes=10, optim=Optimization(layer_decay=0.75),
+            model_kwargs={"depth": 2})
 
 
 def test_classifier_grad_checkpointing_gives_the_plain_loss_and_gradients():
@@ -50,7 +51,8 @@ def test_the_fsdp_recipe_builds_lightnings_fsdp_strategy_as_written():
     for policy in (strategy.kwargs["auto_wrap_policy"], strategy._activation_checkpointing_kwargs["auto_wrap_policy"]):
         assert isinstance(policy, ModuleWrapPolicy) and policy._module_classes == {EncoderBlock}
     assert strategy._state_dict_type == "sharded"
-    assert config["trainer"]["precision"] == "bf16-mixed" and config["model"]["init_args"]["layer_decay"] == 0.75
+    assert config["trainer"]["precision"] == "bf16-mixed"
+    assert config["model"]["init_args"]["optim"]["layer_decay"] == 0.75
 
 
 def fsdp_rank(rank: int, port: int, out: str) -> None:

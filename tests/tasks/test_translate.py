@@ -69,6 +69,39 @@ def test_inverse_square_root_schedule():
     assert optimizer.defaults["fused"]
 
 
+@pytest.mark.parametrize("schedule", ["cosine", "inverse_sqrt"])
+def test_a_resumed_run_trains_on_this_runs_schedule(tmp_path, schedule):
+    """2 epochs, then resumed for 4 from the checkpoint: every step after the resume has the lr an uninterrupted
+    4-epoch run has at that step. The cosine's length is the run's, so the lr of the step after the resume must come
+    from the new plan: torch's LambdaLR kept the optimiser's saved lr (the 2-epoch cosine's last, near 0) for it.
+    (The inverse square root does not depend on the run's length: both schedulers resume it alike.)"""
+    from lightning.pytorch import Callback, Trainer
+
+    lrs: dict[str, dict[int, float]] = {"straight": {}, "first": {}, "resumed": {}}
+
+    class Record(Callback):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+            lrs[self.name][trainer.global_step] = trainer.optimizers[0].param_groups[0]["lr"]
+
+    def fit(name: str, epochs: int, ckpt_path=None) -> Trainer:
+        dm = SyntheticTranslationDataModule("reverse", num_train=64, num_val=8, num_test=8, batch_size=16)
+        trainer = Trainer(max_epochs=epochs, limit_train_batches=3, limit_val_batches=0, logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                          default_root_dir=tmp_path, callbacks=[Record(name)])
+        trainer.fit(tiny_translator(dm, lr=0.01, warmup_steps=2, lr_schedule=schedule), dm, ckpt_path=ckpt_path)
+        return trainer
+
+    fit("straight", 4)
+    fit("first", 2).save_checkpoint(tmp_path / "two.ckpt")
+    fit("resumed", 4, ckpt_path=tmp_path / "two.ckpt")
+    assert sorted(lrs["resumed"]) == list(range(6, 12))
+    for step, lr in lrs["resumed"].items():
+        assert lr == pytest.approx(lrs["straight"][step], rel=1e-12), step
+
+
 @pytest.mark.slow
 def test_fit_test_and_translate_from_the_checkpoint_alone(tmp_path, capsys, caplog):
     data = [f"--data.init_args.{k}={v}" for k, v in dict(

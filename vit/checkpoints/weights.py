@@ -92,7 +92,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
 def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
     """Find the state dict inside the containers that training scripts save."""
     meta = obj.get("vit") if isinstance(obj, dict) else None
-    if isinstance(meta, dict) and meta.get("model_source") == "timm":  # vit.tasks.ConvNetClassifier's checkpoint
+    if isinstance(meta, dict) and meta.get("model_source") == "timm":  # a backbone: timm checkpoint
         raise UserValueError(f"{path} holds timm's {meta.get('model_name')}, a convnet (configs/teacher_small.yaml "
                              "trains one): a ViT's pretrained weights come from a ViT. A convnet teaches a ViT "
                              "through distillation instead: configs/distill_small.yaml, model.init_args.teacher")

@@ -141,7 +141,7 @@ class VitCLI(LightningCLI):
         if config.get("ckpt_path") and init_args.get("pretrained"):
             init_args["pretrained"] = None  # the checkpoint holds the weights; the original file may be gone
         elif self.subcommand == "fit" and "pretrained" in init_args and not init_args.get("pretrained") and (
-                init_args.get("layer_decay") or init_args.get("finetune", "full") != "full"):
+                (init_args.get("optim") or {}).get("layer_decay") or init_args.get("finetune", "full") != "full"):
             rank_zero_warn("model.init_args.pretrained is null, but this is a fine-tuning recipe (layer_decay, a "
                            "fine-tuning lr): random weights learn little from it. Without pretrained weights, train "
                            "with configs/scratch_small.yaml, made for that.")

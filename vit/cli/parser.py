@@ -3,6 +3,7 @@ nearest valid name, instead of argparse's usage and a dump of jsonargparse's Uni
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import itertools
@@ -22,9 +23,15 @@ class VitArgumentParser(LightningArgumentParser):
 
     args: ClassVar[list[str]] = []  # the command line last parsed, for naming the config file a bad key came from
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No prefix matching, in the parsers jsonargparse makes for a class's arguments too (of this type): argparse
+        # would take --model.init_args.optim.warmup_epoch for optim.warmup_epochs, silently.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def parse_args(self, args: Any = None, *more: Any, **kwargs: Any) -> Any:
         VitArgumentParser.args = list(sys.argv[1:] if args is None else args)
-        return super().parse_args(args, *more, **kwargs)
+        return super().parse_args(nested_nulls(VitArgumentParser.args), *more, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:  # a parser used internally, whose caller handles the error
@@ -47,6 +54,30 @@ class VitArgumentParser(LightningArgumentParser):
             text = f"{', '.join(files) + ': ' if files else ''}no option {key!r}{did_you_mean(key, keys)}"
         sys.stderr.write(f"{command}: error: {text}\n(`{command} --help` lists the options)\n")
         raise SystemExit(2)
+
+
+def nested_nulls(args: list[str]) -> list[str]:
+    """``args`` with each null given to a key two levels inside a class's arguments (``--model.init_args.optim.ema_decay
+    null``) written as the mapping it sets (``--model.init_args={optim: {ema_decay: null}}``), which jsonargparse
+    merges as it should: the dotted form it re-reads as the string "None", which no ``float | None`` takes
+    (jsonargparse 4.53)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg, given = args[i], None
+        nested = re.fullmatch(r"(--[\w.]*init_args)\.(\w+(?:\.\w+)+)(=null)?", arg)
+        if nested and nested.group(3):
+            given = 1
+        elif nested and i + 1 < len(args) and args[i + 1] == "null":
+            given = 2
+        if given is None:
+            out.append(arg)
+            i += 1
+            continue
+        keys = nested.group(2).split(".")  # type: ignore[union-attr]
+        out.append(f"{nested.group(1)}=" + "".join(f"{{{k}: " for k in keys) + "null" + "}" * len(keys))  # type: ignore[union-attr]
+        i += given
+    return out
 
 
 def config_files(args: list[str]) -> list[str]:
@@ -76,20 +107,11 @@ def short_parse_error(message: str) -> str:
     if key is None:
         return message.strip().splitlines()[0]
     name, rest = key.group(1), key.group(2).strip()
-    problem = re.search(r"Problem with given class_path '([^']+)':\s*\n\s*(.+)", rest)
-    if problem:
-        class_path, reason = problem.group(1), problem.group(2).strip()
-        option = re.match(r"Option '([^']+)' is not accepted", reason) or re.match(
-            r'Key "([^"]+)" is not expected', reason)
-        if option:
-            hint = did_you_mean(option.group(1), accepted_arguments(class_path))
-            return f"{name}: {class_path} has no option {option.group(1)!r}{hint}"
-        missing = re.match(r"module '([^']+)' has no attribute '([^']+)'", reason)
-        if missing:
-            module = importlib.import_module(missing.group(1))
-            hint = did_you_mean(missing.group(2), [n for n in dir(module) if n[:1].isupper()])
-            return f"{name}: no class {missing.group(2)!r} in {missing.group(1)}{hint}"
-        return f"{name}: {class_path}: {reason}"
+    problems = re.findall(r"Problem with given class_path '([^']+)':\s*\n\s*(.+)", rest)
+    if problems:  # the innermost class's (a head inside the model: model.init_args.head)
+        nested = re.findall(r'Parser key "([^"]+)"', rest.split("Problem with given class_path", 1)[1])
+        where = name + "".join(f".init_args.{k}" for k in nested)
+        return class_problem(where, problems[-1][0], problems[-1][1].strip())
     if "Union subtypes" not in rest:
         return f"{name}: {rest}"
     errors = [line.strip()[2:] for line in rest.splitlines()
@@ -100,12 +122,89 @@ def short_parse_error(message: str) -> str:
                                                           .replace("'>", "") for e in errors)
 
 
-def accepted_arguments(class_path: str) -> list[str]:
-    """The init arguments of a class, following ``**kwargs`` into its bases as jsonargparse does."""
+def class_problem(name: str, class_path: str, reason: str) -> str:
+    """What is wrong with the class ``class_path`` at key ``name``: an option it lacks (moved, or misspelt: the
+    nearest of its options, a settings group's fields included), a class that does not exist, or ``reason``."""
+    option = re.match(r"Option '([^']+)' is not accepted", reason) or re.match(
+        r'Key "([^"]+)" is not expected', reason) or re.match(r"unrecognized arguments: --([^=\s]+)", reason)
+    group = re.match(r"Group '([^']+)' does not accept option '([^']+)'", reason)
+    if group:
+        option_name = f"{group.group(1)}.{group.group(2)}"
+    elif option:
+        option_name = option.group(1)
+    else:
+        missing = re.match(r"module '([^']+)' has no attribute '([^']+)'", reason)
+        if missing:
+            module = importlib.import_module(missing.group(1))
+            hint = did_you_mean(missing.group(2), [n for n in dir(module) if n[:1].isupper()])
+            return f"{name}: no class {missing.group(2)!r} in {missing.group(1)}{hint}"
+        return f"{name}: {class_path}: {reason}"
+    moved = moved_options(name, class_path, option_name, VitArgumentParser.args)
+    if moved:
+        return moved
+    hint = did_you_mean(option_name, accepted_arguments(class_path))
+    return f"{name}: {class_path} has no option {option_name!r}{hint}"
+
+
+def moved_options(name: str, class_path: str, option: str, args: list[str]) -> str | None:
+    """Where ``option``, an argument of an older ``class_path``, lives now (the class's ``moved`` table), with every
+    other moved option the command line and its config files give; None if the class never had it."""
+    moved: dict[str, str] = getattr(imported_class(class_path), "moved", {})
+    if option not in moved:
+        return None
+    given = {a.split("=", 1)[0].removeprefix(f"--{name}.init_args.") for a in args
+             if a.startswith(f"--{name}.init_args.")}
+    files = config_files(args)
+    for file in files:
+        given |= set(yaml_keys(file, f"{name}.init_args"))
+    old = sorted({option, *(k for k in given if k in moved)})
+    places: dict[str, list[str]] = {}
+    for key in old:  # by where they went: optim.lr and optim.min_lr to "optim"
+        places.setdefault(moved[key].rsplit(".", 1)[0] if "." in moved[key] and ":" not in moved[key]
+                          else moved[key], []).append(key)
+    lines = [moved_line(name, place, keys) for place, keys in places.items()]
+    where = [f for f in files if any(has_key(f, f"{name}.init_args.{k}") for k in old)]
+    head = f"{', '.join(where)}: " if where else ""
+    return head + f"{class_path} takes {'this option' if len(old) == 1 else 'these options'} elsewhere now:\n  " + \
+        "\n  ".join(lines)
+
+
+def moved_line(name: str, place: str, keys: list[str]) -> str:
+    """``model.init_args.lr moved: use model.init_args.optim.lr``, braced for several keys; or the class they
+    belong to (``class_path: ...``)."""
+    listed = keys[0] if len(keys) == 1 else "{" + ", ".join(keys) + "}"
+    if place.startswith("class_path:"):
+        return f"{name}.init_args.{listed}: options of {name}.{place.replace(':', ' =', 1)}"
+    return f"{name}.init_args.{listed} moved: use {name}.init_args.{place}.{listed}"
+
+
+def yaml_keys(path: str, dotted: str) -> list[str]:
+    """The keys of the mapping at ``dotted`` (``model.init_args``) in the YAML file ``path``, if any."""
+    import yaml
+
+    try:
+        node: Any = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return list(node) if isinstance(node, dict) else []
+
+
+def imported_class(class_path: str) -> type | None:
+    """The class ``class_path`` names, or None if it does not import."""
     module, _, name = class_path.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module), name)
+        found = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
+        return None
+    return found if isinstance(found, type) else None
+
+
+def accepted_arguments(class_path: str) -> list[str]:
+    """The init arguments of a class, following ``**kwargs`` into its bases as jsonargparse does."""
+    cls = imported_class(class_path)
+    if cls is None:
         return []
     names: list[str] = []
     for klass in cls.__mro__:
@@ -114,6 +213,9 @@ def accepted_arguments(class_path: str) -> list[str]:
             continue
         params = list(inspect.signature(init).parameters.values())[1:]
         names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        for p in params:  # a settings group's fields: optim.lr
+            if dataclasses.is_dataclass(p.default) and not isinstance(p.default, type):
+                names += [f"{p.name}.{f.name}" for f in dataclasses.fields(p.default)]
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
     return names

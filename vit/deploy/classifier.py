@@ -129,7 +129,7 @@ def read_classifier(path: str | os.PathLike, device: str | torch.device = "cpu")
     `vit.deploy.load_classifier` does for a checkpoint, for the commands that need the torch model itself)."""
     checkpoint = read_checkpoint(path)
     meta = expect_task(checkpoint, "classify", path)
-    if meta.get("model_source") == "timm":  # a convnet `vit fit` trained (vit.tasks.ConvNetClassifier)
+    if meta.get("model_source") == "timm":  # a timm network `vit fit` trained (backbone: timm)
         import timm
 
         model = timm.create_model(meta["model_name"], **meta["model_config"])

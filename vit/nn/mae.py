@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from vit.nn.blocks import EncoderBlock
+from vit.nn.roles import ParamRoles, roles_of
 from vit.nn.vision import VisionTransformer
 
 
@@ -160,6 +161,11 @@ class MAEDecoder(nn.Module):
         self.norm = nn.LayerNorm(decoder_dim, eps=1e-6)
         self.pred = nn.Linear(decoder_dim, patch_size[0] * patch_size[1] * in_chans)
 
+    def param_roles(self) -> ParamRoles:
+        """Its blocks, and the mask token AdamW must not decay (`vit.nn.roles`); the positions are a fixed buffer."""
+        return ParamRoles(blocks=tuple((f"blocks.{i}",) for i in range(len(self.blocks))), tokens=("mask_token",),
+                          no_decay=("mask_token",))
+
     def forward(
         self, latent: Tensor, restore: Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 1
     ) -> Tensor:
@@ -177,9 +183,10 @@ class MAEDecoder(nn.Module):
         return self.pred(self.norm(self.blocks(x)))[:, 1:]
 
 
-def mae_init_(module: nn.Module) -> None:
-    """MAE's initialisation: Xavier-uniform linear layers (and the patch projection, as one), zero biases,
-    cls and mask tokens from N(0, 0.02)."""
+def mae_init_(module: VisionTransformer | MAEDecoder) -> None:
+    """MAE's initialisation: Xavier-uniform linear layers (and the patch projection, as one), zero biases, and
+    the learned tokens (the module's ``tokens`` role: cls, registers, the decoder's mask token) from N(0, 0.02);
+    positions are left to the caller (`sincos_pos_embed`)."""
     for m in module.modules():
         if isinstance(m, nn.Linear):
             nn.init.xavier_uniform_(m.weight)
@@ -192,9 +199,10 @@ def mae_init_(module: nn.Module) -> None:
         elif isinstance(m, nn.LayerNorm):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
-    for name, p in module.named_parameters():
-        if name.split(".")[-1] in ("cls_token", "mask_token"):
-            nn.init.normal_(p, std=0.02)
+    parameters = dict(module.named_parameters())
+    for name in roles_of(module).tokens:
+        if name != "pos_embed":
+            nn.init.normal_(parameters[name], std=0.02)
 
 
 __all__ = [

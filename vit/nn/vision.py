@@ -31,6 +31,7 @@ from vit.errors import UserValueError
 from vit.nn.blocks import ACTIVATIONS, EncoderBlock
 from vit.nn.configs import MODEL_CONFIGS, ViTConfig, list_models, named_config
 from vit.nn.layers import AttentionPool, PatchEmbed, ShiftedPatchEmbed
+from vit.nn.roles import ParamRoles
 from vit.nn.rope import DinoV3Rope
 
 __all__ = [
@@ -104,6 +105,7 @@ class VisionTransformer(nn.Module):
     Built from one `ViTConfig` (``config=``, or its fields as keywords). The token layout is the model's:
     ``num_prefix_tokens`` tokens come first, then the h*w patches; `embed` joins them and `pool` reads them.
     """
+    TOKENS = ("cls_token", "dist_token", "reg_token", "pos_embed")  # its learned tokens and positions (`param_roles`)
 
     def __init__(self, config: ViTConfig | None = None, **options: Any) -> None:
         super().__init__()
@@ -172,8 +174,15 @@ class VisionTransformer(nn.Module):
         """How many rows of ``pos_embed`` belong to prefix tokens: 0 with ``no_embed_class``."""
         return 0 if self.no_embed_class else self.num_prefix_tokens
 
+    def param_roles(self) -> ParamRoles:
+        """Which parameters play which role (`vit.nn.roles`): optimiser, layer decay, fine-tuning, MAE ask it."""
+        tokens = tuple(t for t in self.TOKENS if getattr(self, t, None) is not None)
+        blocks = tuple((f"blocks.{i}",) for i in range(len(self.blocks)))
+        return ParamRoles(stem=("patch_embed", "norm_pre"), tokens=tokens, blocks=blocks,
+                          pool=("norm", "attn_pool", "fc_norm"), head=("head", "head_dist"), no_decay=tokens)
+
     def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "cls_token", "reg_token", "dist_token"}  # timm's set
+        return set(self.TOKENS)  # timm's set: every token's name, whether this model has it or not
 
     def get_classifier(self) -> nn.Module:
         return self.head

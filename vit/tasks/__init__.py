@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import os
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 
 from vit.checkpoints.io import read_checkpoint
 from vit.checkpoints.meta import expect_task
+from vit.errors import UserValueError
 from vit.tasks.base import BaseTask, VisionTask
-from vit.tasks.classify import ImageClassifier
+from vit.tasks.classify import ImageClassifier, upgraded_hparams
 from vit.tasks.convnet import ConvNetClassifier
+from vit.tasks.distill import DistilledClassifier
+from vit.tasks.heads import ClassificationHead, SingleLabelHead
+from vit.tasks.optim import Optimization
 from vit.tasks.pretrain import MaskedAutoencoder
 from vit.tasks.translate import Translator
 
@@ -25,13 +29,25 @@ def load_task(path: str | os.PathLike, task_class: type[Task], map_location: str
 
     The one way both tasks come back from a checkpoint: Lightning's ``load_from_checkpoint``, after a
     check that the file is whole and holds ``task_class`` (an error says what it holds instead).
-    Pretrained weights are not fetched again: the checkpoint holds the trained ones.
+    Pretrained weights are not fetched again: the checkpoint holds the trained ones. A classifier written by 0.1
+    (flat ``lr``, ``label_smoothing``, ...) comes back with those settings as its ``optim`` and ``head``.
     """
-    expect_task(read_checkpoint(path, mmap=True), task_class.task, path)
-    overrides: dict[str, Any] = {"pretrained": None} if task_class is ImageClassifier else {}
-    task = task_class.load_from_checkpoint(path, map_location=map_location, weights_only=True, **overrides)
-    return task.eval()
+    checkpoint = read_checkpoint(path, mmap=True)
+    meta = expect_task(checkpoint, task_class.task, path)
+    if not issubclass(task_class, ImageClassifier):
+        return task_class.load_from_checkpoint(path, map_location=map_location, weights_only=True).eval()
+    upgraded = upgraded_hparams(checkpoint.get("hyper_parameters") or {}, meta)
+    if upgraded is None:
+        task = task_class.load_from_checkpoint(path, map_location=map_location, weights_only=True, pretrained=None)
+        return task.eval()
+    if "distillation" in upgraded and not issubclass(task_class, DistilledClassifier):
+        raise UserValueError(f"{path} was written by a distilling run of vit 0.1: load_task(path, "
+                             "vit.tasks.DistilledClassifier) reads it (vit.deploy.load_classifier too)")
+    task = task_class(**{**upgraded, "pretrained": None})
+    task.on_load_checkpoint(checkpoint)  # the task and the network checked before any weight is copied
+    task.load_state_dict(checkpoint["state_dict"])
+    return task.to(map_location).eval()
 
 
-__all__ = ["TASKS", "BaseTask", "ConvNetClassifier", "ImageClassifier", "MaskedAutoencoder", "Translator", "VisionTask",
-           "load_task"]
+__all__ = ["TASKS", "BaseTask", "ClassificationHead", "ConvNetClassifier", "DistilledClassifier", "ImageClassifier",
+           "MaskedAutoencoder", "Optimization", "SingleLabelHead", "Translator", "VisionTask", "load_task"]

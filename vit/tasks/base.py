@@ -10,14 +10,21 @@ then ``BaseTask.__init__`` saves them as hyperparameters and calls, in this orde
 ``configure_models`` (plural) is this set-up hook; Lightning's own ``configure_model`` (singular) runs later,
 inside a Trainer, and is where the classifier reads its pretrained weights.
 
-``VisionTask`` adds what the two ViT tasks (classification, MAE pre-training) share: the named ViT, the
-warm-up + cosine schedule's length, the lr scaled to the global batch, and the check that a checkpoint's ViT
-is this run's.
+``BaseTask`` also says, once for every task, how a batch unpacks into inputs and targets (`unpack`) and how long
+this fit's lr schedule is (`schedule_steps`, which a resumed run re-plans), and keeps hyperparameters that are
+settings objects (`vit.tasks.optim.Optimization`, a `vit.tasks.heads` head) as a config file writes them, so a
+checkpoint's hyperparameters stay plain data.
+
+``VisionTask`` adds what the image tasks (classification, MAE pre-training) share: the named network, the lr
+scaled to the global batch, and the check that a checkpoint's network is this run's.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import dataclasses
+import importlib
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from lightning.pytorch import LightningModule
@@ -26,8 +33,11 @@ from torch import Tensor
 
 from vit.checkpoints.meta import META_KEY, expect_task
 from vit.errors import UserValueError
-from vit.nn.vision import MODEL_CONFIGS, VisionTransformer, ViTConfig, create_model
+from vit.nn.vision import VisionTransformer
+from vit.tasks.backbones import ViTBackbone
 from vit.tasks.optim import global_batch, per_epoch_steps
+
+Part = TypeVar("Part")
 
 
 class BaseTask(LightningModule):
@@ -42,6 +52,8 @@ class BaseTask(LightningModule):
         super().__init__()
         # Lightning collects the arguments of every __init__ on the way here: the subclass's, as given.
         self.save_hyperparameters()
+        for key, value in self.hparams.items():  # settings objects as a config holds them: plain data
+            self.hparams[key] = as_config(value)
         self.configure_models()
         self.configure_losses()
         self.configure_metrics()
@@ -56,6 +68,15 @@ class BaseTask(LightningModule):
     def configure_metrics(self) -> None:
         """Build the metrics (none by default)."""
 
+    # --- batches and the training step's guard ---------------------------------------------------
+    @staticmethod
+    def unpack(batch: Any) -> tuple[Any, Any]:
+        """(inputs, targets) of a batch: (images, labels) from an image DataModule, or images alone (targets
+        None). A task whose batches differ (`Translator`'s dicts) says so here."""
+        if isinstance(batch, (tuple, list)):
+            return batch[0], batch[1] if len(batch) > 1 else None
+        return batch, None
+
     # --- the training step's guard -------------------------------------------------------------
     def check_loss(self, loss: Tensor) -> None:
         """A non-finite loss stops the run before the optimiser step, so no checkpoint holds the broken weights."""
@@ -66,6 +87,26 @@ class BaseTask(LightningModule):
                 "lower the lr, clip gradients or check the inputs. "
                 "The last checkpoint holds the weights from before this step."
             )
+
+    # --- the lr schedule's length ------------------------------------------------------------------
+    def schedule_steps(self, warmup_epochs: float, warmup_steps: int | None) -> tuple[int, int]:
+        """(warm-up, total) optimiser steps of this fit: ``warmup_steps``, else ``warmup_epochs`` x the steps of an
+        epoch (gradient accumulation counted), at most the whole fit."""
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        if warmup_steps is not None:
+            warmup = warmup_steps
+        else:
+            warmup = round(warmup_epochs * per_epoch_steps(self.trainer, total))
+        if self.resumed_plan not in (None, total):  # e.g. --trainer.max_epochs raised to train a finished run on
+            rank_zero_info(f"the checkpoint's run planned its lr schedule over {self.resumed_plan:,} optimiser steps, "
+                           f"this run over {total:,}: from the checkpoint's step on, the lr follows this run's")
+        self.planned_steps = total
+        return min(warmup, total), total
+
+    @staticmethod
+    def min_lr_ratio(min_lr: float, lr: float) -> float:
+        """``min_lr`` as a fraction of the peak ``lr``: the cosine's floor for the LambdaLR multiplier."""
+        return min(1.0, min_lr / lr) if lr > 0 else 0.0
 
     # --- checkpoint ----------------------------------------------------------------------------
     def checkpoint_meta(self) -> dict[str, Any]:
@@ -84,26 +125,21 @@ class BaseTask(LightningModule):
 
 
 class VisionTask(BaseTask):
-    """A task around one named `VisionTransformer` (``self.model``), trained with AdamW, warm-up and cosine.
+    """A task around one named image network (``self.model``), trained with AdamW, warm-up and cosine.
 
-    Its hyperparameters include ``model``, ``img_size``, ``in_chans``, ``model_kwargs``, ``warmup_epochs``,
-    ``warmup_steps`` and ``min_lr``.
+    Its hyperparameters include ``model``, ``img_size``, ``in_chans`` and ``model_kwargs``. ``backbone`` (a
+    `vit.tasks.backbones.Backbone`) builds and describes the network: our ViT unless a task picks another.
     """
 
+    backbone = ViTBackbone()
+
     def create_vit(self, num_classes: int, **extra: Any) -> VisionTransformer:
-        """The named ViT with this run's sizes (``num_classes`` 0: an encoder, no head) and ``extra`` options; sets
-        ``model_name`` and ``model_config``, the full config a checkpoint rebuilds the model from (`ViTConfig`)."""
+        """The named network with this run's sizes (``num_classes`` 0: an encoder, no head) and ``extra`` options;
+        sets ``model_name`` and ``model_config``, the full config a checkpoint rebuilds it from (`ViTConfig`)."""
         hp = self.hparams
-        if hp.model not in MODEL_CONFIGS:
-            raise UserValueError(f"unknown model {hp.model!r}; known models: {', '.join(sorted(MODEL_CONFIGS))}")
-        overrides = dict(hp.model_kwargs or {}, num_classes=num_classes, **extra)
-        if hp.img_size is not None:
-            overrides["img_size"] = hp.img_size
-        if hp.in_chans is not None:
-            overrides["in_chans"] = hp.in_chans
+        options = dict(hp.model_kwargs or {}, **extra)
+        model, self.model_config = self.backbone.build(hp.model, num_classes, hp.img_size, hp.in_chans, options)
         self.model_name: str = hp.model
-        model = create_model(hp.model, **overrides)
-        self.model_config: dict[str, Any] = model.config.to_dict()
         return model
 
     def check_images(self, images: Tensor) -> None:
@@ -122,43 +158,40 @@ class VisionTask(BaseTask):
                        f"{base_batch}, the global batch being {parts}")
         return lr
 
-    def schedule_steps(self) -> tuple[int, int]:
-        """(warm-up, total) optimiser steps of this fit: ``warmup_steps``, else ``warmup_epochs`` x the steps of an
-        epoch (gradient accumulation counted), at most the whole fit."""
-        hp = self.hparams
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        if hp.warmup_steps is not None:
-            warmup = hp.warmup_steps
-        else:
-            warmup = round(hp.warmup_epochs * per_epoch_steps(self.trainer, total))
-        if self.resumed_plan not in (None, total):  # e.g. --trainer.max_epochs raised to train a finished run on
-            rank_zero_info(f"the checkpoint's run planned its lr schedule over {self.resumed_plan:,} optimiser steps, "
-                           f"this run over {total:,}: from the checkpoint's step on, the lr follows this run's")
-        self.planned_steps = total
-        return min(warmup, total), total
-
-    def min_lr_ratio(self, lr: float) -> float:
-        """``min_lr`` as a fraction of the peak ``lr``: the cosine's floor for the LambdaLR multiplier."""
-        return min(1.0, self.hparams.min_lr / lr) if lr > 0 else 0.0
-
     # --- checkpoint ------------------------------------------------------------------------------
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Before any weight is copied: a checkpoint of another task, model or class count is a clear error."""
         super().on_load_checkpoint(checkpoint)
-        meta = checkpoint[META_KEY]
-        theirs, ours = ViTConfig.from_dict(meta["model_config"]).to_dict(), self.model_config  # defaults filled in
-        differ = [f"{k}: checkpoint {theirs.get(k)!r}, this model {ours.get(k)!r}"
-                  for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
-        if meta["model_name"] != self.model_name or differ:
-            raise UserValueError(
-                f"the checkpoint was written for {describe(meta['model_name'], theirs)}, this run builds "
-                f"{describe(self.model_name, ours)}; they differ in {'; '.join(differ) or 'the model name'}"
-            )
+        self.backbone.check_checkpoint(checkpoint[META_KEY], self.model_name, self.model_config)
 
 
-def describe(name: str, config: dict[str, Any]) -> str:
-    """A ViT in a sentence: its name, and its classes when it has a head."""
-    return f"{name} with {config.get('num_classes')} classes" if config.get("num_classes") else name
+def as_config(value: Any) -> Any:
+    """A hyperparameter as a config file holds it: a settings dataclass as its fields, and a class a config picks
+    among subclasses (a head) as ``{class_path, init_args}``; anything else as it is."""
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return value
+    fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if getattr(type(value), "picked_by_class", False):
+        return {"class_path": f"{type(value).__module__}.{type(value).__qualname__}", "init_args": fields}
+    return fields
 
 
-__all__ = ["BaseTask", "VisionTask"]
+def from_config(value: Any, base: type[Part], default: Part) -> Part:
+    """A settings object from what `as_config` wrote (or itself, or ``default`` for None): a checkpoint's
+    hyperparameters rebuild the task without LightningCLI. A ``class_path`` must name a subclass of ``base``."""
+    if value is None:
+        return default
+    if isinstance(value, base):
+        return value
+    if not isinstance(value, Mapping):
+        raise UserValueError(f"expected a {base.__name__} or its settings, got {value!r}")
+    if "class_path" not in value:
+        return type(default)(**value)
+    module, _, name = str(value["class_path"]).rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None) if module else None
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise UserValueError(f"{value['class_path']!r} is not a {base.__module__}.{base.__name__}")
+    return cls(**(value.get("init_args") or {}))
+
+
+__all__ = ["BaseTask", "VisionTask", "as_config", "from_config"]

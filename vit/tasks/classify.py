@@ -1,109 +1,113 @@
-"""Image classification with a VisionTransformer, as a LightningModule.
+"""Image classification, as a LightningModule with pluggable parts: the network (``backbone``: our ViTs, or a timm
+model: `vit.tasks.backbones`), what the labels mean (``head``: the losses, metrics and answer, `vit.tasks.heads`)
+and how it trains (``optim``: AdamW, schedule, layer decay, EMA, `vit.tasks.optim.Optimization`). Distillation from
+a teacher is a subclass (`vit.tasks.distill.DistilledClassifier`).
 
-The module owns what training needs (loss, optimiser, schedule, EMA, metrics) and writes into the
-checkpoint what prediction needs (model name and config, class names, image size, in_chans and the
-normalisation mean/std), so `vit.deploy.load_classifier(path)` rebuilds a ready model without
+The module writes into the checkpoint what prediction needs (model name and config, class names, image size,
+in_chans and the normalisation mean/std), so `vit.deploy.load_classifier(path)` rebuilds a ready model without
 the training config, and without Lightning.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from vit.checkpoints.weights import load_pretrained
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vit.errors import UserValueError
-from vit.nn.vision import VisionTransformer
 from vit.preprocessing import Prepared, Preprocessing
 from vit.reports import save_confusion_matrix
-from vit.tasks.base import VisionTask
-from vit.tasks.distill import Teacher, check_options, hard_distillation, load_teacher, soft_distillation
-from vit.tasks.finetune import apply_freezing, check_strategy, frozen_modules, unfreeze_epoch
-from vit.tasks.losses import SoftTargetCrossEntropy
+from vit.tasks.backbones import backbone_named
+from vit.tasks.base import VisionTask, from_config
+from vit.tasks.finetune import Frozen, apply_freezing, check_strategy, frozen_parts, unfreeze_epoch
+from vit.tasks.heads import ClassificationHead, SingleLabelHead
 from vit.tasks.mistakes import ConfidentMistakes, log_figures, save_error_report
 from vit.tasks.optim import (
-    LambdaLR,
+    Optimization,
     adamw,
     describe_param_groups,
     global_batch,
     one_cycle,
     param_groups,
     per_epoch_steps,
+    step_schedule,
     warmup_cosine,
 )
 
 log = logging.getLogger(__name__)
 
+_DISTILLED = "class_path: vit.tasks.DistilledClassifier"
+# The arguments of 0.1's ImageClassifier that live elsewhere now, and where: a key under model.init_args, or the
+# class that takes them. `vit fit`'s parser names the new place when a config gives an old key.
+MOVED: dict[str, str] = {
+    **{name: f"optim.{name}" for name in ("lr", "lr_base_batch", "weight_decay", "betas", "warmup_epochs",
+                                          "warmup_steps", "min_lr", "schedule", "layer_decay", "ema_decay")},
+    **{name: f"head.init_args.{name}" for name in ("label_smoothing", "mixup_alpha", "cutmix_alpha", "mixup_prob",
+                                                   "mixup_switch_prob", "class_weighting")},
+    **{name: _DISTILLED for name in ("distillation", "teacher", "teacher_weights", "teacher_dir", "distill_alpha",
+                                     "distill_tau")},
+}
+
+
+def upgraded_hparams(hparams: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] | None:
+    """A 0.1 classifier checkpoint's hyperparameters (flat ``lr``, ``label_smoothing``, ...; ``meta``: its
+    ``checkpoint["vit"]``) as this version's arguments, or None for a checkpoint of this version."""
+    if not any(k in hparams for k in MOVED):
+        return None
+    moved = lambda prefix: {k: v for k, v in hparams.items() if MOVED.get(k, "").startswith(prefix)}
+    distilling = hparams.get("distillation", "none") != "none"
+    keep = lambda k: not k.startswith("_") and (k not in MOVED or (distilling and MOVED[k] == _DISTILLED))
+    kept = {k: v for k, v in hparams.items() if keep(k)}  # _class_path, _instantiator: the new class decides
+    head = {"class_path": "vit.tasks.heads.SingleLabelHead", "init_args": moved("head.")}
+    backbone = {"backbone": "timm"} if meta.get("model_source") == "timm" else {}
+    return {**kept, **backbone, "optim": moved("optim."), "head": head}
+
 
 class ImageClassifier(Prepared, VisionTask):
-    """A ViT classifier: label-smoothed CE (or mixup/cutmix soft targets), AdamW with layer decay,
-    warm-up + cosine per step, optional EMA, torchmetrics accuracy and a test confusion matrix.
+    """An image classifier: a backbone's logits, a head's loss and metrics, AdamW with layer decay, warm-up + cosine
+    per step, optional EMA, a test confusion matrix and error report.
 
     Args:
-        model: a name from ``vit.list_models()``.
+        model: the network's name: one of ``vit.list_models()`` (``backbone: vit``) or ``timm.list_models()``.
         num_classes: number of classes (linked from the datamodule by the CLI).
         img_size: input side (linked from the datamodule); ``None`` keeps the named config's.
         in_chans: input channels (linked from the datamodule); ``None`` keeps the named config's.
-        model_kwargs: other ``VisionTransformer`` overrides, e.g. ``{drop_path_rate: 0.1}``.
-        pretrained: weights for ``vit.load_pretrained`` (a file or timm name); a new head is fine. Read by
-            ``configure_model`` (which a Trainer calls), not by the constructor.
+        model_kwargs: the network's other options: ``VisionTransformer`` overrides (e.g. ``{drop_path_rate: 0.1}``),
+            or ``timm.create_model`` arguments.
+        pretrained: weights to start from (a file or a tag), read by ``configure_model`` (which a Trainer calls),
+            not by the constructor; a new head is fine.
+        backbone: what builds the network (`vit.tasks.backbones`): "vit" (ours, every family), "timm", or the
+            import path of a ``Backbone`` subclass.
+        head: what the labels mean (`vit.tasks.heads`): the losses, metrics and answer. The default, single-label
+            cross-entropy, takes ``label_smoothing``, mixup/cutmix and ``class_weighting``:
+            ``head: {init_args: {mixup_alpha: 0.8}}``.
+        optim: how it trains (`vit.tasks.optim.Optimization`): ``lr``, ``lr_base_batch``, ``weight_decay``,
+            ``betas``, ``warmup_epochs``/``warmup_steps``, ``min_lr``, ``schedule``, ``layer_decay``, ``ema_decay``.
+        finetune: what trains (`vit.tasks.finetune`): "full", "linear_probe", "partial" or "staged".
+        freeze_blocks: "partial": the stem and this many first blocks stay frozen.
+        head_epochs: "staged": epochs that train the head alone before everything trains.
+        grad_checkpointing: recompute each block's activations in the backward pass instead of keeping them
+            (``set_grad_checkpointing``): the same gradients, far less memory, about a third more compute per
+            step. Under FSDP, use the strategy's ``activation_checkpointing_policy`` instead.
+        compile: ``torch.compile`` the trained model (in place: checkpoints keep the same state-dict keys).
+            Off by default: the first steps pay the compile, and on CPUs the gain is small; measure first.
         class_names: names of the classes, stored in the checkpoint (linked from the datamodule).
         mean, std: normalisation the data used, stored in the checkpoint (linked from the datamodule);
             ``None``: ImageNet's for 3 channels, 0.5 otherwise.
         crop_pct: evaluation centre-crop fraction the data used, stored in the checkpoint (linked).
         interpolation: resize interpolation the data used, stored in the checkpoint (linked).
-        lr: peak learning rate of the last layer group (the head), for a global batch of ``lr_base_batch``.
-        lr_base_batch: when set, ``lr`` is scaled linearly to the real global batch (batch size x devices x
-            nodes x gradient accumulation), as fine-tuning recipes quote it; ``None`` uses ``lr`` as given.
-        weight_decay: AdamW decoupled weight decay (not applied to biases, norms and embeddings).
-        betas: AdamW betas.
-        warmup_epochs: linear warm-up length in epochs (fractions allowed).
-        warmup_steps: warm-up length in optimiser steps; overrides ``warmup_epochs`` when set.
-        min_lr: the cosine schedule's floor for the head group.
-        schedule: "cosine": linear warm-up, then cosine down to ``min_lr`` (every published recipe here).
-            "onecycle": torch's ``OneCycleLR``, as plain PyTorch loops often use it: cosine warm-up from
-            lr/25, cosine down to lr/25e4, and AdamW's beta1 cycled 0.95 -> 0.85 -> 0.95 against the lr
-            (``betas[0]`` and ``min_lr`` unused). From scratch on small folders it trains better in the same
-            steps (scripts/experiments/parity.py). Not with ``finetune: staged``.
-        layer_decay: layer-wise LR decay factor (e.g. 0.75 for fine-tuning); ``None`` = off.
-        label_smoothing: label smoothing of the cross-entropy (also used by mixup's soft targets).
-        mixup_alpha, cutmix_alpha: timm ``Mixup`` strengths; mixup is on when either is > 0.
-        mixup_prob: probability of applying mixup or cutmix to a batch.
-        mixup_switch_prob: probability of cutmix instead of mixup when both are on.
-        ema_decay: decay of timm's ``ModelEmaV3`` (warmed up over the first steps); ``None`` = no EMA.
-            Validation and test use it.
-        finetune: what trains (`vit.tasks.finetune`): "full", "linear_probe", "partial" or "staged".
-        freeze_blocks: "partial": the patch embedding and this many first blocks stay frozen.
-        head_epochs: "staged": epochs that train the head alone before everything trains.
-        class_weighting: weight the loss of each class by total / (classes x its training images),
-            for imbalanced data (the counts come from the datamodule's training split).
-        grad_checkpointing: recompute each block's activations in the backward pass instead of keeping them
-            (``VisionTransformer.set_grad_checkpointing``): the same gradients, far less memory, about a third
-            more compute per step. Under FSDP, use the strategy's ``activation_checkpointing_policy`` instead.
-        compile: ``torch.compile`` the trained model (in place: checkpoints keep the same state-dict keys).
-            Off by default: the first steps pay the compile, and on CPUs the gain is small; measure first.
-        distillation: "hard" or "soft" (`vit.tasks.distill`): the student gets DeiT's dist token and second head,
-            which learns from ``teacher``; inference uses the mean of the two heads. "none": no teacher.
-        teacher: a `vit fit` checkpoint (any ViT family, or a timm convnet from configs/teacher_small.yaml), or "best"
-            / "last" of ``teacher_dir``; with ``teacher_weights``, a timm model name. Read when fitting starts.
-        teacher_weights: the weights of the timm model ``teacher`` names (.safetensors, .pth or a checkpoint).
-        teacher_dir: the teacher run's checkpoint folder, where ``teacher: best`` looks.
-        distill_alpha: the weight of the teacher's loss; 1 - alpha is the labels'.
-        distill_tau: the softmax temperature of soft distillation.
     """
 
     task = "classify"
+    moved: ClassVar[dict[str, str]] = MOVED
 
     def __init__(
         self,
@@ -113,83 +117,54 @@ class ImageClassifier(Prepared, VisionTask):
         in_chans: int | None = None,
         model_kwargs: dict[str, Any] | None = None,
         pretrained: str | None = None,
+        backbone: str = "vit",
+        head: ClassificationHead = SingleLabelHead(),  # noqa: B008 (frozen: one instance serves every call)
+        optim: Optimization = Optimization(),  # noqa: B008
+        finetune: str = "full",
+        freeze_blocks: int = 0,
+        head_epochs: int = 0,
+        grad_checkpointing: bool = False,
+        compile: bool = False,
         class_names: list[str] | None = None,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         crop_pct: float = 1.0,
         interpolation: str = "bicubic",
-        lr: float = 1e-3,
-        lr_base_batch: int | None = None,
-        weight_decay: float = 0.05,
-        betas: tuple[float, float] = (0.9, 0.999),
-        warmup_epochs: float = 0.0,
-        warmup_steps: int | None = None,
-        min_lr: float = 1e-6,
-        schedule: str = "cosine",
-        layer_decay: float | None = None,
-        label_smoothing: float = 0.1,
-        mixup_alpha: float = 0.0,
-        cutmix_alpha: float = 0.0,
-        mixup_prob: float = 1.0,
-        mixup_switch_prob: float = 0.5,
-        ema_decay: float | None = None,
-        finetune: str = "full",
-        freeze_blocks: int = 0,
-        head_epochs: int = 0,
-        class_weighting: bool = False,
-        grad_checkpointing: bool = False,
-        compile: bool = False,
-        distillation: str = "none",
-        teacher: str | None = None,
-        teacher_weights: str | None = None,
-        teacher_dir: str | None = None,
-        distill_alpha: float = 0.5,
-        distill_tau: float = 1.0,
     ) -> None:
         if num_classes < 1:
             raise UserValueError(f"num_classes must be at least 1, got {num_classes}")
         if class_names is not None and len(class_names) != num_classes:
             raise UserValueError(f"got {len(class_names)} class_names for num_classes={num_classes}")
-        if schedule not in ("cosine", "onecycle"):
-            raise UserValueError(f"schedule must be 'cosine' or 'onecycle', got {schedule!r}")
-        if schedule == "onecycle" and finetune == "staged":
-            raise UserValueError("schedule: onecycle has one warm-up; finetune: staged needs a second one when the "
-                                 "backbone starts training: use schedule: cosine")
-        check_options(distillation, distill_alpha, distill_tau)
+        if from_config(optim, Optimization, Optimization()).schedule == "onecycle" and finetune == "staged":
+            raise UserValueError("optim.schedule: onecycle has one warm-up; finetune: staged needs a second one when "
+                                 "the backbone starts training: use optim.schedule: cosine")
         super().__init__()  # saves the arguments; configure_models, configure_losses, configure_metrics
-        check_strategy(finetune, freeze_blocks, head_epochs, len(getattr(self.model, "blocks", ())))
+        check_strategy(finetune, freeze_blocks, head_epochs, self.roles.depth)
         self.configure_preprocessing(class_names, mean, std, crop_pct, interpolation)
 
     # --- set-up ----------------------------------------------------------------------------
     def configure_models(self) -> None:
-        """The ViT and its EMA copy, randomly initialised (Lightning's ``configure_model`` hook, below, loads
-        the pretrained weights)."""
+        """The parts the hyperparameters name (backbone, head, optim), the network and its EMA copy, randomly
+        initialised (Lightning's ``configure_model`` hook, below, loads the pretrained weights)."""
         hp = self.hparams
-        distilled = {"distilled": True} if hp.distillation != "none" else {}  # the dist token and head_dist
-        self.model: VisionTransformer = self.create_vit(hp.num_classes, **distilled)
-        self.model.distilled_training = bool(distilled)  # training returns both heads' logits
-        self.teacher: Teacher | None = None  # read in setup("fit")
+        self.backbone = backbone_named(hp.backbone)
+        self.head: ClassificationHead = from_config(hp.head, ClassificationHead, SingleLabelHead())
+        self.optim: Optimization = from_config(hp.optim, Optimization, Optimization())
+        self.model: nn.Module = self.build_network()
+        self.roles = self.backbone.roles(self.model)  # stem, tokens, blocks, pool, head: `vit.nn.roles`
         self.model.set_grad_checkpointing(hp.grad_checkpointing)
         # FSDP (use_orig_params) turns parameters into flat shards: the weight-decay rule needs their real ndim
         self.param_ndims = {name: p.ndim for name, p in self.model.named_parameters()}
         self.pretrained_loaded = False  # `configure_model` reads the weights: no I/O in the constructor
-        self.model_ema = None
-        if hp.ema_decay is not None:
-            from timm.utils import ModelEmaV3
-
-            # Warm-up: the decay grows with the step (1 - (1 + step)^-2/3, capped at ema_decay), so a short
-            # run's EMA is not mostly its random initialisation.
-            self.model_ema = ModelEmaV3(self.model, decay=hp.ema_decay, use_warmup=True)
-            # The copy follows the weights by averaging, never by gradients: freeze it, or DDP
-            # fails on parameters that require grad but take no part in the loss.
-            self.model_ema.requires_grad_(False)
-            # timm leaves the copy in eval mode; Lightning switches modes for val/test/predict anyway,
-            # and a train-mode copy avoids its "modules in eval mode at the start of training" warning.
-            self.model_ema.train()
+        self.model_ema = ema_copy(self.model, self.optim.ema_decay)
         if hp.compile:
             # nn.Module.compile compiles forward in place, unlike torch.compile(model) which wraps the
             # model and renames every key "_orig_mod.*". After the EMA copy, which stays eager.
             self.model.compile()
+
+    def build_network(self) -> nn.Module:
+        """The network the backbone builds for this run's classes (a subclass may ask for more of it)."""
+        return self.create_vit(self.hparams.num_classes)
 
     def configure_model(self) -> None:
         """Load the ``pretrained`` weights, once (Lightning calls this before every fit/validate/test/predict,
@@ -199,7 +174,7 @@ class ImageClassifier(Prepared, VisionTask):
         command, not a config-validation failure inside jsonargparse."""
         if self.pretrained_loaded or not self.hparams.pretrained:
             return
-        load_pretrained(self.model, self.hparams.pretrained)
+        self.backbone.load_pretrained(self.model, self.hparams.pretrained)
         if self.model_ema is not None:
             self.model_ema.set(self.model)  # the copy was made from the random initialisation
         self.pretrained_loaded = True
@@ -220,57 +195,34 @@ class ImageClassifier(Prepared, VisionTask):
         self.preprocessing = Preprocessing(mean, std, crop_pct, interpolation)  # `mean` etc. read it
 
     def configure_losses(self, class_weights: Tensor | None = None) -> None:
-        """Label-smoothed cross-entropy, or soft targets when mixup/cutmix is on; optionally class-weighted."""
-        hp = self.hparams
-        self.mixup = None
-        if hp.mixup_alpha > 0 or hp.cutmix_alpha > 0:
-            from timm.data import Mixup
-
-            self.mixup = Mixup(
-                mixup_alpha=hp.mixup_alpha, cutmix_alpha=hp.cutmix_alpha, prob=hp.mixup_prob,
-                switch_prob=hp.mixup_switch_prob, label_smoothing=hp.label_smoothing, num_classes=hp.num_classes,
-            )
-            self.train_loss: nn.Module = SoftTargetCrossEntropy(class_weights)
-        else:
-            self.train_loss = nn.CrossEntropyLoss(weight=class_weights, label_smoothing=hp.label_smoothing)
-        self.eval_loss = nn.CrossEntropyLoss()
+        """The head's training loss (optionally class-weighted), evaluation loss, and mixing of batches."""
+        n = self.hparams.num_classes
+        self.mixup = self.head.mixer(n)
+        self.train_loss = self.head.train_loss(n, class_weights)
+        self.eval_loss = self.head.eval_loss(n)
 
     def setup(self, stage: str) -> None:
-        hp = self.hparams
-        if stage == "fit" and hp.distillation != "none" and self.teacher is None:
-            # Here, before Lightning moves the module to its device: the teacher follows it there, on every rank.
-            self.teacher = load_teacher(hp.teacher, weights=hp.teacher_weights, folder=hp.teacher_dir,
-                                        num_classes=hp.num_classes, in_chans=self.model.in_chans,
-                                        class_names=self.class_names, mean=self.mean, std=self.std)
-            rank_zero_info(f"distillation: {hp.distillation} (alpha {hp.distill_alpha}, tau {hp.distill_tau}) "
-                           f"from the teacher {self.teacher.source}")
-        if stage == "fit" and hp.class_weighting:
+        if stage == "fit" and self.head.class_weighting:
             counts = torch.tensor(self.trainer.datamodule.class_counts("train"), dtype=torch.float32)
-            if (counts == 0).any():
-                missing = [name for name, n in zip(self.class_names, counts.tolist()) if n == 0]
-                raise UserValueError(f"class_weighting: classes without training images: {missing}")
-            weights = counts.sum() / (len(counts) * counts)
+            weights = self.head.class_weights(counts, self.class_names)
             self.configure_losses(weights.to(self.device))
             rank_zero_info("class weights: " + ", ".join(f"{n} {w:.2f}" for n, w in zip(self.class_names, weights)))
 
     def configure_metrics(self) -> None:
-        """One MetricCollection per stage: top-1, balanced accuracy (the mean of per-class recalls), top-5."""
+        """The head's MetricCollections, one per stage; and the test report's per-class accuracy, confusion matrix
+        and most confident mistakes."""
         n = self.hparams.num_classes
-        # "micro": the fraction of images classified right (torchmetrics defaults to a class mean).
-        metrics = {"acc": MulticlassAccuracy(n, average="micro")}
-        metrics["acc_balanced"] = MulticlassAccuracy(n, average="macro")
-        if n >= 5:
-            metrics["acc_top5"] = MulticlassAccuracy(n, top_k=5, average="micro")
-        self.train_metrics = MetricCollection({"acc": MulticlassAccuracy(n, average="micro")}, prefix="train_")
-        self.val_metrics = MetricCollection(metrics, prefix="val_")
-        self.test_metrics = self.val_metrics.clone(prefix="test_")
+        train, val = self.head.metrics(n)
+        self.train_metrics = train.clone(prefix="train_")
+        self.val_metrics = val.clone(prefix="val_")
+        self.test_metrics = val.clone(prefix="test_")
         self.test_class_acc = MulticlassAccuracy(n, average=None)
         self.test_confusion = MulticlassConfusionMatrix(n)
         self.test_mistakes = ConfidentMistakes(16)  # errors.png: the most confident mistakes, with rollout
 
     # --- what prediction needs -------------------------------------------------------------
     @property
-    def eval_model(self) -> VisionTransformer:
+    def eval_model(self) -> nn.Module:
         """The weights used for validation, test and prediction: the EMA when it is on."""
         return self.model_ema.module if self.model_ema is not None else self.model
 
@@ -280,15 +232,12 @@ class ImageClassifier(Prepared, VisionTask):
 
     # --- steps -----------------------------------------------------------------------------
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
+        x, y = self.unpack(batch)
         self.check_images(x)
         if self.mixup is not None:
-            if len(x) % 2:  # timm's Mixup pairs each sample with its mirror in the batch
-                x, y = x[:-1], y[:-1]
-            x_mixed, y_soft = self.mixup(x, y)
-            loss = self.distill_loss(x_mixed, y_soft)[0]  # the teacher sees the same mixed images
-        else:
-            loss, logits = self.distill_loss(x, y)
+            x, y = self.mixup(x, y)  # soft targets: no training accuracy
+        loss, logits = self.loss_and_logits(x, y)
+        if self.mixup is None:
             self.train_metrics.update(logits, y)
             self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         self.check_loss(loss)
@@ -296,28 +245,10 @@ class ImageClassifier(Prepared, VisionTask):
         self.log("lr", self.optimizers().param_groups[-1]["lr"], prog_bar=False)
         return loss
 
-    def distill_loss(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """(loss, logits) of the student on ``x``: the labels' loss, and the teacher's when distilling."""
-        if self.teacher is None:
-            logits = self.model(x)
-            return self.train_loss(logits, y), logits
-        cls, dist = self.model(x)
-        base, teacher = self.train_loss(cls, y), self.teacher(x)
-        hp = self.hparams
-        if hp.distillation == "hard":
-            loss = hard_distillation(base, dist, teacher, hp.distill_alpha)
-        else:
-            loss = soft_distillation(base, dist, teacher, hp.distill_alpha, hp.distill_tau)
-        return loss, (cls + dist) / 2  # what inference answers
-
-    def on_train_epoch_start(self) -> None:
-        self.epoch_started = time.perf_counter()
-
-    def on_train_epoch_end(self) -> None:
-        if self.teacher is not None:  # the teacher's share of the epoch, and of a step (teacher_ms in the logs)
-            ms, line = self.teacher.report(time.perf_counter() - self.epoch_started)
-            self.log("teacher_ms", ms, sync_dist=True)
-            rank_zero_info(f"epoch {self.current_epoch}: {line}")
+    def loss_and_logits(self, x: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """(training loss, logits) of the model on images ``x``."""
+        logits = self.model(x)
+        return self.train_loss(logits, targets), logits
 
     # --- fine-tuning strategy ----------------------------------------------------------------
     def on_fit_start(self) -> None:
@@ -330,18 +261,19 @@ class ImageClassifier(Prepared, VisionTask):
             )
         rank_zero_info(self.param_group_table())
 
-    def frozen_modules(self, epoch: int) -> list[nn.Module]:
-        """The parts of the model that do not train in ``epoch`` under this run's strategy."""
+    def frozen(self, epoch: int) -> Frozen:
+        """What does not train in ``epoch`` under this run's strategy (by the network's roles)."""
         hp = self.hparams
-        return frozen_modules(self.model, hp.finetune, hp.freeze_blocks, hp.head_epochs, epoch)
+        return frozen_parts(self.model, self.roles, hp.finetune, hp.freeze_blocks, hp.head_epochs, epoch)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Every step, since validation and Lightning switch modules back to train mode.
-        apply_freezing(self.model, self.frozen_modules(self.current_epoch))
+        apply_freezing(self.model, self.frozen(self.current_epoch))
 
     def param_group_table(self) -> str:
         """The optimiser's groups: name, parameters, peak lr, weight decay, and whether they train now."""
-        frozen = [p for m in self.frozen_modules(self.current_epoch) for p in m.parameters()]
+        names = self.frozen(self.current_epoch).names
+        frozen = [p for name, p in self.model.named_parameters() if name in names]
         return describe_param_groups(self.trainer.optimizers[0], frozen)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
@@ -352,7 +284,7 @@ class ImageClassifier(Prepared, VisionTask):
             self.model_ema.update(self.model, step=self.global_step)
 
     def _eval_step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
-        x, y = batch
+        x, y = self.unpack(batch)
         logits = self(x)
         self.log(f"{stage}_loss", self.eval_loss(logits, y), prog_bar=stage == "val", sync_dist=True)
         metrics = self.val_metrics if stage == "val" else self.test_metrics
@@ -365,9 +297,10 @@ class ImageClassifier(Prepared, VisionTask):
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         logits = self._eval_step(batch, "test")
-        self.test_class_acc.update(logits, batch[1])
-        self.test_confusion.update(logits, batch[1])
-        self.test_mistakes.update(batch[0], logits, batch[1])
+        x, y = self.unpack(batch)
+        self.test_class_acc.update(logits, y)
+        self.test_confusion.update(logits, y)
+        self.test_mistakes.update(x, logits, y)
 
     def on_test_epoch_end(self) -> None:
         confusion = self.test_confusion.compute().cpu()  # already global: torchmetrics syncs ranks on compute
@@ -392,42 +325,42 @@ class ImageClassifier(Prepared, VisionTask):
         self.test_mistakes.reset()
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
-        """Class probabilities (B, num_classes); the batch is images or (images, anything)."""
-        x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        return self(x).softmax(dim=-1)
+        """The head's answer (class probabilities (B, num_classes)); the batch is images or (images, anything)."""
+        return self.head.predict(self(self.unpack(batch)[0]))
 
     # --- optimiser -------------------------------------------------------------------------
     def peak_lr(self) -> float:
-        """``lr``, scaled to the global batch when ``lr_base_batch`` is set; said once, on rank 0."""
-        hp = self.hparams
-        if hp.lr_base_batch is not None:
-            return self.scaled_lr(hp.lr, hp.lr_base_batch, "lr", "lr_base_batch")
+        """``optim.lr``, scaled to the global batch when ``optim.lr_base_batch`` is set; said once, on rank 0."""
+        lr, base = self.optim.lr, self.optim.lr_base_batch
+        if base is not None:
+            return self.scaled_lr(lr, base, "optim.lr", "optim.lr_base_batch")
         images, parts = global_batch(self.trainer)
-        rank_zero_info(f"effective lr {hp.lr:.4g} (as given: no lr_base_batch to scale it by); global batch "
+        rank_zero_info(f"effective lr {lr:.4g} (as given: no optim.lr_base_batch to scale it by); global batch "
                        f"{images} = {parts}")
-        return hp.lr
+        return lr
 
     def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
+        o = self.optim
         lr = self.peak_lr()
-        groups = param_groups(self.model, lr, hp.weight_decay, hp.layer_decay, ndims=self.param_ndims)
-        optimizer = adamw(groups, lr=lr, betas=tuple(hp.betas))
-        warmup, total = self.schedule_steps()
-        if hp.schedule == "onecycle" and total >= 3:  # (1-2 steps, e.g. fast_dev_run: the cosine lambda below)
-            scheduler = one_cycle(optimizer, warmup, total)
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-        min_ratio = self.min_lr_ratio(lr)
+        groups = param_groups(self.model, lr, o.weight_decay, o.layer_decay, ndims=self.param_ndims, roles=self.roles)
+        optimizer = adamw(groups, lr=lr, betas=o.betas)
+        warmup, total = self.schedule_steps(o.warmup_epochs, o.warmup_steps)
+        if o.schedule == "onecycle" and total >= 3:  # (1-2 steps, e.g. fast_dev_run: the cosine lambda below)
+            return step_schedule(optimizer, one_cycle(optimizer, warmup, total))
+        return step_schedule(optimizer, self.lr_lambdas(groups, warmup, total, self.min_lr_ratio(o.min_lr, lr)))
+
+    def lr_lambdas(self, groups: list[dict[str, Any]], warmup: int, total: int, min_ratio: float
+                   ) -> list[Callable[[int], float]]:
+        """Each group's lr multiplier of the step: warm-up + cosine; under ``finetune: staged`` the backbone's
+        groups warm up again from the epoch it starts training."""
         schedule = lambda step: warmup_cosine(step, warmup, total, min_ratio)
-        unfreeze = unfreeze_epoch(hp.finetune, hp.head_epochs)
+        unfreeze = unfreeze_epoch(self.hparams.finetune, self.hparams.head_epochs)
         if unfreeze is None:
-            lambdas = [schedule] * len(groups)
-        else:  # staged: the backbone's groups warm up again from the epoch it starts training
-            start = unfreeze * per_epoch_steps(self.trainer, total)
-            rest = total - start
-            backbone = lambda step: warmup_cosine(step - start, warmup, rest, min_ratio) if step >= start else 0.0
-            lambdas = [schedule if g["name"].startswith("head_") else backbone for g in groups]
-        scheduler = LambdaLR(optimizer, lambdas)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+            return [schedule] * len(groups)
+        start = unfreeze * per_epoch_steps(self.trainer, total)
+        rest = total - start
+        backbone = lambda step: warmup_cosine(step - start, warmup, rest, min_ratio) if step >= start else 0.0
+        return [schedule if g["name"].startswith("head_") else backbone for g in groups]
 
     # --- checkpoint (checked on loading by VisionTask.on_load_checkpoint) ---------------------
     def checkpoint_meta(self) -> dict[str, Any]:
@@ -439,6 +372,24 @@ class ImageClassifier(Prepared, VisionTask):
             "class_names": list(self.class_names),
             **self.preprocessing.to_dict(),  # mean, std, crop_pct, interpolation
             "ema": self.model_ema is not None,
-            **({"teacher": self.teacher.source} if self.teacher is not None else {}),
+            **self.backbone.meta(self.hparams.img_size),
         }
 
+
+def ema_copy(model: nn.Module, decay: float | None) -> nn.Module | None:
+    """timm's ``ModelEmaV3`` of ``model`` (None without a decay), warmed up: the decay grows with the step
+    (1 - (1 + step)^-2/3, capped at ``decay``), so a short run's EMA is not mostly its random initialisation."""
+    if decay is None:
+        return None
+    from timm.utils import ModelEmaV3
+
+    ema = ModelEmaV3(model, decay=decay, use_warmup=True)
+    # The copy follows the weights by averaging, never by gradients: freeze it, or DDP
+    # fails on parameters that require grad but take no part in the loss.
+    ema.requires_grad_(False)
+    # timm leaves the copy in eval mode; Lightning switches modes for val/test/predict anyway,
+    # and a train-mode copy avoids its "modules in eval mode at the start of training" warning.
+    return ema.train()
+
+
+__all__ = ["MOVED", "ImageClassifier", "upgraded_hparams"]

@@ -8,8 +8,10 @@
 With mixup or cutmix the teacher sees the same mixed images as the student. At inference the student
 answers with the mean of its two heads (`vit.nn.vision.DistilledVisionTransformer`).
 
-The teacher is a `vit fit` checkpoint (a ViT of any family, or a timm convnet that `configs/teacher_small.yaml`
-trained), or a timm model name with a weights file. `Teacher` holds it outside the module tree: Lightning moves
+`DistilledClassifier` is the task: an `ImageClassifier` whose student has the dist token and second head, and
+whose training loss adds the teacher's (configs/distill_small.yaml). The teacher is a `vit fit` checkpoint (a ViT
+of any family, or a timm convnet that `configs/teacher_small.yaml` trained), or a timm model name with a weights
+file. `Teacher` holds it outside the module tree: Lightning moves
 and casts it with the student (``_apply``), on every DDP rank, but it is no parameter of the student, so it is
 in no optimiser, no DDP gradient bucket and no saved state dict.
 """
@@ -25,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from vit.checkpoints.io import missing_message, newest_checkpoint, read_checkpoint
@@ -32,10 +35,12 @@ from vit.checkpoints.meta import evaluated_weights
 from vit.checkpoints.runs import run_checkpoint_folders
 from vit.deploy.classifier import read_classifier
 from vit.errors import UserPathError, UserValueError
+from vit.tasks.backbones import ViTBackbone
+from vit.tasks.classify import ImageClassifier
 
 log = logging.getLogger(__name__)
 
-MODES = ("none", "hard", "soft")
+MODES = ("hard", "soft")
 
 
 # ---- the losses ------------------------------------------------------------------------------
@@ -62,6 +67,79 @@ def check_options(distillation: str, alpha: float, tau: float) -> None:
         raise UserValueError(f"distill_alpha weighs the teacher's loss against the labels': 0 to 1, got {alpha}")
     if not tau > 0:
         raise UserValueError(f"distill_tau (the softmax temperature) must be > 0, got {tau}")
+
+
+# ---- the task -------------------------------------------------------------------------------
+class DistilledClassifier(ImageClassifier):
+    """An `ImageClassifier` that learns from a teacher as well as from the labels (DeiT): its ViT student gets the
+    dist token and second head, which learns from the teacher; inference answers with the mean of the two heads.
+
+    Args:
+        distillation: "hard" (the dist head learns the teacher's top class) or "soft" (its softened probabilities).
+        teacher: a `vit fit` checkpoint (any ViT family, or a timm convnet from configs/teacher_small.yaml), or
+            "best" / "last" of ``teacher_dir``; with ``teacher_weights``, a timm model name. Read when fitting starts.
+        teacher_weights: the weights of the timm model ``teacher`` names (.safetensors, .pth or a checkpoint).
+        teacher_dir: the teacher run's checkpoint folder, where ``teacher: best`` looks.
+        distill_alpha: the weight of the teacher's loss; 1 - alpha is the labels'.
+        distill_tau: the softmax temperature of soft distillation.
+        **kwargs: the `ImageClassifier` options (``model``, ``head``, ``optim``, ...).
+    """
+
+    def __init__(self, distillation: str = "soft", teacher: str | None = None, teacher_weights: str | None = None,
+                 teacher_dir: str | None = None, distill_alpha: float = 0.5, distill_tau: float = 1.0,
+                 **kwargs: Any) -> None:
+        check_options(distillation, distill_alpha, distill_tau)
+        super().__init__(**kwargs)
+
+    def build_network(self) -> nn.Module:
+        """The ViT student with DeiT's dist token and ``head_dist``, training on both heads' logits."""
+        if not isinstance(self.backbone, ViTBackbone):
+            raise UserValueError(f"distillation gives the student DeiT's dist token and second head: a ViT "
+                                 f"(backbone: vit), not backbone: {self.hparams.backbone}")
+        network = self.create_vit(self.hparams.num_classes, distilled=True)
+        network.distilled_training = True  # training returns (cls logits, dist logits)
+        self.teacher: Teacher | None = None  # read in setup("fit")
+        return network
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        if stage == "fit" and self.teacher is None:
+            # Here, before Lightning moves the module to its device: the teacher follows it there, on every rank.
+            self.teacher = load_teacher(hp.teacher, weights=hp.teacher_weights, folder=hp.teacher_dir,
+                                        num_classes=hp.num_classes, in_chans=self.model.in_chans,
+                                        class_names=self.class_names, mean=self.mean, std=self.std)
+            rank_zero_info(f"distillation: {hp.distillation} (alpha {hp.distill_alpha}, tau {hp.distill_tau}) "
+                           f"from the teacher {self.teacher.source}")
+        super().setup(stage)
+
+    def loss_and_logits(self, x: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """(loss, logits): the labels' loss on the cls head and the teacher's on the dist head (the teacher sees
+        the same, possibly mixed, images); the logits are what inference answers, the heads' mean."""
+        if self.teacher is None:  # a step outside fit: the labels' loss alone
+            logits = self.model(x)
+            return self.train_loss(logits, targets), logits
+        cls, dist = self.model(x)
+        base, teacher = self.train_loss(cls, targets), self.teacher(x)
+        hp = self.hparams
+        if hp.distillation == "hard":
+            loss = hard_distillation(base, dist, teacher, hp.distill_alpha)
+        else:
+            loss = soft_distillation(base, dist, teacher, hp.distill_alpha, hp.distill_tau)
+        return loss, (cls + dist) / 2
+
+    def on_train_epoch_start(self) -> None:
+        self.epoch_started = time.perf_counter()
+
+    def on_train_epoch_end(self) -> None:
+        if self.teacher is not None:  # the teacher's share of the epoch, and of a step (teacher_ms in the logs)
+            ms, line = self.teacher.report(time.perf_counter() - self.epoch_started)
+            self.log("teacher_ms", ms, sync_dist=True)
+            rank_zero_info(f"epoch {self.current_epoch}: {line}")
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """The classifier's record, and the teacher it learnt from."""
+        meta = super().checkpoint_meta()
+        return {**meta, "teacher": self.teacher.source} if self.teacher is not None else meta
 
 
 # ---- timing ----------------------------------------------------------------------------------
@@ -254,5 +332,5 @@ def timm_network(name: str, weights: str, num_classes: int, in_chans: int) -> tu
     return network, names
 
 
-__all__ = ["MODES", "Stopwatch", "Teacher", "check_classes", "hard_distillation", "load_teacher",
+__all__ = ["MODES", "DistilledClassifier", "Stopwatch", "Teacher", "check_classes", "hard_distillation", "load_teacher",
            "soft_distillation"]

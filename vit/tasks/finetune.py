@@ -1,8 +1,9 @@
-"""Fine-tuning strategies: which parts of a pretrained ViT train, epoch by epoch.
+"""Fine-tuning strategies: which parts of a pretrained network train, epoch by epoch, by the roles the network gives
+its parameters (`vit.nn.roles`).
 
     full           everything trains (with layer-wise LR decay, the usual fine-tuning)
-    linear_probe   the backbone is frozen; only the head trains
-    partial        the patch embedding and the first ``freeze_blocks`` blocks are frozen
+    linear_probe   only the head trains: stem, tokens, blocks and pool (SigLIP's attention pool too) are frozen
+    partial        the stem, the tokens and positions, and the first ``freeze_blocks`` blocks are frozen
     staged         the head alone for ``head_epochs`` epochs, then everything, with its own warm-up
 
 Freezing is a function of the epoch alone, re-applied at every training step: a resumed run freezes
@@ -14,10 +15,12 @@ train). Under DDP, parameters that come and go need ``find_unused_parameters``; 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import nn
 
 from vit.errors import UserValueError
-from vit.nn.vision import VisionTransformer
+from vit.nn.roles import ParamRoles
 
 STRATEGIES = ("full", "linear_probe", "partial", "staged")
 
@@ -32,29 +35,39 @@ def check_strategy(finetune: str, freeze_blocks: int, head_epochs: int, depth: i
         raise UserValueError(f"finetune: staged needs head_epochs >= 1, got {head_epochs}")
 
 
-def frozen_modules(model: VisionTransformer, finetune: str, freeze_blocks: int, head_epochs: int,
-                   epoch: int) -> list[nn.Module]:
-    """The modules that do not train in ``epoch``; the cls token and position embedding follow the patch embedding."""
-    blocks = list(model.blocks)
+@dataclass(frozen=True)
+class Frozen:
+    """What does not train in an epoch: parameters by name, and the modules that hold them (run in eval mode)."""
+
+    names: frozenset[str]
+    modules: tuple[nn.Module, ...]
+
+
+def frozen_parts(network: nn.Module, roles: ParamRoles, finetune: str, freeze_blocks: int, head_epochs: int,
+                 epoch: int) -> Frozen:
+    """What does not train in ``epoch`` under the strategy: all but the head (``linear_probe``, and ``staged``
+    before ``head_epochs``), or the stem, tokens and first ``freeze_blocks`` blocks (``partial``)."""
     if finetune == "linear_probe" or (finetune == "staged" and epoch < head_epochs):
-        return [model.patch_embed, model.norm_pre, *blocks, model.norm, model.fc_norm]
-    if finetune == "partial":  # norm_pre (CLIP's) sits between the embedding and the first block
-        return [model.patch_embed, model.norm_pre, *blocks[:freeze_blocks]]
-    return []
+        parts, blocks = ("stem", "tokens", "blocks", "pool"), None
+    elif finetune == "partial":
+        parts, blocks = ("stem", "tokens", "blocks"), freeze_blocks
+    else:
+        return Frozen(frozenset(), ())
+    return Frozen(frozenset(roles.names(network, *parts, blocks=blocks)),
+                  tuple(roles.modules(network, *parts, blocks=blocks)))
 
 
-def apply_freezing(model: VisionTransformer, frozen: list[nn.Module]) -> None:
-    """Turn gradients off (and eval mode on) for ``frozen``, and on for the rest."""
-    frozen_ids = {id(p) for module in frozen for p in module.parameters()}
-    embeddings_frozen = any(module is model.patch_embed for module in frozen)
-    for name, p in model.named_parameters():
-        embedding = name in ("cls_token", "reg_token", "dist_token", "pos_embed")
-        trainable = id(p) not in frozen_ids and not (embeddings_frozen and embedding)
-        p.requires_grad_(trainable)
-    for module in frozen:
+def apply_freezing(network: nn.Module, frozen: Frozen) -> None:
+    """Turn gradients off (and eval mode on) for what is ``frozen``, and gradients on for the rest."""
+    for name, p in network.named_parameters():
+        p.requires_grad_(name not in frozen.names)
+    for module in frozen.modules:
         module.eval()
 
 
 def unfreeze_epoch(finetune: str, head_epochs: int) -> int | None:
     """The epoch where a staged fine-tuning starts training the backbone (its warm-up starts again)."""
     return head_epochs if finetune == "staged" else None
+
+
+__all__ = ["STRATEGIES", "Frozen", "apply_freezing", "check_strategy", "frozen_parts", "unfreeze_epoch"]

@@ -70,7 +70,7 @@ def save_error_report(
     if len(mistakes):
         device = next(model.parameters()).device
         images = [to_display_image(x, mean, std, min_side=64) for x in mistakes.images]
-        overlays = images  # a convnet (`ConvNetClassifier`) has no attention to roll out
+        overlays = images  # a timm convnet (`backbone: timm`) has no attention to roll out
         if isinstance(model, VisionTransformer):
             rollout = collect_attention(model, mistakes.images.to(device)).rollout().cpu()  # (B, h, w)
             overlays = [overlay(image, heat) for image, heat in zip(images, rollout)]

@@ -1,37 +1,72 @@
-"""Optimiser pieces for fine-tuning and training: AdamW parameter groups with layer decay, the LR schedule."""
+"""How the tasks optimise: the classifier's settings (`Optimization`), AdamW parameter groups with layer decay and
+the one no-decay rule (both from the network's `vit.nn.roles`), and the lr schedules, stepped and resumed alike by
+every task (`step_schedule`).
+"""
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
-from vit.nn.vision import VisionTransformer
+from vit.errors import UserValueError
+from vit.nn.roles import ParamRoles, roles_of, wrapped_name
 
-
-def layer_id(name: str, depth: int) -> int:
-    """Layer index for layer-wise LR decay, as timm's ``group_matcher``: the embedding (tokens, positions,
-    ``norm_pre``) 0, block i -> i + 1, the rest (norms, ``attn_pool``, head) depth + 1."""
-    if name.startswith(("patch_embed.", "cls_token", "reg_token", "dist_token", "pos_embed", "norm_pre.")):
-        return 0
-    if name.startswith("blocks."):
-        return int(name.split(".")[1]) + 1
-    return depth + 1
+SCHEDULES = ("cosine", "onecycle")
 
 
-def original_name(name: str) -> str:
-    """A parameter's name without the segments FSDP and activation checkpointing insert when they wrap a block."""
-    return name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
+@dataclass(frozen=True)
+class Optimization:
+    """How a classifier trains: AdamW, the lr schedule, layer decay and the EMA of the weights. In a config:
+    ``model.init_args.optim: {lr: 0.001, warmup_epochs: 5}``; on the command line ``--model.init_args.optim.lr``.
+
+    Args:
+        lr: peak learning rate of the last layer group (the head), for a global batch of ``lr_base_batch``.
+        lr_base_batch: when set, ``lr`` is scaled linearly to the real global batch (batch size x devices x
+            nodes x gradient accumulation), as fine-tuning recipes quote it; ``None`` uses ``lr`` as given.
+        weight_decay: AdamW decoupled weight decay (not on biases, norms, tokens and positions).
+        betas: AdamW betas.
+        warmup_epochs: linear warm-up length in epochs (fractions allowed).
+        warmup_steps: warm-up length in optimiser steps; overrides ``warmup_epochs`` when set.
+        min_lr: the cosine schedule's floor for the head group.
+        schedule: "cosine": linear warm-up, then cosine down to ``min_lr`` (every published recipe here).
+            "onecycle": torch's ``OneCycleLR``, as plain PyTorch loops often use it: cosine warm-up from
+            lr/25, cosine down to lr/25e4, and AdamW's beta1 cycled 0.95 -> 0.85 -> 0.95 against the lr
+            (``betas[0]`` and ``min_lr`` unused). From scratch on small folders it trains better in the same
+            steps (scripts/experiments/parity.py). Not with ``finetune: staged``.
+        layer_decay: layer-wise lr decay factor (e.g. 0.75 for fine-tuning); ``None`` = off.
+        ema_decay: decay of timm's ``ModelEmaV3`` (warmed up over the first steps); ``None`` = no EMA.
+            Validation and test use it.
+    """
+
+    lr: float = 1e-3
+    lr_base_batch: int | None = None
+    weight_decay: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_epochs: float = 0.0
+    warmup_steps: int | None = None
+    min_lr: float = 1e-6
+    schedule: str = "cosine"
+    layer_decay: float | None = None
+    ema_decay: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "betas", tuple(self.betas))  # a config's list
+        if self.schedule not in SCHEDULES:
+            raise UserValueError(f"optim.schedule must be 'cosine' or 'onecycle', got {self.schedule!r}")
 
 
 def param_groups(
-    model: VisionTransformer, lr: float, weight_decay: float, layer_decay: float | None = None,
-    ndims: Mapping[str, int] | None = None,
+    model: nn.Module, lr: float, weight_decay: float, layer_decay: float | None = None,
+    ndims: Mapping[str, int] | None = None, roles: ParamRoles | None = None,
 ) -> list[dict[str, Any]]:
-    """AdamW parameter groups: no decay on biases, norms, pos_embed and cls_token; per-layer lr; the head apart.
+    """AdamW parameter groups from the network's roles (``roles``, else what ``model`` says: `vit.nn.roles`): the
+    one no-decay rule (`ParamRoles.decays`), a peak lr per layer with layer decay, and the head apart.
 
     Every parameter is in a group, frozen or not: freezing (see `vit.tasks.finetune`) only stops its
     gradient, so the groups never change and a resumed run's optimiser state always fits. Each group's
@@ -41,14 +76,14 @@ def param_groups(
     ``ndims``: each parameter's dimensions before FSDP wrapped the model (``use_orig_params`` leaves
     flat 1-D shards, which would all look like biases).
     """
-    depth = len(getattr(model, "blocks", ()))  # a convnet (`ConvNetClassifier`): one group, no layer decay
-    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
+    roles = roles or roles_of(model)
+    depth = roles.depth
     groups: dict[tuple[int, bool], dict[str, Any]] = {}
     for name, p in model.named_parameters():
-        name = original_name(name)
-        no_decay = (p.ndim if ndims is None else ndims[name]) <= 1 or name in skip
-        layer = layer_id(name, depth) if layer_decay is not None else depth + 1
-        head = name.startswith(("head.", "head_dist."))  # DeiT's second head is a head too
+        name = wrapped_name(name)
+        no_decay = not roles.decays(name, p.ndim if ndims is None else ndims[name])
+        layer = roles.layer(name) if layer_decay is not None else depth + 1
+        head = roles.role(name) == "head"  # DeiT's second head is a head too
         scale = layer_decay ** (depth + 1 - layer) if layer_decay is not None else 1.0
         key = (depth + 2 if head else layer, no_decay)  # the head sorts last, after the final norm
         if key not in groups:
@@ -59,6 +94,18 @@ def param_groups(
             }
         groups[key]["params"].append(p)
     return [groups[k] for k in sorted(groups)]
+
+
+def merge_groups(*grouped: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Parameter groups of several networks (MAE's encoder and decoder), those of the same name joined in order."""
+    merged: dict[str, dict[str, Any]] = {}
+    for groups in grouped:
+        for group in groups:
+            if group["name"] in merged:
+                merged[group["name"]]["params"] += group["params"]
+            else:
+                merged[group["name"]] = {**group, "params": list(group["params"])}
+    return list(merged.values())
 
 
 def adamw(groups: list[dict[str, Any]], *, lr: float, betas: tuple[float, float], eps: float = 1e-8
@@ -126,6 +173,17 @@ def one_cycle(
         optimizer, max_lr=[g["lr"] for g in optimizer.param_groups], total_steps=total_steps,
         pct_start=up / total_steps,
     )
+
+
+def step_schedule(
+    optimizer: torch.optim.Optimizer,
+    schedule: Callable[[int], float] | Sequence[Callable[[int], float]] | torch.optim.lr_scheduler.LRScheduler,
+) -> dict[str, Any]:
+    """What every task's ``configure_optimizers`` returns: the optimiser and its lr schedule, stepped at every
+    optimiser step. A multiplier of the step (or one per group) becomes the resume-safe `LambdaLR`."""
+    if not isinstance(schedule, torch.optim.lr_scheduler.LRScheduler):
+        schedule = LambdaLR(optimizer, schedule)
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
 def global_batch(trainer: Any) -> tuple[int, str]:

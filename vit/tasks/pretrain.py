@@ -35,7 +35,7 @@ from vit.nn.mae import (
 )
 from vit.nn.vision import VisionTransformer
 from vit.tasks.base import VisionTask
-from vit.tasks.optim import LambdaLR, adamw, warmup_cosine
+from vit.tasks.optim import adamw, merge_groups, param_groups, step_schedule, warmup_cosine
 
 FIGURE_SEED = 0  # the fixed masking of the figure's images, the same every epoch
 
@@ -136,13 +136,8 @@ class MaskedAutoencoder(VisionTask):
             target = normalize_patches(target)[0]
         return reconstruction_loss(pred, target, masking.mask), pred, masking.mask
 
-    @staticmethod
-    def images_of(batch: Any) -> Tensor:
-        """The images of a batch: (images, labels) from an image DataModule (labels unused), or images alone."""
-        return batch[0] if isinstance(batch, (tuple, list)) else batch
-
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        images = self.images_of(batch)
+        images = self.unpack(batch)[0]  # (images, labels) from an image DataModule: the labels unused
         self.check_images(images)
         loss = self(images)[0]
         self.check_loss(loss)
@@ -150,7 +145,7 @@ class MaskedAutoencoder(VisionTask):
         return loss
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        images = self.images_of(batch)
+        images = self.unpack(batch)[0]
         # A fixed masking per batch, so val_loss compares epochs with each other (not masks).
         generator = torch.Generator().manual_seed(batch_idx)
         self.log("val_loss", self(images, generator)[0], prog_bar=True, sync_dist=True)
@@ -200,17 +195,14 @@ class MaskedAutoencoder(VisionTask):
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         lr = self.peak_lr()
-        tokens = ("pos_embed", "cls_token", "mask_token")
-        trained = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
-        no_decay = [p for n, p in trained if p.ndim <= 1 or n.split(".")[-1] in tokens]
-        decay = [p for n, p in trained if not (p.ndim <= 1 or n.split(".")[-1] in tokens)]
-        groups = [{"params": decay, "weight_decay": hp.weight_decay, "name": "decay"},
-                  {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
-        optimizer = adamw(groups, lr=lr, betas=tuple(hp.betas))
-        warmup, total = self.schedule_steps()
-        min_ratio = self.min_lr_ratio(lr)
-        schedule = LambdaLR(optimizer, lambda s: warmup_cosine(s, warmup, total, min_ratio))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        # The one no-decay rule over both networks (their roles: the encoder's tokens, the decoder's mask token);
+        # what does not train (the fixed sin-cos positions) stays out of the optimiser.
+        groups = merge_groups(*(param_groups(net, lr, hp.weight_decay) for net in (self.model, self.decoder)))
+        groups = [{**g, "params": [p for p in g["params"] if p.requires_grad]} for g in groups]
+        optimizer = adamw([g for g in groups if g["params"]], lr=lr, betas=tuple(hp.betas))
+        warmup, total = self.schedule_steps(hp.warmup_epochs, hp.warmup_steps)
+        min_ratio = self.min_lr_ratio(hp.min_lr, lr)
+        return step_schedule(optimizer, lambda step: warmup_cosine(step, warmup, total, min_ratio))
 
     # --- checkpoint (checked on loading by VisionTask.on_load_checkpoint) -----------------------
     def checkpoint_meta(self) -> dict[str, Any]:

@@ -12,21 +12,22 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-from torch.optim.lr_scheduler import LambdaLR
+from torch import Tensor, nn
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import SacreBLEUScore
 
 from vit.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer, tokenizer_from_dict
 from vit.errors import UserValueError
+from vit.nn.roles import ParamRoles
 from vit.nn.text import Seq2SeqTransformer, TextConfig
 from vit.tasks.base import BaseTask
-from vit.tasks.optim import adamw
+from vit.tasks.optim import adamw, param_groups, step_schedule, warmup_cosine
 
 log = logging.getLogger(__name__)
 
 DECODING = ("greedy", "beam")
+SCHEDULES = ("inverse_sqrt", "cosine", "constant")
 
 
 def inverse_sqrt_schedule(warmup_steps: int):
@@ -53,7 +54,8 @@ class Translator(BaseTask):
         warmup_steps: linear warm-up steps of the schedule.
         weight_decay: AdamW decoupled weight decay (not on biases, norms, positions).
         betas: AdamW betas.
-        lr_schedule: "inverse_sqrt" (the paper's) or "constant".
+        lr_schedule: "inverse_sqrt" (the paper's), "cosine" (linear warm-up, then cosine down to 0 at the end of
+            the run) or "constant".
         decoding: how validation and test decode: "greedy" or "beam".
         beam_size: beams for "beam" decoding.
         length_penalty: beam search length penalty (Wu et al., 2016).
@@ -86,22 +88,23 @@ class Translator(BaseTask):
             )
         if decoding not in DECODING:
             raise UserValueError(f"model.decoding must be one of {DECODING}, got {decoding!r}")
-        if lr_schedule not in ("inverse_sqrt", "constant"):
-            raise UserValueError(f"model.lr_schedule must be 'inverse_sqrt' or 'constant', got {lr_schedule!r}")
+        if lr_schedule not in SCHEDULES:
+            raise UserValueError(f"model.lr_schedule must be one of {', '.join(SCHEDULES)}, got {lr_schedule!r}")
         if model_kwargs.get("share_embeddings") and tokenizers["source"] != tokenizers["target"]:
             raise UserValueError("model.share_embeddings needs one vocabulary: set data.share_vocab")
-        super().__init__()  # saves the arguments; configure_models (the tokenizers), configure_metrics
-        # Built here, not in configure_models, from **model_kwargs: jsonargparse finds the model's own arguments
-        # in this call, so `vit fit --help` lists them and a config may set them.
-        self.model = Seq2SeqTransformer(TextConfig(
-            src_vocab_size=self.source_tokenizer.vocab_size, tgt_vocab_size=self.target_tokenizer.vocab_size,
-            pad_id=PAD_ID, **model_kwargs,
-        ))
+        # Read by configure_models; jsonargparse follows the attribute there, so `vit fit --help` lists the
+        # Seq2SeqTransformer's arguments and a config may set them.
+        self.model_kwargs = model_kwargs
+        super().__init__()  # saves the arguments; configure_models (tokenizers, then the model), configure_metrics
 
     def configure_models(self) -> None:
-        """The tokenizers (the Seq2SeqTransformer, sized by their vocabularies, follows in ``__init__``)."""
+        """The tokenizers, and the Seq2SeqTransformer sized by their vocabularies."""
         self.source_tokenizer: Tokenizer = tokenizer_from_dict(self.hparams.tokenizers["source"])
         self.target_tokenizer: Tokenizer = tokenizer_from_dict(self.hparams.tokenizers["target"])
+        self.model = Seq2SeqTransformer(TextConfig(
+            src_vocab_size=self.source_tokenizer.vocab_size, tgt_vocab_size=self.target_tokenizer.vocab_size,
+            pad_id=PAD_ID, **self.model_kwargs,
+        ))
 
     def configure_metrics(self) -> None:
         """One MetricCollection per stage: teacher-forced token accuracy, decoded exact match and SacreBLEU."""
@@ -169,19 +172,25 @@ class Translator(BaseTask):
             label_smoothing=self.hparams.label_smoothing,
         )
 
+    @staticmethod
+    def unpack(batch: dict[str, Any]) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor]:
+        """((source ids, shifted target ids, source padding mask), target ids) of a `TranslationDataModule` batch."""
+        return (batch["src"], batch["tgt_in"], batch["src_padding_mask"]), batch["tgt_out"]
+
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
-        logits = self(batch["src"], batch["tgt_in"], batch["src_padding_mask"])
-        loss = self._loss(logits, batch["tgt_out"])
+        inputs, target = self.unpack(batch)
+        loss = self._loss(self(*inputs), target)
         self.check_loss(loss)
-        self.log("train_loss", loss, prog_bar=True, batch_size=batch["src"].shape[0])
+        self.log("train_loss", loss, prog_bar=True, batch_size=target.shape[0])
         return loss
 
     def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
-        B = batch["src"].shape[0]
-        logits = self(batch["src"], batch["tgt_in"], batch["src_padding_mask"])
-        self.log(f"{stage}_loss", self._loss(logits, batch["tgt_out"]), batch_size=B, sync_dist=True)
+        inputs, target = self.unpack(batch)
+        B = target.shape[0]
+        logits = self(*inputs)
+        self.log(f"{stage}_loss", self._loss(logits, target), batch_size=B, sync_dist=True)
         metrics = self.val_metrics if stage == "val" else self.test_metrics
-        metrics["token_acc"].update(logits.argmax(-1), batch["tgt_out"])
+        metrics["token_acc"].update(logits.argmax(-1), target)
 
         hyps = [self.target_tokenizer.decode(ids) for ids in self.generate(batch["src"]).tolist()]
         refs = [self.target_tokenizer.normalize(t) for t in batch["target_text"]]
@@ -200,16 +209,21 @@ class Translator(BaseTask):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        # No weight decay on biases, LayerNorms or position tables (the usual AdamW practice).
-        decay = [p for n, p in self.model.named_parameters() if p.dim() > 1 and not n.endswith(".pos")]
-        rest = [p for n, p in self.model.named_parameters() if not (p.dim() > 1 and not n.endswith(".pos"))]
         peak = hp.lr if hp.lr is not None else self.model.embed_dim**-0.5 * max(1, hp.warmup_steps) ** -0.5
-        optimizer = adamw([{"params": decay, "weight_decay": hp.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                          lr=peak, betas=tuple(hp.betas), eps=1e-9)
+        groups = param_groups(self.model, peak, hp.weight_decay, roles=text_roles(self.model))
+        optimizer = adamw(groups, lr=peak, betas=tuple(hp.betas), eps=1e-9)
         if hp.lr_schedule == "constant":
             return {"optimizer": optimizer}
-        scheduler = LambdaLR(optimizer, inverse_sqrt_schedule(hp.warmup_steps))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        if hp.lr_schedule == "cosine":
+            warmup, total = self.schedule_steps(0.0, hp.warmup_steps)
+            return step_schedule(optimizer, lambda step: warmup_cosine(step, warmup, total, 0.0))
+        return step_schedule(optimizer, inverse_sqrt_schedule(hp.warmup_steps))
 
 
-__all__ = ["Translator", "inverse_sqrt_schedule"]
+def text_roles(model: nn.Module) -> ParamRoles:
+    """The text Transformer's parameters AdamW must not decay besides biases and norms: its position tables
+    (``*.pos``). Here until `vit.nn.text` says it itself, as the ViT does (``param_roles``)."""
+    return ParamRoles(no_decay=tuple(n for n, _ in model.named_parameters() if n.endswith(".pos")))
+
+
+__all__ = ["Translator", "inverse_sqrt_schedule", "text_roles"]
