@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def load_benchmark():
-    spec = importlib.util.spec_from_file_location("benchmark", HERE / "benchmark.py")
+    spec = importlib.util.spec_from_file_location("benchmark", HERE.parent / "bench" / "benchmark.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
