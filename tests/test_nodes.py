@@ -40,7 +40,7 @@ def check_one_run(output: str, tmp_path: Path, lr: float, batch: int, steps: int
     """Each report once, the lr scaled by the 2-node global batch (lr_base_batch = one node's batch), one
     last.ckpt whose optimiser ran at that lr."""
     assert len(re.findall(r"world size 2: 2 nodes x 1 processes each \(DDPStrategy\)", output)) == 1, output[-3000:]
-    effective = re.findall(r"effective lr ([0-9.e+-]+) = .* global batch (\d+) / lr_base_batch (\d+)", output)
+    effective = re.findall(r"effective lr ([0-9.e+-]+) = .* global batch (\d+) / optim\.lr_base_batch (\d+)", output)
     assert len(effective) == 1 and effective[0][1:] == (str(2 * batch), str(batch))
     assert float(effective[0][0]) == pytest.approx(2 * lr, rel=1e-3)
     assert len(re.findall(r"test accuracy of", output)) == 1

@@ -14,6 +14,7 @@ from vit.data.digits import Digits
 from vit.data.folder import ImageFiles
 from vit.data.protocol import (
     CountsReplacements,
+    EvaluationSplits,
     Fingerprinted,
     ImageFileSamples,
     ImageSplits,
@@ -41,13 +42,13 @@ def test_each_split_offers_what_its_consumers_ask(tmp_path):
         assert isinstance(split, Fingerprinted)
     assert isinstance(files, ImageFileSamples) and isinstance(files, CountsReplacements)
     assert isinstance(subset, IndexedSubset) and not isinstance(subset, ImageFileSamples)
-    assert isinstance(digits, ImageSplits)
+    assert isinstance(digits, ImageSplits) and isinstance(digits, EvaluationSplits)
 
 
 def test_a_plain_dataset_offers_none_of_them():
     plain = TensorDataset(torch.zeros(2, 1), torch.zeros(2))
     for protocol in (LabelledImages, ReadableImages, ImageFileSamples, IndexedSubset, CountsReplacements,
-                     Fingerprinted, ImageSplits):
+                     Fingerprinted, ImageSplits, EvaluationSplits):
         assert not isinstance(plain, protocol)
 
 

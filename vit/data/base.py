@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from vit.data import transforms
 from vit.data.fast import collate
-from vit.data.protocol import ImageFileSamples, ImageSplits, IndexedSubset, LabelledImages
+from vit.data.protocol import EvaluationSplits, ImageFileSamples, IndexedSubset, LabelledImages
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augmentation
 from vit.errors import UserValueError
 
@@ -202,7 +202,7 @@ def _members(dataset: Dataset) -> set | None:
 def no_test_reason(data: Any) -> str | None:
     """Why a set-up datamodule's test split is no held-out test (it is missing, is the val split or shares
     images with it), or None when it is one."""
-    if not isinstance(data, ImageSplits):  # a datamodule of another kind (translation): its splits are its own
+    if not isinstance(data, EvaluationSplits):  # a datamodule of another kind (translation): its splits are its own
         return None
     val, test = data.val_set, data.test_set
     if test is None:

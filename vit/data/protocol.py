@@ -10,6 +10,7 @@ new dataset knows from one file what to offer for each feature. Imports no Light
     IndexedSubset      a subset of one dataset by indices (CIFAR's splits)
     Fingerprinted      a split that hashes what it holds (the feature cache's key)
     CountsReplacements a split that replaces undecodable files and counts them
+    EvaluationSplits   data with val and test splits (the held-out test check)
     ImageSplits        a DataModule's classes, splits and evaluation view of a split
 """
 
@@ -39,9 +40,6 @@ class LabelledImages(Protocol):
 class ReadableImages(Protocol):
     """A split whose items can be named and read as stored, untransformed: what `vit audit` scans and int8
     calibration prepares the checkpoint's way (`vit.data.folder.ImageFiles`, CIFAR's and the digits' splits)."""
-
-    @property
-    def labels(self) -> Sequence[int]: ...
 
     def item_name(self, index: int) -> str: ...
 
@@ -79,17 +77,31 @@ class CountsReplacements(Protocol):
 
 
 @runtime_checkable
-class ImageSplits(Protocol):
+class EvaluationSplits(Protocol):
+    """Data with a validation and a test split (``None`` when it has none): what the held-out test check compares."""
+
+    val_set: Any
+    test_set: Any
+
+
+@runtime_checkable
+class ImageSplits(EvaluationSplits, Protocol):
     """An image DataModule after ``setup``: its classes, its three splits (``None`` when it has none), and a split
     as evaluation sees it (the training split without augmentation)."""
 
     class_names: list[str]
     train_set: Any
-    val_set: Any
-    test_set: Any
 
     def eval_split(self, split: str) -> Any: ...
 
 
-__all__ = ["CountsReplacements", "Fingerprinted", "ImageFileSamples", "ImageSplits", "IndexedSubset", "LabelledImages",
-           "ReadableImages"]
+__all__ = [
+    "CountsReplacements",
+    "EvaluationSplits",
+    "Fingerprinted",
+    "ImageFileSamples",
+    "ImageSplits",
+    "IndexedSubset",
+    "LabelledImages",
+    "ReadableImages",
+]
