@@ -226,6 +226,15 @@ def test_a_config_with_an_old_key_is_told_the_new_one(tmp_path, capsys):
     assert "model.init_args.lr moved: use model.init_args.optim.lr" in err
 
 
+def test_a_0_1_checkpoint_as_ckpt_path_says_what_reads_it(capsys):
+    """LightningCLI reads --ckpt_path's hyperparameters into the config, and 0.1's flat ones are no option now: the
+    error says what reads the file (tests/deploy/test_classifier.py reads it so) instead of a jsonargparse dump."""
+    old = str(ROOT / "tests" / "deploy" / "data" / "vit_0.1_digits.ckpt")
+    err = user_error(["test", "--config", DIGITS, "--ckpt_path", old], capsys)
+    assert f"--ckpt_path {old} was written by vit 0.1, whose classifier took lr, " in err
+    assert "vit predict --ckpt" in err and f"--model.init_args.pretrained {old}" in err
+
+
 def test_a_misspelt_key_in_optim_or_the_head_suggests_the_nearest(tmp_path, capsys):
     err = user_error(["fit", "--config", DIGITS, "--model.init_args.optim.warmup_epoch", "2"], capsys)
     assert "has no option 'optim.warmup_epoch' (did you mean 'optim.warmup_epochs'?)" in err

@@ -335,6 +335,15 @@ def check_checkpoint_task(config: Any) -> None:
     wanted = [task for task, cls in TASKS.items() if cls.__name__ == class_path.rsplit(".", 1)[-1]]
     if wanted:  # one of the package's tasks (a user's subclass is checked by its on_load_checkpoint)
         expect_task(checkpoint, wanted[0], f"--ckpt_path {ckpt_path}")
+    from vit.tasks.classify import old_arguments
+
+    if old := old_arguments(checkpoint.get("hyper_parameters") or {}):
+        # LightningCLI reads the checkpoint's hyperparameters into the config, where 0.1's flat ones are no option
+        raise UserValueError(
+            f"--ckpt_path {ckpt_path} was written by vit 0.1, whose classifier took {', '.join(old[:3])}, ... where "
+            "this version takes optim and head. Its weights and classes read as they are: vit predict --ckpt, "
+            "vit export --ckpt, vit.tasks.load_task(path, ImageClassifier); to train on from them, start a run "
+            f"with --model.init_args.pretrained {ckpt_path}")
 
 
 class ConfigOnlyCLI(VitCLI):

@@ -57,10 +57,16 @@ MOVED: dict[str, str] = {
 }
 
 
+def old_arguments(hparams: dict[str, Any]) -> list[str]:
+    """The arguments of 0.1's classifier among a checkpoint's hyperparameters (``lr``, ``label_smoothing``, ...,
+    which now live in ``optim`` and ``head``); none for a checkpoint of this version."""
+    return [k for k in hparams if k in MOVED and MOVED[k] != _DISTILLED]
+
+
 def upgraded_hparams(hparams: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] | None:
     """A 0.1 classifier checkpoint's hyperparameters (flat ``lr``, ``label_smoothing``, ...; ``meta``: its
     ``checkpoint["vit"]``) as this version's arguments, or None for a checkpoint of this version."""
-    if not any(k in hparams for k in MOVED):
+    if not old_arguments(hparams):
         return None
     moved = lambda prefix: {k: v for k, v in hparams.items() if MOVED.get(k, "").startswith(prefix)}
     distilling = hparams.get("distillation", "none") != "none"
@@ -392,4 +398,4 @@ def ema_copy(model: nn.Module, decay: float | None) -> nn.Module | None:
     return ema.train()
 
 
-__all__ = ["MOVED", "ImageClassifier", "upgraded_hparams"]
+__all__ = ["MOVED", "ImageClassifier", "old_arguments", "upgraded_hparams"]
