@@ -42,7 +42,7 @@ from vit.checkpoints.io import (
     missing_message,
     read_checkpoint,
 )
-from vit.checkpoints.meta import expect_task
+from vit.checkpoints.meta import expect_task, task_of
 from vit.checkpoints.runs import checkpoint_by_name, checkpoint_folders, experiment_folder
 from vit.cli.console import ModelReport, ProgressBar, quiet_dependencies
 from vit.cli.parser import VitArgumentParser
@@ -335,9 +335,11 @@ def check_checkpoint_task(config: Any) -> None:
     wanted = [task for task, cls in TASKS.items() if cls.__name__ == class_path.rsplit(".", 1)[-1]]
     if wanted:  # one of the package's tasks (a user's subclass is checked by its on_load_checkpoint)
         expect_task(checkpoint, wanted[0], f"--ckpt_path {ckpt_path}")
-    from vit.tasks.classify import old_arguments
+    from vit.tasks.classify import ImageClassifier, old_arguments
 
-    if old := old_arguments(checkpoint.get("hyper_parameters") or {}):
+    # only a classifier's: a Translator's lr and warmup_steps are its own arguments still
+    old = old_arguments(checkpoint.get("hyper_parameters") or {}) if task_of(checkpoint) == ImageClassifier.task else []
+    if old:
         # LightningCLI reads the checkpoint's hyperparameters into the config, where 0.1's flat ones are no option
         raise UserValueError(
             f"--ckpt_path {ckpt_path} was written by vit 0.1, whose classifier took {', '.join(old[:3])}, ... where "
