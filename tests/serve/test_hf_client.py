@@ -30,7 +30,11 @@ def assert_same(got, expected: list[tuple[str, float]]) -> None:
     assert max(abs(g.score - score) for g, (_, score) in zip(got, expected)) <= 1e-4, (got, expected)
 
 
-def test_huggingface_hubs_inference_client_gets_vit_predicts_labels_and_scores(checkpoint, digit_pngs):
+def test_huggingface_hubs_inference_client_gets_vit_predicts_labels_and_scores(checkpoint, digit_pngs, monkeypatch):
+    from huggingface_hub import constants
+
+    # tests/conftest.py sets HF_HUB_OFFLINE=1, under which the client refuses every URL, 127.0.0.1 included
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     files = digit_pngs[0][:6]
     num_classes = len(load_classifier(checkpoint).class_names)
     expected = [as_pairs(r["top_k"]) for r in predict_files(load_classifier(checkpoint), files, top_k=num_classes)]

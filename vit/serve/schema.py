@@ -24,7 +24,7 @@ class Record(BaseModel):
 
     path: str = Field(description="the multipart file name, or 'upload'")
     top_k: list[Entry] = Field(description="most likely first")
-    error: str | None = None
+    error: str | None = Field(description="null when the image was read; `vit predict` writes its errors here")
     batch_size: int = Field(description="how many requests shared this one's batch")
     timing_ms: dict[str, float] = Field(description="decode, queue, inference and total, in milliseconds")
     attention_png: str | None = Field(None, description="base64 PNG of the attention rollout (only with ?attention=1)")
