@@ -7,9 +7,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import re
 import struct
+import subprocess
+import sys
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -17,6 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.conftest import subprocess_env
 from vit.serve.app import create_app
 from vit.serve.core import Limits, Predictor, Service
 
@@ -58,6 +62,24 @@ async def client_of(app, *, lifespan: bool = True) -> AsyncIterator[httpx.AsyncC
         if lifespan:
             await stack.enter_async_context(app.router.lifespan_context(app))
         yield await stack.enter_async_context(httpx.AsyncClient(transport=transport, base_url="http://serve.test"))
+
+
+@contextlib.contextmanager
+def serving(checkpoint: Path, *options: str, **env: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`vit serve --ckpt checkpoint --port 0 *options` in a child process, once it is warm: (its URL, the process).
+    The process is killed on the way out if it still runs."""
+    command = [sys.executable, "-m", "vit", "serve", "--ckpt", str(checkpoint), "--port", "0", *options]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=subprocess_env(**env))
+    try:
+        line = server.stdout.readline()  # blocks until the model is loaded and warm
+        match = re.fullmatch(r"serving on (http://127\.0\.0\.1:\d+)\n", line)
+        assert match, f"unexpected first line {line!r}"
+        yield match.group(1), server
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
 
 
 def png_bytes(image: Image.Image, **save) -> bytes:

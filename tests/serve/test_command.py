@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
-from tests.conftest import subprocess_env
-from tests.serve.conftest import huge_png
+from tests.serve.conftest import huge_png, serving
 from vit.commands import main
 from vit.commands.serve import bind, parse_args
 from vit.deploy import load_classifier
@@ -72,14 +68,7 @@ def test_over_a_socket_then_sigterm_with_16_in_flight(fitted, digit_pngs):
     checkpoint = next((fitted / "ckpt").glob("best-*.ckpt"))
     path = digit_pngs[0][0]
     expected = predict_files(load_classifier(checkpoint), [path])[0]
-    server = subprocess.Popen([sys.executable, "-m", "vit", "serve", "--ckpt", str(checkpoint), "--port", "0",
-                               "--max_pixels", "300000000"],  # over PIL's own guard (2 x 89,478,485)
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env())
-    try:
-        line = server.stdout.readline()  # blocks until the model is loaded and warm
-        match = re.fullmatch(r"serving on (http://127\.0\.0\.1:(\d+))\n", line)
-        assert match, f"unexpected first line {line!r}"
-        url = match.group(1)
+    with serving(checkpoint, "--max_pixels", "300000000") as (url, server):  # over PIL's guard (2 x 89,478,485)
         sent = path.read_bytes()
 
         async def go():
@@ -128,7 +117,3 @@ def test_over_a_socket_then_sigterm_with_16_in_flight(fitted, digit_pngs):
         assert all(r.json()["top_k"] == expected["top_k"] for r in responses)
         code = server.wait(timeout=10)
         assert code == 0 and time.perf_counter() - signalled < 10
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()

@@ -44,9 +44,9 @@ class ImageDataModule(LightningDataModule):
         img_size: side of the square images the model sees (224).
         mean: normalisation mean per channel (ImageNet's).
         std: normalisation standard deviation per channel (ImageNet's).
-        (These two, ``img_size``, ``crop_pct`` and ``interpolation``: None is "the pretrained weights' own":
-        under `vit fit`, the values of ``model.init_args.pretrained``'s timm tag or file (`vit.preprocessing`),
-        said in the run's first lines; else the default named here.)
+            (These two, ``img_size``, ``crop_pct`` and ``interpolation``: None is "the pretrained weights' own":
+            under `vit fit`, the values of ``model.init_args.pretrained``'s timm tag or file (`vit.preprocessing`),
+            said in the run's first lines; else the default named here.)
         auto_augment: timm policy, e.g. "rand-m9-mstd0.5-inc1" (RandAugment) or "autoaug"; None = off.
         re_prob: random-erasing probability.
         hflip: horizontal flip probability.

@@ -2,7 +2,11 @@
 
     POST /predict   multipart (field ``file``) | raw body with Content-Type image/* |
                     JSON {"inputs": "<base64>", "parameters": {"top_k": 5}};  ?top_k=  ?attention=1
+                    -> `vit predict`'s record {"path", "top_k": [{"class", "name", "probability"}], ...}
+    POST /          the same requests (and a body with no Content-Type, as huggingface_hub sends bytes)
+                    -> the Hugging Face image-classification task's [{"label", "score"}, ...], best first
     GET  /          the page (page.html: no CDN, font or external script)
+    GET  /openapi.json   the schema of both answers
     GET  /health    503 until the model is loaded and warmed up, then 200   (open even with an API key)
     GET  /livez     200 while the process runs                              (open even with an API key)
     GET  /info      model, classes, image settings, backend, attention, limits
@@ -34,11 +38,17 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from vit.serve.core import RequestError, Service
+from vit.serve.schema import ERRORS, Label, Record, request_body
 
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = ("/health", "/livez")  # answered without the API key: a load balancer's probes
-API_KEY_HEADER = "X-API-Key"
+API_KEY_HEADER = "X-API-Key"  # or Authorization: Bearer <key>, which huggingface_hub's clients send
+
+
+def answers_image(scope) -> bool:
+    """A POST that answers a prediction: /predict, or / (the Hugging Face task's route)."""
+    return scope["method"] == "POST" and scope["path"] in ("/", "/predict")
 
 
 def error_response(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -53,7 +63,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.requests = Counter("vit_requests", "HTTP requests answered, by path and status",
                                 ["path", "status"], registry=self.registry)
-        self.latency = Histogram("vit_request_seconds", "time to answer a POST /predict", registry=self.registry,
+        self.latency = Histogram("vit_request_seconds", "time to answer a POST /predict or /", registry=self.registry,
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.batch_size = Histogram("vit_batch_size", "requests per model batch", registry=self.registry,
                                     buckets=(1, 2, 4, 8, 16, 32, 64))
@@ -84,7 +94,8 @@ class Guard:
         started = time.perf_counter()
         self.metrics.in_flight.inc()
         try:
-            if self.api_key is not None and path not in OPEN_PATHS and path != "/" and not self._has_key(scope):
+            is_open = path in OPEN_PATHS or (path == "/" and scope["method"] in ("GET", "HEAD"))  # the page
+            if self.api_key is not None and not is_open and not self._has_key(scope):
                 response = error_response(401, "unauthorized", f"this server needs an API key: send it in the "
                                           f"{API_KEY_HEADER} header")
                 await response(scope, receive, counting_send)
@@ -94,12 +105,14 @@ class Guard:
             self.metrics.in_flight.dec()
             known = path if path in ("/", "/predict", "/info", "/metrics", *OPEN_PATHS) else "other"
             self.metrics.requests.labels(known, str(status)).inc()
-            if path == "/predict":
+            if answers_image(scope):
                 self.metrics.latency.observe(time.perf_counter() - started)
 
     def _has_key(self, scope) -> bool:
-        sent = dict(scope["headers"]).get(API_KEY_HEADER.lower().encode(), b"")
-        return hmac.compare_digest(sent, self.api_key.encode())
+        headers, key = dict(scope["headers"]), self.api_key.encode()
+        bearer = headers.get(b"authorization", b"")
+        return hmac.compare_digest(headers.get(API_KEY_HEADER.lower().encode(), b""), key) or \
+            hmac.compare_digest(bearer, b"Bearer " + key)
 
 
 # ---- reading a /predict request ----------------------------------------------------------------
@@ -119,8 +132,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_top_k(value: object, num_classes: int) -> int:
-    """A top_k parameter (query string or JSON) as an int in 1..num_classes, or a 422."""
+def parse_top_k(value: object, num_classes: int, *, clip: bool = False) -> int:
+    """A top_k parameter (query string or JSON) as an int in 1..num_classes, or a 422 (``clip``: one over
+    num_classes means all of them, as transformers' image-classification pipeline reads it)."""
     not_whole = RequestError(422, "bad_top_k", f"top_k must be a whole number, got {str(value)[:40]!r}")
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise not_whole
@@ -128,6 +142,8 @@ def parse_top_k(value: object, num_classes: int) -> int:
         k = int(value)  # a str: "--3", "²" and a 5,000-digit number raise ValueError here
     except ValueError:
         raise not_whole from None
+    if clip and k > num_classes:
+        return num_classes
     if not 1 <= k <= num_classes:
         raise RequestError(422, "bad_top_k", f"top_k must be between 1 and {num_classes} (the model's classes), "
                            f"got {k}")
@@ -194,8 +210,9 @@ def from_json(body: bytes) -> tuple[bytes, dict]:
     return data, parameters
 
 
-async def read_image(request: Request, limit: int) -> tuple[bytes, str, dict]:
-    """(image bytes, name, JSON parameters) of a /predict request in any of the three formats."""
+async def read_image(request: Request, limit: int, *, untyped: bool = False) -> tuple[bytes, str, dict]:
+    """(image bytes, name, JSON parameters) of a request in any of the three formats (``untyped``: a body with no
+    Content-Type, or application/octet-stream, is the image too)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     body = await read_body(request, limit)
     if not body:
@@ -203,7 +220,7 @@ async def read_image(request: Request, limit: int) -> tuple[bytes, str, dict]:
     if content_type == "multipart/form-data":
         data, name = await from_multipart(request, body)
         return data, name, {}
-    if content_type.startswith("image/"):
+    if content_type.startswith("image/") or (untyped and content_type in ("", "application/octet-stream")):
         return body, "upload", {}
     if content_type == "application/json":
         data, parameters = from_json(body)
@@ -223,12 +240,13 @@ def create_app(service: Service, *, api_key: str | None = None, cors_origins: li
         yield
         await service.stop()
 
-    app = FastAPI(title="vit serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="vit serve", lifespan=lifespan, docs_url=None, redoc_url=None,  # their pages load a CDN
+                  openapi_url="/openapi.json")
     metrics = Metrics(service)
     service.on_batch = metrics.batch_size.observe
     add_error_handlers(app)
     add_status_routes(app, service, metrics, lambda: describe(service, api_key=api_key, model_path=model_path))
-    add_predict_route(app, service)
+    add_predict_routes(app, service)
     app.add_middleware(Guard, metrics=metrics, api_key=api_key)
     if cors_origins:  # added last, so outermost: a browser's preflight (which carries no key) is answered
         from fastapi.middleware.cors import CORSMiddleware
@@ -304,16 +322,35 @@ def add_status_routes(app: FastAPI, service: Service, metrics: Metrics, info: Ca
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def add_predict_route(app: FastAPI, service: Service) -> None:
-    """POST /predict: the image in any of the three formats, ``top_k`` from the query or the JSON parameters."""
+def add_predict_routes(app: FastAPI, service: Service) -> None:
+    """POST /predict (the record) and POST / (the Hugging Face task's list): the URL alone picks the answer's
+    shape, whatever the body's format; ``top_k`` comes from the query or the JSON parameters."""
     num_classes = len(service.predictor.classifier.class_names)
 
-    @app.post("/predict")
-    async def predict(request: Request) -> JSONResponse:
+    def top_k_of(request: Request, parameters: dict, *, clip: bool) -> int | None:
         query = request.query_params
-        top_k = parse_top_k(query["top_k"], num_classes) if "top_k" in query else None
-        attention = parse_flag(query.get("attention"), "attention")
+        top_k = parse_top_k(query["top_k"], num_classes, clip=clip) if "top_k" in query else None
+        return parse_top_k(parameters["top_k"], num_classes, clip=clip) if "top_k" in parameters else top_k
+
+    @app.post("/predict", response_model=Record, responses=ERRORS, openapi_extra=request_body(untyped=False),
+              summary="`vit predict`'s record for one image")
+    async def predict(request: Request) -> JSONResponse:
+        attention = parse_flag(request.query_params.get("attention"), "attention")
         data, name, parameters = await read_image(request, service.limits.max_body_bytes)
-        if "top_k" in parameters:
-            top_k = parse_top_k(parameters["top_k"], num_classes)
+        top_k = top_k_of(request, parameters, clip=False)
         return JSONResponse(await service.answer(data, top_k=top_k, attention=attention, name=name))
+
+    @app.post("/", response_model=list[Label], responses=ERRORS, openapi_extra=request_body(untyped=True),
+              summary="the Hugging Face image-classification task: [{label, score}], best first")
+    async def classify(request: Request) -> JSONResponse:
+        if "attention" in request.query_params:
+            raise RequestError(422, "bad_attention", "POST / answers the Hugging Face task's labels and scores; "
+                               "ask POST /predict?attention=1 for the attention map")
+        data, _, parameters = await read_image(request, service.limits.max_body_bytes, untyped=True)
+        top_k = top_k_of(request, parameters, clip=True)
+        function = parameters.get("function_to_apply")
+        if function not in (None, "softmax"):
+            raise RequestError(422, "bad_function_to_apply", f"function_to_apply {str(function)[:40]!r} is not "
+                               "served: the scores are the softmax (send 'softmax' or leave it out)")
+        answer = await service.answer(data, top_k=top_k)
+        return JSONResponse([{"label": e["name"], "score": e["probability"]} for e in answer["top_k"]])
