@@ -1,0 +1,171 @@
+"""Fitting what `vit.deploy.confidence` answers with, on a classifier's own training and validation splits:
+`vit calibrate` and the end of `vit fit` call `calibrate_checkpoint`.
+
+- the temperature: one T by LBFGS on the validation NLL (Guo et al. 2017); top-1 never changes (T > 0);
+- ECE (15 bins, torchmetrics' MulticlassCalibrationError), NLL and Brier score on val, before and after;
+- the unknown score's class means and shared precision on the training split's features (evaluation transform),
+  and the threshold that accepts ``acceptance`` of the validation images (default 95%).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from vit.checkpoints.io import read_checkpoint, save_checkpoint
+from vit.deploy.classifier import Classifier
+from vit.deploy.confidence import (
+    CHECKPOINT_KEY,
+    DEFAULT_LABEL,
+    Calibration,
+    Confidence,
+    UnknownScore,
+    pooled_and_logits,
+)
+from vit.errors import UserValueError
+from vit.progress import progress
+
+ACCEPTANCE = 0.95
+ECE_BINS = 15
+SHRINKAGE = 0.01  # of the covariance towards the identity (see fit_unknown)
+
+
+def fit_temperature(logits: Tensor, labels: Tensor) -> float:
+    """The T > 0 that minimises the NLL of softmax(logits / T) (LBFGS on log T, from T = 1)."""
+    logits, labels = logits.double(), labels.long()
+    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure() -> Tensor:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(logits / log_t.exp(), labels)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return float(log_t.detach().exp())
+
+
+def calibration_figures(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> dict[str, float]:
+    """ECE (15 bins, L1), NLL, Brier score (sum over classes, mean over images) and top-1 of softmax(logits / T)."""
+    from torchmetrics.classification import MulticlassCalibrationError
+
+    scaled = logits.double() / temperature
+    probs = scaled.softmax(-1)
+    ece = MulticlassCalibrationError(num_classes=logits.shape[1], n_bins=ECE_BINS, norm="l1")
+    onehot = F.one_hot(labels.long(), logits.shape[1]).double()
+    return {"ece": float(ece(probs.float(), labels.long())), "nll": float(F.cross_entropy(scaled, labels.long())),
+            "brier": float(((probs - onehot) ** 2).sum(-1).mean()),
+            "top1": float((logits.argmax(-1) == labels).double().mean())}
+
+
+def fit_unknown(pooled: Tensor, labels: Tensor, num_classes: int, shrinkage: float = SHRINKAGE) -> UnknownScore:
+    """Class means and the shared precision of the L2-normalised features: the inverse of the within-class
+    covariance shrunk towards a multiple of the identity, (1 - s) S + s tr(S)/D I, which keeps it invertible
+    with fewer images than features (a barely trained network's features span few directions). A class
+    without training images is an error."""
+    z = F.normalize(pooled.double(), dim=-1)
+    counts = torch.bincount(labels.long(), minlength=num_classes)
+    if (counts == 0).any():
+        missing = counts.eq(0).nonzero().flatten().tolist()
+        raise UserValueError(f"the training split has no images of class(es) {missing}: the unknown score needs "
+                             "every class's mean")
+    means = torch.zeros(num_classes, z.shape[1], dtype=torch.float64).index_add_(0, labels.long(), z)
+    means /= counts[:, None]
+    centred = z - means[labels.long()]
+    covariance = centred.T @ centred / len(z)
+    identity = torch.eye(z.shape[1], dtype=torch.float64)
+    covariance = (1 - shrinkage) * covariance + shrinkage * covariance.trace() / z.shape[1] * identity
+    precision = torch.linalg.inv(covariance)
+    precision = (precision + precision.T) / 2
+    return UnknownScore(means.float(), precision.float())
+
+
+def threshold_at(scores: Tensor, acceptance: float) -> float:
+    """The smallest of ``scores`` at or below which at least ``acceptance`` of them fall (no interpolation, so the
+    share accepted is never under the target)."""
+    if not 0 < acceptance <= 1:
+        raise UserValueError(f"the acceptance must be in (0, 1], got {acceptance}")
+    return float(torch.quantile(scores.double(), acceptance, interpolation="higher"))
+
+
+@torch.no_grad()
+def split_outputs(classifier: Classifier, dataset: Dataset, name: str, batch_size: int = 256,
+                  num_workers: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """The pooled features (N, D), logits (N, C) and labels (N,) of a split, in its order."""
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, shuffle=False)
+    pooled, logits, labels = [], [], []
+    for x, y in progress(loader, len(loader), f"calibration: {name} features"):
+        p, out = pooled_and_logits(classifier.model, x.to(classifier.device))
+        pooled.append(p.float().cpu())
+        logits.append(out.float().cpu())
+        labels.append(torch.as_tensor(y))
+    return torch.cat(pooled), torch.cat(logits), torch.cat(labels)
+
+
+def fit_confidence(classifier: Classifier, train: Dataset, val: Dataset, *, acceptance: float = ACCEPTANCE,
+                   label: str = DEFAULT_LABEL, **loader: Any) -> Confidence:
+    """T on val, the unknown score on train, its threshold on val, with the figures before and after T."""
+    if val is None or len(val) == 0:
+        raise UserValueError("calibration needs a validation split, and this data has none: give the datamodule "
+                             "one (e.g. --data.init_args.val_fraction 0.1, or a val/ folder)")
+    train_pooled, _, train_labels = split_outputs(classifier, train, "train", **loader)
+    val_pooled, val_logits, val_labels = split_outputs(classifier, val, "val", **loader)
+    temperature = fit_temperature(val_logits, val_labels)
+    unknown = fit_unknown(train_pooled, train_labels, len(classifier.class_names))
+    val_scores = unknown(val_pooled)[0]
+    threshold = threshold_at(val_scores, acceptance)
+    report = {"before": calibration_figures(val_logits, val_labels),
+              "after": calibration_figures(val_logits, val_labels, temperature),
+              "val_images": len(val_labels), "train_images": len(train_labels)}
+    return Confidence(Calibration(temperature, threshold, label, acceptance=acceptance), unknown, report)
+
+
+def describe(confidence: Confidence) -> list[str]:
+    """The lines `vit calibrate` and `vit fit` print."""
+    c, r = confidence.calibration, confidence.report or {}
+    lines = [f"temperature T = {c.temperature:.4f} (fit on {r.get('val_images', '?')} validation images)"]
+    if "before" in r:
+        b, a = r["before"], r["after"]
+        lines.append(f"  val ECE {b['ece']:.4f} -> {a['ece']:.4f}, NLL {b['nll']:.4f} -> {a['nll']:.4f}, "
+                     f"Brier {b['brier']:.4f} -> {a['brier']:.4f} (top-1 {a['top1']:.4f}, unchanged)")
+    if c.threshold is not None:
+        lines.append(f"unknown: {c.score} score above {c.threshold:.4g} answers {c.label!r} "
+                     f"({100 * c.acceptance:.0f}% of val accepted)")
+    return lines
+
+
+def save_confidence(path: str | os.PathLike, confidence: Confidence, out: str | os.PathLike | None = None) -> Path:
+    """Write ``confidence`` into the checkpoint at ``path`` (or a copy at ``out``), atomically."""
+    checkpoint = read_checkpoint(path)
+    checkpoint[CHECKPOINT_KEY] = confidence.to_checkpoint()
+    return save_checkpoint(checkpoint, out or path)
+
+
+def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: float = ACCEPTANCE,
+                         label: str = DEFAULT_LABEL, out: str | os.PathLike | None = None,
+                         device: str = "cpu", say: Any = print) -> Confidence:
+    """Fit T and the unknown score of the checkpoint at ``path`` on ``data``'s train and val splits (a set-up
+    `vit.data` datamodule) and store them in it (or in a copy at ``out``); prints what it found."""
+    from vit.deploy.classifier import read_classifier
+
+    val = getattr(data, "val_set", None)
+    if val is None or len(val) == 0:
+        raise UserValueError(f"cannot calibrate {path}: the data ({type(data).__name__}) has no validation split, "
+                             "and T and the threshold are fit on it. Give it one (e.g. --data.init_args.val_fraction "
+                             "0.1, or a val/ folder beside train/)")
+    classifier = read_classifier(path, device)
+    workers = {"num_workers": getattr(data, "num_workers", 0)}
+    confidence = fit_confidence(classifier, data.eval_split("train"), data.eval_split("val"), acceptance=acceptance,
+                                label=label, **workers)
+    saved = save_confidence(path, confidence, out)
+    for line in describe(confidence):
+        say(line)
+    say(f"calibrated {saved}: vit predict and vit serve answer with T and {label!r}; vit export carries them")
+    return confidence
