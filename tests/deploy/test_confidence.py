@@ -190,3 +190,33 @@ def test_fit_ends_by_calibrating_its_best_checkpoint(tmp_path, capsys):
     stored = read_checkpoint(best)["confidence"]
     assert stored["temperature"] > 0 and stored["stats"]["precision"].shape == (32, 32)
     json.dumps({k: v for k, v in stored.items() if k != "stats"})  # the report is plain data
+
+
+@pytest.mark.parametrize("accept_all", [False, True])
+def test_serve_answers_as_predict_does_on_the_checkpoint_and_the_onnx(calibrated, tmp_path, accept_all):
+    import asyncio
+
+    from tests.serve.conftest import client_of, make_app
+    from vit.deploy import load_classifier
+    from vit.deploy.classifier import read_classifier
+    from vit.deploy.export import export_onnx
+    from vit.serve.core import Predictor
+
+    ckpt, _ = calibrated
+    paths = images(tmp_path / "images")
+    probs, scores, stored = by_hand(ckpt, paths)
+    unknown = (scores > stored["threshold"]) & (not accept_all)
+    assert unknown.any() != accept_all
+    export_onnx(read_classifier(ckpt), tmp_path / "onnx")
+
+    async def answers(model: Path) -> list[dict]:
+        async with client_of(make_app(Predictor(load_classifier(model), accept_all=accept_all))) as client:
+            return [(await client.post("/predict", content=p.read_bytes(),
+                                       headers={"Content-Type": "image/png"})).json() for p in paths]
+
+    for model in (ckpt, tmp_path / "onnx" / "model.onnx"):
+        got = asyncio.run(answers(model))
+        assert [a["unknown"] for a in got] == unknown.tolist(), model
+        assert [a["answer"] for a in got] == ["unknown" if u else str(i) for u, i in zip(unknown, probs.argmax(1))]
+        np.testing.assert_allclose([a["top_k"][0]["probability"] for a in got], probs.max(1), atol=1e-5)
+        np.testing.assert_allclose([a["score"] for a in got], scores, rtol=1e-4, atol=1e-4)
