@@ -95,6 +95,37 @@ def threshold_at(scores: Tensor, acceptance: float) -> float:
     return float(torch.quantile(scores.double(), acceptance, interpolation="higher"))
 
 
+def threshold_between(inside: Tensor, outside: Tensor) -> float:
+    """The threshold that best tells ``inside`` (val, to accept) from ``outside`` (known outliers, to reject): the
+    candidate score with the highest mean of the share accepted and the share rejected (balanced accuracy)."""
+    candidates = torch.cat([inside, outside]).double().unique()
+    accepted = (inside.double()[None] <= candidates[:, None]).double().mean(1)
+    rejected = (outside.double()[None] > candidates[:, None]).double().mean(1)
+    return float(candidates[(accepted + rejected).argmax()])
+
+
+@torch.no_grad()
+def folder_scores(classifier: Classifier, unknown: UnknownScore, folder: str | os.PathLike) -> Tensor:
+    """The unknown score of every readable image under ``folder`` (as `vit predict` reads them)."""
+    from vit.data.io import find_images
+    from vit.deploy.image_files import ImagePaths, collate_readable
+
+    try:
+        files = find_images([folder]).files
+    except UserValueError:
+        raise UserValueError(f"the threshold folder {folder} holds no image files: give it images of none of the "
+                             "model's classes (backgrounds, other objects), or leave --outliers out to set the "
+                             "threshold by --acceptance") from None
+    dataset = ImagePaths(files, classifier.eval_transform(), classifier.image_mode, classifier.eval_short_side())
+    scores = []
+    for batch in DataLoader(dataset, batch_size=256, collate_fn=collate_readable):
+        if batch.images is not None:
+            scores.append(unknown(pooled_and_logits(classifier.model, batch.images.to(classifier.device))[0])[0])
+    if not scores:
+        raise UserValueError(f"none of the {len(files)} files in the threshold folder {folder} could be read")
+    return torch.cat(scores).cpu()
+
+
 @torch.no_grad()
 def split_outputs(classifier: Classifier, dataset: Dataset, name: str, batch_size: int = 256,
                   num_workers: int = 0) -> tuple[Tensor, Tensor, Tensor]:
@@ -110,8 +141,10 @@ def split_outputs(classifier: Classifier, dataset: Dataset, name: str, batch_siz
 
 
 def fit_confidence(classifier: Classifier, train: Dataset, val: Dataset, *, acceptance: float = ACCEPTANCE,
-                   label: str = DEFAULT_LABEL, **loader: Any) -> Confidence:
-    """T on val, the unknown score on train, its threshold on val, with the figures before and after T."""
+                   label: str = DEFAULT_LABEL, outliers: str | os.PathLike | None = None,
+                   **loader: Any) -> Confidence:
+    """T on val, the unknown score on train, its threshold on val (``acceptance`` of it accepted; with a folder of
+    ``outliers``, the threshold that best tells val from them), with the figures before and after T."""
     if val is None or len(val) == 0:
         raise UserValueError("calibration needs a validation split, and this data has none: give the datamodule "
                              "one (e.g. --data.init_args.val_fraction 0.1, or a val/ folder)")
@@ -120,7 +153,11 @@ def fit_confidence(classifier: Classifier, train: Dataset, val: Dataset, *, acce
     temperature = fit_temperature(val_logits, val_labels)
     unknown = fit_unknown(train_pooled, train_labels, len(classifier.class_names))
     val_scores = unknown(val_pooled)[0]
-    threshold = threshold_at(val_scores, acceptance)
+    if outliers is None:
+        threshold = threshold_at(val_scores, acceptance)
+    else:
+        threshold = threshold_between(val_scores, folder_scores(classifier, unknown, outliers))
+        acceptance = float((val_scores <= threshold).double().mean())
     report = {"before": calibration_figures(val_logits, val_labels),
               "after": calibration_figures(val_logits, val_labels, temperature),
               "val_images": len(val_labels), "train_images": len(train_labels)}
@@ -150,7 +187,8 @@ def save_confidence(path: str | os.PathLike, confidence: Confidence, out: str | 
 
 def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: float = ACCEPTANCE,
                          label: str = DEFAULT_LABEL, out: str | os.PathLike | None = None,
-                         device: str = "cpu", say: Any = print) -> Confidence:
+                         device: str = "cpu", outliers: str | os.PathLike | None = None,
+                         say: Any = print) -> Confidence:
     """Fit T and the unknown score of the checkpoint at ``path`` on ``data``'s train and val splits (a set-up
     `vit.data` datamodule) and store them in it (or in a copy at ``out``); prints what it found."""
     from vit.deploy.classifier import read_classifier
@@ -163,7 +201,7 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
     classifier = read_classifier(path, device)
     workers = {"num_workers": getattr(data, "num_workers", 0)}
     confidence = fit_confidence(classifier, data.eval_split("train"), data.eval_split("val"), acceptance=acceptance,
-                                label=label, **workers)
+                                label=label, outliers=outliers, **workers)
     saved = save_confidence(path, confidence, out)
     for line in describe(confidence):
         say(line)

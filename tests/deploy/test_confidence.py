@@ -220,3 +220,32 @@ def test_serve_answers_as_predict_does_on_the_checkpoint_and_the_onnx(calibrated
         assert [a["answer"] for a in got] == ["unknown" if u else str(i) for u, i in zip(unknown, probs.argmax(1))]
         np.testing.assert_allclose([a["top_k"][0]["probability"] for a in got], probs.max(1), atol=1e-5)
         np.testing.assert_allclose([a["score"] for a in got], scores, rtol=1e-4, atol=1e-4)
+
+
+def test_an_outlier_folder_sets_the_best_separating_threshold(fitted, tmp_path):
+    from vit.calibration import threshold_between
+    from vit.data import Digits
+
+    rng = np.random.default_rng(2)
+    inside, outside = rng.normal(size=50), rng.normal(size=30) + 1.5
+    accuracy = lambda t: ((inside <= t).mean() + (outside > t).mean()) / 2
+    best = max(np.r_[inside, outside], key=accuracy)  # by brute force over every candidate
+    assert threshold_between(torch.tensor(inside), torch.tensor(outside)) == pytest.approx(best)
+    # a threshold folder without images: a short message naming it
+    ckpt = tmp_path / "c.ckpt"
+    shutil.copy(next((fitted / "ckpt").glob("best-*.ckpt")), ckpt)
+    data = Digits(img_size=16)
+    data.setup("fit")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("no images here")
+    with pytest.raises(UserValueError, match=f"the threshold folder {tmp_path / 'empty'} holds no image files"):
+        calibrate_checkpoint(ckpt, data, outliers=tmp_path / "empty")
+    # noise and flat images as the outliers: the stored threshold is the one that separates val from them
+    folder = tmp_path / "outliers"
+    folder.mkdir()
+    for i, path in enumerate(images(tmp_path / "images")[12:]):
+        shutil.copy(path, folder / f"{i}.png")
+    confidence = calibrate_checkpoint(ckpt, data, outliers=folder, say=lambda line: None)
+    _, outlier_scores, stored = by_hand(ckpt, sorted(folder.glob("*.png")))
+    assert stored["threshold"] == confidence.calibration.threshold
+    assert (outlier_scores > stored["threshold"]).mean() >= 0.5

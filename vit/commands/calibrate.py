@@ -23,13 +23,16 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """The command's own options, and the rest: `vit fit`'s data arguments (--config ...)."""
     parser = argparse.ArgumentParser(
         prog="vit calibrate", allow_abbrev=False,
-        usage="vit calibrate --ckpt CKPT --config CFG [--data.* ...] [--acceptance 0.95] [--label L] [--out CKPT]",
+        usage="vit calibrate --ckpt CKPT --config CFG [--data.* ...] [--acceptance 0.95 | --outliers DIR] [--out CKPT]",
         description="Fit a temperature and an 'unknown' threshold for a `vit fit` checkpoint on its data's "
         "validation split, and store them in the checkpoint.",
         epilog="The data: the config (and --data.* flags) the checkpoint was trained with.")
     parser.add_argument("--ckpt", type=Path, required=True, help="a `vit fit` checkpoint of an image classifier")
     parser.add_argument("--acceptance", type=float, default=0.95,
                         help="share of validation images the threshold accepts (default: %(default)s)")
+    parser.add_argument("--outliers", type=Path, default=None, metavar="FOLDER",
+                        help="images of none of the classes (backgrounds, other products): the threshold is set "
+                        "to tell val from them best, instead of by --acceptance")
     parser.add_argument("--label", default=DEFAULT_LABEL, help="the answer for an unknown image (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None, help="write a calibrated copy here (default: in place)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: %(default)s)")
@@ -53,5 +56,5 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     data.prepare_data()
     data.setup("fit")
     confidence = calibrate_checkpoint(args.ckpt, data, acceptance=args.acceptance, label=args.label,
-                                      out=args.out, device=args.device)
+                                      out=args.out, device=args.device, outliers=args.outliers)
     return {**confidence.calibration.to_dict(), "report": confidence.report}
