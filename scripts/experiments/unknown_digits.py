@@ -51,10 +51,30 @@ def write_folder(root: Path, side: int = 32) -> tuple[dict[str, list[Path]], lis
     return paths, list(splits["unknown"])
 
 
-def train(config: str, root: Path, run: Path, seed: int, epochs: int | None) -> Path:
+def other_unknowns(root: Path, side: int = 32) -> dict[str, list[Path]]:
+    """Unknowns of another kind: the 360 test tiles of scikit-image's photos and textures (small_folders.py's
+    "tiles"), and 100 uniform-noise plus 20 flat images."""
+    sys.path.insert(0, str(ROOT / "scripts" / "experiments"))
+    from small_folders import tiles
+
+    folder = root / "tiles"
+    if not (folder / "test").is_dir():
+        tiles(folder)
+    noise = root / "noise"
+    noise.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    pictures = [rng.integers(0, 256, (side, side)) for _ in range(100)] + [
+        np.full((side, side), v) for v in np.linspace(0, 255, 20)]
+    for i, pixels in enumerate(pictures):
+        Image.fromarray(pixels.astype(np.uint8)).save(noise / f"n{i:03d}.png")
+    return {"tiles": sorted((folder / "test").rglob("*.png")), "noise": sorted(noise.glob("*.png"))}
+
+
+def train(config: str, root: Path, run: Path, seed: int, epochs: int | None, hflip: bool = False) -> Path:
     """`vit fit` on root/train,val,test; the best checkpoint."""
     args = [sys.executable, "-m", "vit", "fit", "--config", str(ROOT / config), "--data.init_args.root", str(root),
-            "--data.init_args.hflip", "0", "--data.init_args.num_workers", "0", "--seed_everything", str(seed),
+            "--data.init_args.hflip", str(0.5 if hflip else 0.0), "--data.init_args.num_workers", "0",
+            "--seed_everything", str(seed),
             "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.save_dir", str(run),
             "--checkpoint.dirpath", str(run / "checkpoints")]
     if epochs:
@@ -148,8 +168,63 @@ def measure(s: dict[str, np.ndarray], test_correct: np.ndarray) -> dict[str, flo
     fpr95 = float((outside <= np.quantile(inside, 0.95)).mean())  # unknowns accepted where 95% of test is
     threshold = np.quantile(s["val"], 0.95, method="higher")
     accepted = inside <= threshold
+    others = {f"rejected_{k}": float((v > threshold).mean()) for k, v in s.items() if k in ("tiles", "noise")}
+    others |= {f"auroc_{k}": float(roc_auc_score(np.r_[np.zeros(len(inside)), np.ones(len(v))], np.r_[inside, v]))
+               for k, v in s.items() if k in ("tiles", "noise")}
     return {"auroc": float(auroc), "fpr95": fpr95, "rejected": float((outside > threshold).mean()),
-            "test_accepted": float(accepted.mean()), "acc_accepted": float(test_correct[accepted].mean())}
+            "test_accepted": float(accepted.mean()), "acc_accepted": float(test_correct[accepted].mean()), **others}
+
+
+def calibration(f: dict[str, dict[str, np.ndarray]], labels: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """T fit on val (`vit.calibration`), ECE / NLL / Brier on test before and after."""
+    from vit.calibration import calibration_figures, fit_temperature
+
+    val, test = (torch.tensor(f[k]["logits"]) for k in ("val", "test"))
+    t = fit_temperature(val, torch.tensor(labels["val"]))
+    y = torch.tensor(labels["test"])
+    return {"T": t, "before": calibration_figures(test, y), "after": calibration_figures(test, y, t)}
+
+
+def reliability(ax, logits: np.ndarray, labels: np.ndarray, t: float, title: str) -> None:
+    """Accuracy against confidence in 15 bins, before (T = 1) and after T, on one axis."""
+    from scipy.special import softmax
+
+    for temp, colour, name in ((1.0, "tab:red", "before"), (t, "tab:blue", f"after (T = {t:.2f})")):
+        p = softmax(logits / temp, 1)
+        conf, right = p.max(1), p.argmax(1) == labels
+        bins = np.minimum((conf * 15).astype(int), 14)
+        used = sorted(set(bins))
+        ax.plot([conf[bins == b].mean() for b in used], [right[bins == b].mean() for b in used], "o-", color=colour,
+                label=name)
+    ax.plot([0, 1], [0, 1], "k--", lw=0.8)
+    ax.set(xlabel="confidence (top probability)", ylabel="accuracy", title=title, xlim=(0, 1), ylim=(0, 1.02))
+    ax.legend(loc="upper left", fontsize=8)
+
+
+def tiles_calibration(args: argparse.Namespace) -> tuple[dict, tuple]:
+    """`vit fit` of the recipe on small_folders.py's texture tiles (12 classes), seed 0: ECE before and after T."""
+    root = args.work / "unknowns" / "tiles"
+    ckpt = train(args.config, root, args.work / "tiles_seed0", 0, args.epochs, hflip=True)
+    from vit.deploy.classifier import read_classifier
+
+    classifier = read_classifier(ckpt)
+    paths = {k: sorted((root / k).rglob("*.png")) for k in ("val", "test")}
+    names = classifier.class_names
+    labels = {k: np.array([names.index(p.parent.name) for p in v]) for k, v in paths.items()}
+    f = {k: features(classifier, v) for k, v in paths.items()}
+    return calibration(f, labels), (f["test"]["logits"], labels["test"])
+
+
+def table(results: dict[str, dict]) -> None:
+    print("\n| score | AUROC 5-9 (mean ± sd) | FPR@95%TPR | 5-9 rejected @95% val | acc on accepted "
+          "| tiles rejected | noise/flat rejected |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for score, per_seed in results.items():
+        col = {m: np.array([r[m] for r in per_seed.values()]) for m in next(iter(per_seed.values()))}
+        pct = lambda m, col=col: f"{100 * col[m].mean():.0f}% ± {100 * col[m].std():.0f}"
+        print(f"| {score} | {col['auroc'].mean():.3f} ± {col['auroc'].std():.3f} | {col['fpr95'].mean():.2f} | "
+              f"{pct('rejected')} | {col['acc_accepted'].mean():.3f} | {pct('rejected_tiles')} | "
+              f"{pct('rejected_noise')} |")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -158,30 +233,54 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--config", default="configs/scratch_small.yaml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=None, help="override the recipe's max_epochs")
+    parser.add_argument("--figure", type=Path, default=None, help="write the reliability diagrams here (PNG)")
+    parser.add_argument("--no_tiles_fit", action="store_true", help="skip the calibration fit on the tiles")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     from vit.deploy.classifier import read_classifier
 
     paths, _ = write_folder(args.work / "data")
-    labels = {k: np.array([int(p.parent.name) for p in v]) for k, v in paths.items() if k != "unknown"}
+    paths |= other_unknowns(args.work / "unknowns")
+    labels = {k: np.array([int(p.parent.name) for p in paths[k]]) for k in ("train", "val", "test")}
     results: dict[str, dict] = {}
+    calibrated: dict[str, dict] = {}
     for seed in args.seeds:
         name = Path(args.config).stem + (f"_e{args.epochs}" if args.epochs else "")
         ckpt = train(args.config, args.work / "data", args.work / f"{name}_seed{seed}", seed, args.epochs)
         classifier = read_classifier(ckpt)
         f = {split: features(classifier, p) for split, p in paths.items()}
         correct = f["test"]["logits"].argmax(1) == labels["test"]
+        calibrated[f"digits 0-4, seed {seed}"] = calibration(f, labels)
         print(f"seed {seed}: test top-1 {correct.mean():.3f}  ({ckpt})")
+        if seed == args.seeds[0]:
+            digits_test = (f["test"]["logits"], labels["test"])
         for score, s in scores(f, labels["train"]).items():
             results.setdefault(score, {})[seed] = measure(s, correct) | {"top1": float(correct.mean())}
-    (args.work / "results.json").write_text(json.dumps(results, indent=1))
-    print("\n| score | AUROC (mean ± sd) | FPR@95%TPR | unknown rejected @95% val | acc on accepted |")
-    print("|---|---:|---:|---:|---:|")
-    for score, per_seed in results.items():
-        col = {m: np.array([r[m] for r in per_seed.values()]) for m in ("auroc", "fpr95", "rejected", "acc_accepted")}
-        print(f"| {score} | {col['auroc'].mean():.3f} ± {col['auroc'].std():.3f} | {col['fpr95'].mean():.2f} | "
-              f"{100 * col['rejected'].mean():.0f}% ± {100 * col['rejected'].std():.0f} | "
-              f"{col['acc_accepted'].mean():.3f} |")
+    if not args.no_tiles_fit:
+        calibrated["tiles (12 classes), seed 0"], tiles_test = tiles_calibration(args)
+    (args.work / "results.json").write_text(json.dumps({"unknown": results, "calibration": calibrated}, indent=1))
+    table(results)
+    print("\n| folder | T | test ECE before → after | NLL before → after | Brier before → after | top-1 |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, c in calibrated.items():
+        b, a = c["before"], c["after"]
+        print(f"| {name} | {c['T']:.2f} | {b['ece']:.4f} → {a['ece']:.4f} | {b['nll']:.3f} → {a['nll']:.3f} | "
+              f"{b['brier']:.3f} → {a['brier']:.3f} | {a['top1']:.3f} |")
+    if args.figure:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        shown = [("digits 0-4", digits_test, calibrated[f"digits 0-4, seed {args.seeds[0]}"]["T"])]
+        if not args.no_tiles_fit:
+            shown.append(("texture tiles", tiles_test, calibrated["tiles (12 classes), seed 0"]["T"]))
+        fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 4.2), squeeze=False)
+        for ax, (title, (logits, y), t) in zip(axes[0], shown):
+            reliability(ax, logits, y, t, f"{title}: test split")
+        fig.tight_layout()
+        fig.savefig(args.figure, dpi=110)
+        print(f"wrote {args.figure}")
     return results
 
 
