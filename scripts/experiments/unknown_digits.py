@@ -145,8 +145,10 @@ def scores(f: dict[str, dict[str, np.ndarray]], labels: np.ndarray) -> dict[str,
         "Mahalanobis": (lambda g: lambda s: g(s["pooled"]))(mahalanobis(f["train"]["pooled"], labels)),
         "Mahalanobis, L2-normalised": (lambda g: lambda s: g(l2(s["pooled"])))(
             mahalanobis(l2(f["train"]["pooled"]), labels)),
-        "Mahalanobis, L2, shrunk 1% (vit's)": (lambda g: lambda s: g(l2(s["pooled"])))(
+        "Mahalanobis, L2, shrunk 1%": (lambda g: lambda s: g(l2(s["pooled"])))(
             mahalanobis(l2(f["train"]["pooled"]), labels, shrink=0.01)),
+        "Mahalanobis, L2, shrunk 0.1%": (lambda g: lambda s: g(l2(s["pooled"])))(
+            mahalanobis(l2(f["train"]["pooled"]), labels, shrink=0.001)),
         "relative Mahalanobis": (lambda g: lambda s: g(s["pooled"]))(
             mahalanobis(f["train"]["pooled"], labels, relative=True)),
     }

@@ -211,6 +211,8 @@ def test_serve_answers_as_predict_does_on_the_checkpoint_and_the_onnx(calibrated
 
     async def answers(model: Path) -> list[dict]:
         async with client_of(make_app(Predictor(load_classifier(model), accept_all=accept_all))) as client:
+            info = (await client.get("/info")).json()
+            assert info["calibration"]["threshold"] == pytest.approx(stored["threshold"])
             return [(await client.post("/predict", content=p.read_bytes(),
                                        headers={"Content-Type": "image/png"})).json() for p in paths]
 
