@@ -140,10 +140,12 @@ def test_calibrate_then_predict_answers_unknown_alike_on_checkpoint_and_onnx(cal
     unknown = scores > stored["threshold"]
     assert unknown.any() and not unknown.all()  # both sides of the threshold are exercised
     export_onnx(read_classifier(ckpt), tmp_path / "onnx")
-    for model in (ckpt, tmp_path / "onnx" / "model.onnx"):
-        out = tmp_path / f"{model.suffix[1:]}.json"
-        rows = run(["predict", "--ckpt", str(model), *map(str, paths), "--out", str(out), "--top_k", "10"])
-        assert [r["unknown"] for r in rows] == unknown.tolist(), model
+    onnx = tmp_path / "onnx" / "model.onnx"
+    for model, backend in ((ckpt, "torch"), (onnx, "onnx"), (onnx, "openvino")):
+        out = tmp_path / f"{backend}.json"
+        rows = run(["predict", "--ckpt", str(model), *map(str, paths), "--out", str(out), "--top_k", "10",
+                    "--backend", backend])
+        assert [r["unknown"] for r in rows] == unknown.tolist(), backend
         assert [r["answer"] for r in rows] == [
             "unknown" if u else r["nearest"] for u, r in zip(unknown, rows)]
         np.testing.assert_allclose([r["score"] for r in rows], scores, rtol=1e-4, atol=1e-4)

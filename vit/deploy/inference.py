@@ -34,6 +34,12 @@ PRECISIONS = ("fp32", "bf16")
 ONNX_SUFFIX = ".onnx"
 
 
+def exported_calibration(meta: dict[str, str]) -> Calibration | None:
+    """The calibration an export's metadata carries; None for a model exported before calibration (or never
+    calibrated): it answers with T = 1 and cannot say "unknown"."""
+    return Calibration.from_dict(json.loads(meta[METADATA_KEY])) if METADATA_KEY in meta else None
+
+
 class OnnxClassifier(ModelInput):
     """An ONNX classifier from `vit export`, run by onnxruntime on the CPU; metadata says how to prepare images."""
 
@@ -78,9 +84,7 @@ class OnnxClassifier(ModelInput):
         self.path = path
         self.set_card(onnx_metadata(self.session.get_modelmeta().custom_metadata_map, path))
         self.input_name = self.session.get_inputs()[0].name
-        # exported before calibration (or never calibrated): T = 1 and no unknown score
-        meta = self.session.get_modelmeta().custom_metadata_map
-        self.calibration = Calibration.from_dict(json.loads(meta[METADATA_KEY])) if METADATA_KEY in meta else None
+        self.calibration = exported_calibration(self.session.get_modelmeta().custom_metadata_map)
         self.has_score = SCORE_OUTPUT in [o.name for o in self.session.get_outputs()]
         self.can_reject = self.has_score and self.calibration is not None and self.calibration.threshold is not None
 
