@@ -18,13 +18,14 @@ adds the columns nearest and unknown_score. ``--accept_all`` never answers unkno
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
 from collections.abc import Sequence
 
 from vit.data.io import find_images
 from vit.deploy.backends import BACKENDS, load_classifier
 from vit.deploy.image_files import check_some_readable, describe_run, failures
-from vit.deploy.inference import PRECISIONS
+from vit.deploy.inference import PRECISIONS, can_reject
 from vit.deploy.predict import predict_files, write_predictions
 from vit.files import out_problem
 
@@ -87,10 +88,9 @@ def add_accept_all_argument(parser: argparse.ArgumentParser) -> None:
 
 def rejection_note(classifier: object, path: str, accept_all: bool) -> str | None:
     """One line when the model cannot answer "unknown" (saved or exported before `vit calibrate`), else None."""
-    calibration = getattr(classifier, "calibration", None)
     if accept_all:
         return None
-    if calibration is None or calibration.threshold is None or not getattr(classifier, "can_reject", True):
+    if not can_reject(classifier):
         return (f"note: {path} has no unknown score (saved or exported before calibration, or a backend that does "
                 "not run it): every image gets one of its classes, and the probabilities are uncalibrated unless a "
                 "temperature was stored; `vit calibrate --ckpt CKPT --config CFG`, then export again, adds them")
@@ -105,7 +105,7 @@ def main(argv: Sequence[str]) -> list[dict]:
     for line in found.describe_skipped():
         print(line)
     if note := rejection_note(classifier, args.ckpt, args.accept_all):
-        print(note)
+        print(note, file=sys.stderr)
     rows = predict_files(classifier, found.files, args.top_k, args.batch_size, args.crop_pct, args.precision,
                          strict=args.strict, accept_all=args.accept_all)
     out = write_predictions(rows, args.out)

@@ -141,8 +141,7 @@ def main(argv: Sequence[str]) -> None:
     # PIL refuses images over twice its own limit (179 MP) while reading the header; --max_pixels is the limit
     Image.MAX_IMAGE_PIXELS = max(Image.MAX_IMAGE_PIXELS or 0, limits.max_pixels)
     model = load_classifier(args.ckpt, args.device, backend=args.backend, threads=args.threads)
-    if note := rejection_note(model, str(args.ckpt), args.accept_all):
-        print(note)
+    note = rejection_note(model, str(args.ckpt), args.accept_all)
     service = Service(Predictor(model, accept_all=args.accept_all), limits)
     app = create_app(service, api_key=api_key, cors_origins=args.cors_origin,
                      model_path=str(args.ckpt))
@@ -155,6 +154,8 @@ def main(argv: Sequence[str]) -> None:
             await super().startup(sockets)  # the app's lifespan (the warm-up batch) ran first
             if not self.should_exit:
                 print(f"serving on {url}", flush=True)
+                if note:  # after the first line, which scripts wait for
+                    print(note, file=sys.stderr, flush=True)
 
     # Requests in flight get timeout_s to finish after SIGTERM; the extra seconds cover the last batch.
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",

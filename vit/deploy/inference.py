@@ -153,7 +153,8 @@ def answered(classifier: Any, images: Tensor, k: int, accept_all: bool = False) 
     """Each image's top-k entries with calibrated probabilities (softmax(logits / T)) and, for a model with an
     unknown score, its answer: ``{"answer", "unknown", "nearest", "score"}`` (else ``{}``); ``accept_all``: never
     unknown. `vit predict` and `vit serve` answer with this."""
-    answer = getattr(classifier, "answer", None)
+    # the class's own `answer` (a wrapper such as torch-bf16's hands attributes on to the fp32 model inside)
+    answer = getattr(classifier, "answer", None) if hasattr(type(classifier), "answer") else None
     logits, scores = answer(images) if answer is not None else (classifier(images), None)
     calibration: Calibration | None = getattr(classifier, "calibration", None)
     temperature = calibration.temperature if calibration is not None else 1.0
@@ -164,6 +165,14 @@ def answered(classifier: Any, images: Tensor, k: int, accept_all: bool = False) 
     label = calibration.label if calibration is not None else DEFAULT_LABEL
     return [(e, {"answer": label if u else e[0]["name"], "unknown": u, "nearest": e[0]["name"],
                  "score": round(float(s), 6)}) for e, u, s in zip(entries, unknown, scores.tolist())]
+
+
+def can_reject(classifier: Any) -> bool:
+    """Whether the model answers "unknown": it computes the score (`answered`) and has a threshold."""
+    calibration = getattr(classifier, "calibration", None)
+    if not hasattr(type(classifier), "answer") or calibration is None or calibration.threshold is None:
+        return False
+    return bool(getattr(classifier, "can_reject", True))
 
 
 def record(path: str | os.PathLike, top_k: list[dict] | None = None, error: str | None = None) -> dict:
