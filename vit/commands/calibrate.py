@@ -41,14 +41,16 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("no data given: pass the checkpoint's config (--config configs/digits.yaml)")
     if not 0 < args.acceptance <= 1:
         parser.error(f"--acceptance must be in (0, 1], got {args.acceptance}")
-    if not args.ckpt.is_file():
-        parser.error(f"--ckpt: no such file: {args.ckpt}")
     return args, rest
 
 
 def main(argv: Sequence[str]) -> dict[str, Any]:
     """Run `vit calibrate` (arguments without the command name); returns the stored calibration and report."""
     args, rest = parse_args(argv)
+    if not args.ckpt.is_file():
+        from vit.errors import UserPathError
+
+        raise UserPathError(f"--ckpt: no such checkpoint file: {args.ckpt}")
     from vit.calibration import calibrate_checkpoint
     from vit.cli.main import build_model_and_data
 
