@@ -72,13 +72,23 @@ def test_threshold_and_score_match_numpy():
     z = features / np.linalg.norm(features, axis=1, keepdims=True)
     means = np.stack([z[labels == c].mean(0) for c in range(3)])
     cov = np.cov(z - means[labels], rowvar=False, bias=True)
-    precision = np.linalg.inv(0.99 * cov + 0.01 * np.trace(cov) / 8 * np.eye(8))  # shrunk 1% towards the identity
+    precision = np.linalg.inv(0.999 * cov + 0.001 * np.trace(cov) / 8 * np.eye(8))  # shrunk 0.1% towards I
     queries = rng.normal(size=(20, 8)) * 2
     q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
     d = np.stack([np.einsum("nd,de,ne->n", q - m, precision, q - m) for m in means], 1)
     score, nearest = unknown(torch.tensor(queries, dtype=torch.float32))
     np.testing.assert_allclose(score.numpy(), d.min(1), rtol=1e-4, atol=1e-3)
     assert nearest.tolist() == d.argmin(1).tolist()
+    # two layers: each distance standardised by its mean and standard deviation on val, then summed
+    other = rng.normal(size=(300, 4)) + np.repeat(np.eye(3, 4) * 2, 100, 0)
+    val = [torch.tensor(queries), torch.tensor(rng.normal(size=(20, 4)))]
+    both = fit_unknown([torch.tensor(features), torch.tensor(other)], torch.tensor(labels), 3, val=val)
+    per_layer = [layer(v.float())[0].double().numpy() for layer, v in zip(both.layers, val)]
+    np.testing.assert_allclose(per_layer[0], d.min(1), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(both.loc.numpy(), [p.mean() for p in per_layer], rtol=1e-5)
+    np.testing.assert_allclose(both.scale.numpy(), [p.std() for p in per_layer], rtol=1e-5)
+    summed = sum((p - p.mean()) / p.std() for p in per_layer)
+    np.testing.assert_allclose(both(val)[0].numpy(), summed, rtol=1e-4, atol=1e-4)
     assert decisions(score, SimpleNamespace(threshold=float(np.median(d.min(1)))), accept_all=True) == [False] * 20
     with pytest.raises(UserValueError, match=r"no images of class\(es\) \[2\]"):
         fit_unknown(torch.tensor(features[:200]), torch.tensor(labels[:200]), 3)
@@ -119,13 +129,19 @@ def by_hand(ckpt: Path, paths: list[Path]) -> tuple[np.ndarray, np.ndarray, dict
     classifier = read_classifier(ckpt)
     model, transform = classifier.model, classifier.eval_transform()
     x = torch.stack([transform(Image.open(p).convert("L")) for p in paths])
+    blocks = []  # every block's mean patch token, then the pooled features
     with torch.no_grad():
+        model.tokens(x, on_block=lambda i, t: blocks.append(t[:, model.num_prefix_tokens:].mean(1).double().numpy()))
         pooled = model.forward_head(model.forward_features(x), pre_logits=True).double().numpy()
         logits = model(x).double().numpy()
-    z = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
-    means, precision = stored["stats"]["means"].double().numpy(), stored["stats"]["precision"].double().numpy()
-    d = np.stack([np.einsum("nd,de,ne->n", z - m, precision, z - m) for m in means], 1)
-    return softmax(logits / stored["temperature"], 1), d.min(1), stored
+    stats, score = stored["stats"], 0.0
+    assert len(stats["layers"]) == len(model.blocks) + 1
+    for features, layer, loc, scale in zip([*blocks, pooled], stats["layers"], stats["loc"], stats["scale"]):
+        z = features / np.linalg.norm(features, axis=1, keepdims=True)
+        means, precision = layer["means"].double().numpy(), layer["precision"].double().numpy()
+        d = np.stack([np.einsum("nd,de,ne->n", z - m, precision, z - m) for m in means], 1)
+        score = score + (d.min(1) - float(loc)) / float(scale)
+    return softmax(logits / stored["temperature"], 1), score, stored
 
 
 def test_calibrate_then_predict_answers_unknown_alike_on_checkpoint_and_onnx(calibrated, tmp_path, capsys):
@@ -190,7 +206,8 @@ def test_fit_ends_by_calibrating_its_best_checkpoint(tmp_path, capsys):
     assert last_lines[-1].startswith(f"calibrated {best}: vit predict and vit serve answer")
     assert any(line.startswith("temperature T = ") for line in last_lines)
     stored = read_checkpoint(best)["confidence"]
-    assert stored["temperature"] > 0 and stored["stats"]["precision"].shape == (32, 32)
+    layers = stored["stats"]["layers"]  # the one block's mean patch token and the pooled features
+    assert stored["temperature"] > 0 and [layer["precision"].shape for layer in layers] == [(32, 32)] * 2
     json.dumps({k: v for k, v in stored.items() if k != "stats"})  # the report is plain data
 
 

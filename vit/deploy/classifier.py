@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from vit.checkpoints.io import read_checkpoint
 from vit.checkpoints.meta import evaluated_weights, expect_task
-from vit.deploy.confidence import CHECKPOINT_KEY, Calibration, Confidence, pooled_and_logits
+from vit.deploy.confidence import CHECKPOINT_KEY, Calibration, Confidence, layer_features
 from vit.errors import UserValueError
 from vit.nn.vision import VisionTransformer, build_model
 from vit.preprocessing import PREPROCESSING_KEYS, Prepared, Preprocessing, eval_short_side
@@ -133,8 +133,9 @@ class Classifier(ModelInput, nn.Module):
         """Logits (B, num_classes) and the unknown score (B,), from one forward pass; None: no score was fit."""
         if self.confidence is None or self.confidence.unknown is None:
             return self(x), None
-        pooled, logits = pooled_and_logits(self.model, x)
-        return logits, self.confidence.unknown.to(pooled.device)(pooled)[0]
+        features, logits = layer_features(self.model, x)
+        unknown = self.confidence.unknown.to(logits.device)
+        return logits, unknown(features[-len(unknown.layers):])[0]
 
 
 def read_classifier(path: str | os.PathLike, device: str | torch.device = "cpu") -> Classifier:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-SCORE = "mahalanobis_l2"  # the class-conditional Mahalanobis distance on L2-normalised pooled features
+SCORE = "mahalanobis_l2_layers"  # Mahalanobis distances on every layer's L2-normalised features, summed
 DEFAULT_LABEL = "unknown"
 CHECKPOINT_KEY = "confidence"  # where a checkpoint holds it
 METADATA_KEY = "confidence"  # the ONNX metadata_props key (JSON of `Calibration`)
@@ -46,9 +46,9 @@ class Calibration:
         return cls(**known)
 
 
-class UnknownScore(nn.Module):
-    """The distance of pooled features (B, D) from the training data: the squared Mahalanobis distance to the
-    nearest class mean under one shared covariance, on L2-normalised features. Returns (score (B,), nearest (B,))."""
+class LayerScore(nn.Module):
+    """One layer's squared Mahalanobis distance to the nearest class mean, on L2-normalised features (B, D), under
+    one shared precision. Returns (distance (B,), nearest class (B,))."""
 
     def __init__(self, means: Tensor, precision: Tensor) -> None:
         super().__init__()
@@ -60,14 +60,46 @@ class UnknownScore(nn.Module):
         self.register_buffer("whiten", whiten.float(), persistent=False)
         self.register_buffer("whitened_means", (means.double() @ whiten).float(), persistent=False)
 
-    def forward(self, pooled: Tensor) -> tuple[Tensor, Tensor]:
-        z = F.normalize(pooled.float(), dim=-1) @ self.whiten  # (B, D)
-        dist = (z[:, None, :] - self.whitened_means[None]).square().sum(-1)  # (B, C)
-        score, nearest = dist.min(dim=-1)
+    def forward(self, features: Tensor) -> tuple[Tensor, Tensor]:
+        z = F.normalize(features.float(), dim=-1) @ self.whiten  # (B, D)
+        return (z[:, None, :] - self.whitened_means[None]).square().sum(-1).min(dim=-1)  # over (B, C)
+
+
+class UnknownScore(nn.Module):
+    """How far an image is from the training data: each layer's `LayerScore` (every block's mean patch token, then
+    the pooled features the head reads), standardised by its mean and standard deviation on val, summed (Lee et
+    al. 2018's ensemble of layers). Takes the layers' features [(B, D_l), ...] (or one tensor: the pooled
+    features of a one-layer score); returns (score (B,), the nearest class of the last layer (B,))."""
+
+    def __init__(self, layers: list[LayerScore], loc: Tensor | None = None, scale: Tensor | None = None) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.register_buffer("loc", torch.zeros(len(layers)) if loc is None else loc.float())
+        self.register_buffer("scale", torch.ones(len(layers)) if scale is None else scale.float())
+
+    def distances(self, features: list[Tensor] | Tensor) -> tuple[list[Tensor], Tensor]:
+        """Each layer's distance (B,), and the last layer's nearest class."""
+        features = [features] if isinstance(features, Tensor) else features
+        if len(features) != len(self.layers):
+            raise ValueError(f"the unknown score reads {len(self.layers)} layers of features, got {len(features)}")
+        found = [layer(f) for layer, f in zip(self.layers, features)]
+        return [d for d, _ in found], found[-1][1]
+
+    def forward(self, features: list[Tensor] | Tensor) -> tuple[Tensor, Tensor]:
+        distances, nearest = self.distances(features)
+        score = sum((d - self.loc[i]) / self.scale[i] for i, d in enumerate(distances))
         return score, nearest
 
-    def state(self) -> dict[str, Tensor]:
-        return {"means": self.means.detach().cpu(), "precision": self.precision.detach().cpu()}
+    def state(self) -> dict[str, Any]:
+        layers = [{"means": layer.means.detach().cpu(), "precision": layer.precision.detach().cpu()}
+                  for layer in self.layers]
+        return {"layers": layers, "loc": self.loc.detach().cpu(), "scale": self.scale.detach().cpu()}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> UnknownScore:
+        if "means" in state:  # one layer, unstandardised
+            return cls([LayerScore(state["means"], state["precision"])])
+        return cls([LayerScore(s["means"], s["precision"]) for s in state["layers"]], state["loc"], state["scale"])
 
 
 def pooled_and_logits(model: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -79,6 +111,19 @@ def pooled_and_logits(model: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
     return pooled, model.get_classifier()(pooled)
 
 
+def layer_features(model: nn.Module, x: Tensor) -> tuple[list[Tensor], Tensor]:
+    """The features the unknown score reads, from one forward pass: for our ViTs every block's mean patch token
+    (B, D) and the pooled features; for a timm network the pooled features alone. And the logits."""
+    if not hasattr(model, "tokens"):
+        pooled, logits = pooled_and_logits(model, x)
+        return [pooled], logits
+    blocks: list[Tensor] = []
+    prefix = model.num_prefix_tokens
+    tokens = model.tokens(x, on_block=lambda i, t: blocks.append(t[:, prefix:].mean(dim=1)))
+    pooled = model.forward_head(tokens, pre_logits=True)
+    return [*blocks, pooled], model.get_classifier()(pooled)
+
+
 class Answering(nn.Module):
     """A network with its unknown score: images -> (logits, score (B,)); what the ONNX export traces."""
 
@@ -87,8 +132,8 @@ class Answering(nn.Module):
         self.model, self.unknown = model, unknown
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        pooled, logits = pooled_and_logits(self.model, x)
-        return logits, self.unknown(pooled)[0]
+        features, logits = layer_features(self.model, x)
+        return logits, self.unknown(features[-len(self.unknown.layers):])[0]
 
 
 @dataclass
@@ -106,7 +151,7 @@ class Confidence:
     @classmethod
     def from_checkpoint(cls, values: dict[str, Any]) -> Confidence:
         stats = values.get("stats")
-        unknown = UnknownScore(stats["means"], stats["precision"]) if stats else None
+        unknown = UnknownScore.from_state(stats) if stats else None
         return cls(Calibration.from_dict(values), unknown, values.get("report"))
 
 
