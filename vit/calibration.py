@@ -154,14 +154,20 @@ def split_outputs(classifier: Classifier, dataset: Dataset, name: str, batch_siz
 
 def fit_confidence(classifier: Classifier, train: Dataset, val: Dataset, *, acceptance: float = ACCEPTANCE,
                    label: str = DEFAULT_LABEL, outliers: str | os.PathLike | None = None,
-                   **loader: Any) -> Confidence:
+                   layers: str = "all", **loader: Any) -> Confidence:
     """T on val, the unknown score on train, its threshold on val (``acceptance`` of it accepted; with a folder of
-    ``outliers``, the threshold that best tells val from them), with the figures before and after T."""
+    ``outliers``, the threshold that best tells val from them), with the figures before and after T. ``layers``:
+    "all" (every block and the pooled features: measured best, docs/confidence.md) or "pooled" (the head's input
+    alone: one layer's statistics, for a checkpoint that must stay small)."""
+    if layers not in ("all", "pooled"):
+        raise UserValueError(f"layers must be 'all' or 'pooled', got {layers!r}")
     if val is None or len(val) == 0:
         raise UserValueError("calibration needs a validation split, and this data has none: give the datamodule "
                              "one (e.g. --data.init_args.val_fraction 0.1, or a val/ folder)")
     train_features, _, train_labels = split_outputs(classifier, train, "train", **loader)
     val_features, val_logits, val_labels = split_outputs(classifier, val, "val", **loader)
+    if layers == "pooled":
+        train_features, val_features = train_features[-1:], val_features[-1:]
     temperature = fit_temperature(val_logits, val_labels)
     unknown = fit_unknown(train_features, train_labels, len(classifier.class_names), val=val_features)
     val_scores = unknown(val_features)[0]
@@ -185,7 +191,8 @@ def describe(confidence: Confidence) -> list[str]:
         lines.append(f"  val ECE {b['ece']:.4f} -> {a['ece']:.4f}, NLL {b['nll']:.4f} -> {a['nll']:.4f}, "
                      f"Brier {b['brier']:.4f} -> {a['brier']:.4f} (top-1 {a['top1']:.4f}, unchanged)")
     if c.threshold is not None:
-        lines.append(f"unknown: {c.score} score above {c.threshold:.4g} answers {c.label!r} "
+        layers = len(confidence.unknown.layers) if confidence.unknown is not None else 0
+        lines.append(f"unknown: {c.score} score ({layers} layer(s)) above {c.threshold:.4g} answers {c.label!r} "
                      f"({100 * c.acceptance:.0f}% of val accepted)")
     return lines
 
@@ -199,7 +206,7 @@ def save_confidence(path: str | os.PathLike, confidence: Confidence, out: str | 
 
 def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: float = ACCEPTANCE,
                          label: str = DEFAULT_LABEL, out: str | os.PathLike | None = None,
-                         device: str = "cpu", outliers: str | os.PathLike | None = None,
+                         device: str = "cpu", outliers: str | os.PathLike | None = None, layers: str = "all",
                          say: Any = print) -> Confidence:
     """Fit T and the unknown score of the checkpoint at ``path`` on ``data``'s train and val splits (a set-up
     `vit.data` datamodule) and store them in it (or in a copy at ``out``); prints what it found."""
@@ -213,7 +220,7 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
     classifier = read_classifier(path, device)
     workers = {"num_workers": getattr(data, "num_workers", 0)}
     confidence = fit_confidence(classifier, data.eval_split("train"), data.eval_split("val"), acceptance=acceptance,
-                                label=label, outliers=outliers, **workers)
+                                label=label, outliers=outliers, layers=layers, **workers)
     saved = save_confidence(path, confidence, out)
     for line in describe(confidence):
         say(line)

@@ -157,6 +157,10 @@ def scores(f: dict[str, dict[str, np.ndarray]], labels: np.ndarray) -> dict[str,
     stats = {k: (g(l2(f["val"][k])).mean(), g(l2(f["val"][k])).std()) for k, g in per_layer.items()}
     fitted["Mahalanobis, L2, all layers"] = lambda s: sum(
         (g(l2(s[k])) - stats[k][0]) / stats[k][1] for k, g in per_layer.items())
+    shrunk = {k: mahalanobis(l2(f["train"][k]), labels, shrink=0.001) for k in [*layers, "pooled"]}
+    loc = {k: (g(l2(f["val"][k])).mean(), g(l2(f["val"][k])).std()) for k, g in shrunk.items()}
+    fitted["all layers, shrunk 0.1% (vit's default)"] = lambda s: sum(
+        (g(l2(s[k])) - loc[k][0]) / loc[k][1] for k, g in shrunk.items())
     fitted["Mahalanobis, L2, last 2 blocks + pooled"] = lambda s: sum(
         (g(l2(s[k])) - stats[k][0]) / stats[k][1] for k, g in per_layer.items() if k in (*layers[-2:], "pooled"))
     return {name: {split: g(s) for split, s in f.items()} for name, g in fitted.items()}

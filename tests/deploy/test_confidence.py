@@ -135,8 +135,9 @@ def by_hand(ckpt: Path, paths: list[Path]) -> tuple[np.ndarray, np.ndarray, dict
         pooled = model.forward_head(model.forward_features(x), pre_logits=True).double().numpy()
         logits = model(x).double().numpy()
     stats, score = stored["stats"], 0.0
-    assert len(stats["layers"]) == len(model.blocks) + 1
-    for features, layer, loc, scale in zip([*blocks, pooled], stats["layers"], stats["loc"], stats["scale"]):
+    read = [*blocks, pooled] if len(stats["layers"]) > 1 else [pooled]  # all layers, or --layers pooled
+    assert len(stats["layers"]) == len(read)
+    for features, layer, loc, scale in zip(read, stats["layers"], stats["loc"], stats["scale"]):
         z = features / np.linalg.norm(features, axis=1, keepdims=True)
         means, precision = layer["means"].double().numpy(), layer["precision"].double().numpy()
         d = np.stack([np.einsum("nd,de,ne->n", z - m, precision, z - m) for m in means], 1)
@@ -270,3 +271,21 @@ def test_an_outlier_folder_sets_the_best_separating_threshold(fitted, tmp_path):
     _, outlier_scores, stored = by_hand(ckpt, sorted(folder.glob("*.png")))
     assert stored["threshold"] == confidence.calibration.threshold
     assert (outlier_scores > stored["threshold"]).mean() >= 0.5
+
+
+def test_the_pooled_features_alone_on_request(fitted, tmp_path):
+    from vit.data import Digits
+
+    ckpt = tmp_path / "c.ckpt"
+    shutil.copy(next((fitted / "ckpt").glob("best-*.ckpt")), ckpt)
+    data = Digits(img_size=16)
+    data.setup("fit")
+    calibrate_checkpoint(ckpt, data, layers="pooled", say=lambda line: None)
+    paths = images(tmp_path / "images")
+    _, scores, stored = by_hand(ckpt, paths)
+    assert len(stored["stats"]["layers"]) == 1 and stored["stats"]["loc"].tolist() == [0.0]
+    rows = run(["predict", "--ckpt", str(ckpt), *map(str, paths), "--out", str(tmp_path / "p.json")])
+    assert [r["unknown"] for r in rows] == (scores > stored["threshold"]).tolist()
+    np.testing.assert_allclose([r["score"] for r in rows], scores, rtol=1e-4, atol=1e-4)
+    with pytest.raises(UserValueError, match="layers must be 'all' or 'pooled'"):
+        calibrate_checkpoint(ckpt, data, layers="some")

@@ -33,6 +33,9 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--outliers", type=Path, default=None, metavar="FOLDER",
                         help="images of none of the classes (backgrounds, other products): the threshold is set "
                         "to tell val from them best, instead of by --acceptance")
+    parser.add_argument("--layers", choices=("all", "pooled"), default="all",
+                        help="the features the unknown score reads: every block's and the pooled ones (measured "
+                        "best), or the pooled ones alone (a smaller checkpoint) (default: %(default)s)")
     parser.add_argument("--label", default=DEFAULT_LABEL, help="the answer for an unknown image (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None, help="write a calibrated copy here (default: in place)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: %(default)s)")
@@ -58,5 +61,6 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     data.prepare_data()
     data.setup("fit")
     confidence = calibrate_checkpoint(args.ckpt, data, acceptance=args.acceptance, label=args.label,
-                                      out=args.out, device=args.device, outliers=args.outliers)
+                                      out=args.out, device=args.device, outliers=args.outliers,
+                                      layers=args.layers)
     return {**confidence.calibration.to_dict(), "report": confidence.report}
