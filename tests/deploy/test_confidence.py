@@ -171,7 +171,7 @@ def test_calibrate_then_predict_answers_unknown_alike_on_checkpoint_and_onnx(cal
             got[i, [e["class"] for e in r["top_k"]]] = [e["probability"] for e in r["top_k"]]
         np.testing.assert_allclose(got, probs, atol=1e-5)
         assert [r["nearest"] for r in rows] == [str(i) for i in probs.argmax(1)]
-    assert "no unknown score" not in capsys.readouterr().err
+    assert "no unknown score" not in capsys.readouterr().out
     # the CSV: the unknown label as class_1 (no probability), the nearest class and the score in their own columns
     main(["predict", "--ckpt", str(ckpt), *map(str, paths), "--out", str(tmp_path / "p.csv")])
     table = list(csv.DictReader((tmp_path / "p.csv").open()))
@@ -186,7 +186,7 @@ def test_calibrate_then_predict_answers_unknown_alike_on_checkpoint_and_onnx(cal
 def test_an_old_onnx_answers_and_says_it_cannot_reject(exported, tmp_path, capsys):
     out = tmp_path / "old.json"
     rows = run(["predict", "--ckpt", str(exported.onnx), str(images(tmp_path / "images")[0]), "--out", str(out)])
-    assert "has no unknown score" in capsys.readouterr().err
+    assert "has no unknown score" in capsys.readouterr().out
     assert rows[0]["top_k"] and rows[0]["error"] is None and "unknown" not in rows[0]
 
 

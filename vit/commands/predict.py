@@ -18,7 +18,6 @@ adds the columns nearest and unknown_score. ``--accept_all`` never answers unkno
 from __future__ import annotations
 
 import argparse
-import sys
 import warnings
 from collections.abc import Sequence
 
@@ -105,7 +104,7 @@ def main(argv: Sequence[str]) -> list[dict]:
     for line in found.describe_skipped():
         print(line)
     if note := rejection_note(classifier, args.ckpt, args.accept_all):
-        print(note, file=sys.stderr)
+        print(note)
     rows = predict_files(classifier, found.files, args.top_k, args.batch_size, args.crop_pct, args.precision,
                          strict=args.strict, accept_all=args.accept_all)
     out = write_predictions(rows, args.out)
