@@ -102,6 +102,7 @@ def quiet_run(root: Path, *configs: str) -> list[str]:
         f"--trainer.default_root_dir={root}", f"--trainer.logger.init_args.save_dir={root}/logs",
         f"--checkpoint.dirpath={root}/ckpt", "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
+        "--calibrate=false",  # the tests of calibration ask for it (tests/deploy/test_confidence.py)
     ]
 
 

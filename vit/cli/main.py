@@ -118,6 +118,11 @@ class VitCLI(LightningCLI):
             help="after `fit`, test the best checkpoint and print the test accuracy",
         )
         parser.add_argument(
+            "--calibrate", type=bool, default=True,
+            help="after `fit`, fit a temperature and an 'unknown' threshold on the best checkpoint and store them "
+            "in it (as `vit calibrate`): vit predict and vit serve then answer 'unknown' for images far from the data",
+        )
+        parser.add_argument(
             "--num_threads", type=int | None, default=None,
             help="CPU threads for torch (default: torch's choice); 1 suits tiny models on busy machines",
         )
@@ -236,8 +241,31 @@ class VitCLI(LightningCLI):
         return str(intact[0])
 
     def after_fit(self) -> None:
-        if not self._subcommand_config(self.config).get("test_after_fit"):
+        config = self._subcommand_config(self.config)
+        if config.get("test_after_fit"):
+            self.test_best()
+        if config.get("calibrate"):
+            self.calibrate_best()
+
+    def calibrate_best(self) -> None:
+        """Fit T and the unknown score on the best checkpoint and store them in it (`vit.calibration`)."""
+        from vit.data.base import ImageDataModule
+        from vit.tasks import ImageClassifier
+
+        checkpoint = self.best_checkpoint
+        best = checkpoint.best_model_path if checkpoint is not None else ""
+        if not self.trainer.is_global_zero or self.trainer.fast_dev_run or not best or \
+                type(self.model) is not ImageClassifier or not isinstance(self.datamodule, ImageDataModule):
             return
+        from vit.calibration import calibrate_checkpoint
+
+        try:
+            calibrate_checkpoint(best, self.datamodule, say=self.say)
+        except Exception as e:  # a post-hoc step: the trained checkpoint stands whatever happens here
+            self.say(f"calibration skipped ({type(e).__name__}: {e}); the checkpoint is as trained. "
+                     f"Retry with: vit calibrate --ckpt {best} --config CONFIG")
+
+    def test_best(self) -> None:
         checkpoint = self.best_checkpoint
         best = checkpoint.best_model_path if checkpoint is not None else ""
         if self.trainer.fast_dev_run or not best:

@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("vit.cli.main", "evaluate a checkpoint on the validation split"),
     "test": ("vit.cli.main", "evaluate a checkpoint on the test split"),
     "predict": ("vit.commands.predict", "classify image files: vit predict --ckpt CKPT|MODEL.onnx IMAGES..."),
+    "calibrate": ("vit.commands.calibrate", "calibrated probabilities and an 'unknown' answer: vit calibrate "
+                  "--ckpt CKPT --config CFG"),
     "export": ("vit.commands.export", "write a checkpoint as ONNX, timm safetensors or one .ckpt: vit export ..."),
     "serve": ("vit.commands.serve", "serve a checkpoint or ONNX model over HTTP, with a page: vit serve --ckpt CKPT"),
     "attention": ("vit.commands.attention", "attention maps and top classes of images; --text: a translation's; "

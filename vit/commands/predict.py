@@ -9,7 +9,10 @@ the classes are called. Folders are searched recursively for image files. Writes
 
 A file that cannot be decoded gets ``"top_k": []`` and the reason in ``"error"``, and the run goes on
 (``--strict`` stops at it instead). `vit attention` writes the same records, plus ``"png"``. The CSV
-has the columns path, class_1, prob_1, ..., class_k, prob_k, error. Imports no Lightning.
+has the columns path, class_1, prob_1, ..., class_k, prob_k, error. A calibrated checkpoint (`vit calibrate`, or the
+end of `vit fit`) or its export answers calibrated probabilities, and "unknown" for an image far from its training
+data: the record adds "answer", "unknown", "nearest" and "score"; the CSV puts the unknown label in class_1 and
+adds the columns nearest and unknown_score. ``--accept_all`` never answers unknown. Imports no Lightning.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Sequence
 from vit.data.io import find_images
 from vit.deploy.backends import BACKENDS, load_classifier
 from vit.deploy.image_files import check_some_readable, describe_run, failures
-from vit.deploy.inference import PRECISIONS
+from vit.deploy.inference import PRECISIONS, can_reject
 from vit.deploy.predict import predict_files, write_predictions
 from vit.files import out_problem
 
@@ -54,6 +57,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         "--backend torch-compile also freezes the weights, faster on a CPU")
     parser.add_argument("--strict", action="store_true",
                         help="stop at the first file that cannot be read, writing nothing")
+    add_accept_all_argument(parser)
     args = parser.parse_args(list(argv))
     if args.top_k < 1:
         parser.error(f"--top_k must be at least 1, got {args.top_k}")
@@ -74,6 +78,24 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
                         "this machine (default: torch for a checkpoint, onnx or onnx-int8 for a .onnx file)")
 
 
+def add_accept_all_argument(parser: argparse.ArgumentParser) -> None:
+    """``--accept_all`` as `vit predict` and `vit serve` take it."""
+    parser.add_argument("--accept_all", action="store_true",
+                        help="never answer 'unknown': a calibrated model (`vit calibrate`, or the end of `vit fit`) "
+                        "otherwise answers its unknown label for images far from its training data")
+
+
+def rejection_note(classifier: object, path: str, accept_all: bool) -> str | None:
+    """One line when the model cannot answer "unknown" (saved or exported before `vit calibrate`), else None."""
+    if accept_all:
+        return None
+    if not can_reject(classifier):
+        return (f"note: {path} has no unknown score (saved or exported before calibration, or a backend that does "
+                "not run it): every image gets one of its classes, and the probabilities are uncalibrated unless a "
+                "temperature was stored; `vit calibrate --ckpt CKPT --config CFG`, then export again, adds them")
+    return None
+
+
 def main(argv: Sequence[str]) -> list[dict]:
     """Run `vit predict --ckpt ...` with the given arguments (without the command name); returns the records."""
     args = parse_args(argv)
@@ -81,8 +103,10 @@ def main(argv: Sequence[str]) -> list[dict]:
     found = find_images(args.inputs)
     for line in found.describe_skipped():
         print(line)
+    if note := rejection_note(classifier, args.ckpt, args.accept_all):
+        print(note)
     rows = predict_files(classifier, found.files, args.top_k, args.batch_size, args.crop_pct, args.precision,
-                         strict=args.strict)
+                         strict=args.strict, accept_all=args.accept_all)
     out = write_predictions(rows, args.out)
     print(describe_run(f"wrote {len(rows) - len(failures(rows))} predictions to {out}", rows, out))
     check_some_readable(rows)

@@ -57,6 +57,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--max_pixels", type=float, default=40e6,
                         help="largest width x height, read from the header before decoding, before and after the "
                              "model's resize (default: 40e6)")
+    parser.add_argument("--accept_all", action="store_true",
+                        help="never answer 'unknown': a calibrated model otherwise answers its unknown label for "
+                        "images far from its training data (as `vit predict --accept_all`)")
     parser.add_argument("--top_k", type=int, default=5, help="classes per answer unless asked (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (checkpoints; default: %(default)s)")
     from vit.commands.predict import add_backend_argument  # the same engines as `vit predict --backend`
@@ -123,6 +126,7 @@ def main(argv: Sequence[str]) -> None:
         raise MissingPackageError(f"vit serve needs {e.name}: pip install 'vit[serve]'") from e
     import torch
 
+    from vit.commands.predict import rejection_note
     from vit.deploy.backends import load_classifier
     from vit.serve.core import Limits, Predictor, Service
 
@@ -137,7 +141,8 @@ def main(argv: Sequence[str]) -> None:
     # PIL refuses images over twice its own limit (179 MP) while reading the header; --max_pixels is the limit
     Image.MAX_IMAGE_PIXELS = max(Image.MAX_IMAGE_PIXELS or 0, limits.max_pixels)
     model = load_classifier(args.ckpt, args.device, backend=args.backend, threads=args.threads)
-    service = Service(Predictor(model), limits)
+    note = rejection_note(model, str(args.ckpt), args.accept_all)
+    service = Service(Predictor(model, accept_all=args.accept_all), limits)
     app = create_app(service, api_key=api_key, cors_origins=args.cors_origin,
                      model_path=str(args.ckpt))
     sock = bind(args.host, args.port)
@@ -149,6 +154,8 @@ def main(argv: Sequence[str]) -> None:
             await super().startup(sockets)  # the app's lifespan (the warm-up batch) ran first
             if not self.should_exit:
                 print(f"serving on {url}", flush=True)
+                if note:  # after the first line, which scripts wait for
+                    print(note, file=sys.stderr, flush=True)
 
     # Requests in flight get timeout_s to finish after SIGTERM; the extra seconds cover the last batch.
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",

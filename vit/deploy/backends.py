@@ -29,8 +29,9 @@ import torch
 from torch import Tensor
 
 from vit.deploy.classifier import Classifier, ModelInput
+from vit.deploy.confidence import SCORE_OUTPUT
 from vit.deploy.cpu import describe_cpu, has_amx_bf16, has_native_bf16, has_vnni, reduce_range_for
-from vit.deploy.inference import ONNX_SUFFIX, OnnxClassifier, torch_or_onnx
+from vit.deploy.inference import ONNX_SUFFIX, OnnxClassifier, exported_calibration, torch_or_onnx
 from vit.deploy.metadata import is_int8, onnx_metadata
 from vit.errors import MissingPackageError, UserValueError
 from vit.nn.attention import MultiHeadAttention
@@ -178,10 +179,19 @@ class OpenVinoClassifier(ModelInput):
             config["INFERENCE_NUM_THREADS"] = threads
         core = openvino.Core()
         self.compiled = core.compile_model(core.read_model(model=data), "CPU", config)
+        self.calibration = exported_calibration({p.key: p.value for p in proto.metadata_props})
+        self.has_score = SCORE_OUTPUT in {name for output in self.compiled.outputs for name in output.get_names()}
+        self.can_reject = self.has_score and self.calibration is not None and self.calibration.threshold is not None
 
     def __call__(self, images: Tensor) -> Tensor:
         """Logits (B, num_classes) of images (B, C, H, W)."""
-        return torch.from_numpy(self.compiled(images.float().cpu().numpy())[0].copy())
+        return self.answer(images)[0]
+
+    def answer(self, images: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Logits and the unknown score (B,), or None for a model exported without one."""
+        outputs = self.compiled(images.float().cpu().numpy())
+        score = torch.from_numpy(outputs[1].copy()) if self.has_score else None
+        return torch.from_numpy(outputs[0].copy()), score
 
 
 def load_classifier(

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from vit.checkpoints.io import read_checkpoint
 from vit.checkpoints.meta import evaluated_weights, expect_task
+from vit.deploy.confidence import CHECKPOINT_KEY, Calibration, Confidence, layer_features
 from vit.errors import UserValueError
 from vit.nn.vision import VisionTransformer, build_model
 from vit.preprocessing import PREPROCESSING_KEYS, Prepared, Preprocessing, eval_short_side
@@ -90,6 +91,7 @@ class Classifier(ModelInput, nn.Module):
         self.preprocessing = Preprocessing(mean, std, crop_pct, interpolation)  # read as .mean, .std, ...
         self.input_size = (img_size, img_size) if img_size is not None else None  # a convnet's: it has no img_size
         self.timm_args = timm_args  # a convnet's timm.create_model arguments (None for our ViTs, which hold a config)
+        self.confidence: Confidence | None = None  # the temperature and unknown score `vit calibrate` fit
 
     @property
     def img_size(self) -> tuple[int, int]:
@@ -122,6 +124,18 @@ class Classifier(ModelInput, nn.Module):
         """Logits (B, num_classes)."""
         return self.model(x)
 
+    @property
+    def calibration(self) -> Calibration | None:
+        """The temperature and threshold to answer with; None for a checkpoint never calibrated."""
+        return self.confidence.calibration if self.confidence is not None else None
+
+    def answer(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Logits (B, num_classes) and the unknown score (B,), from one forward pass; None: no score was fit."""
+        if self.confidence is None or self.confidence.unknown is None:
+            return self(x), None
+        features, logits = layer_features(self.model, x)
+        unknown = self.confidence.unknown.to(logits.device)
+        return logits, unknown(features[-len(unknown.layers):])[0]
 
 
 def read_classifier(path: str | os.PathLike, device: str | torch.device = "cpu") -> Classifier:
@@ -140,4 +154,6 @@ def read_classifier(path: str | os.PathLike, device: str | torch.device = "cpu")
     model.load_state_dict(evaluated_weights(checkpoint["state_dict"], meta["ema"]))
     classifier = Classifier(model, model_name=meta["model_name"], class_names=meta["class_names"],
                             img_size=meta.get("img_size"), timm_args=timm_args, **asdict(Preprocessing.from_dict(meta)))
+    if checkpoint.get(CHECKPOINT_KEY):
+        classifier.confidence = Confidence.from_checkpoint(checkpoint[CHECKPOINT_KEY])
     return classifier.to(device).eval()

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from vit.deploy.classifier import Classifier
+from vit.deploy.confidence import METADATA_KEY, SCORE_OUTPUT, Answering
 from vit.deploy.metadata import set_metadata
 from vit.errors import MissingPackageError, UserValueError
 from vit.files import save_atomic
@@ -94,17 +95,21 @@ def sample_batch(classifier: Classifier, batch_size: int, seed: int = 0) -> torc
 def onnx_bytes(classifier: Classifier, opset: int = OPSET) -> bytes:
     """The classifier as a serialised ONNX model with a dynamic batch axis and the preprocessing metadata."""
     need_onnx()
-    model = classifier.model.eval()
+    model, outputs = classifier.model.eval(), [OUTPUT_NAME]
+    unknown = classifier.confidence.unknown if classifier.confidence is not None else None
+    if unknown is not None:  # the unknown score as a second output, from the same forward pass
+        model, outputs = Answering(model, unknown).eval(), [OUTPUT_NAME, SCORE_OUTPUT]
     # Traced with 2 images: batch 1 would let torch.export specialise the batch axis to a constant.
     example = sample_batch(classifier, 2)
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad():
         program = torch.onnx.export(
             model, (example,), dynamo=True, opset_version=opset, input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME], dynamic_shapes={"x": {0: batch}}, verbose=False,
+            output_names=outputs, dynamic_shapes={"x": {0: batch}}, verbose=False,
         )
     proto = program.model_proto
-    set_metadata(proto, classifier.card())
+    calibration = {METADATA_KEY: classifier.calibration.to_dict()} if classifier.calibration is not None else {}
+    set_metadata(proto, classifier.card() | calibration)
     return proto.SerializeToString()
 
 

@@ -12,15 +12,18 @@ answer with the same records.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from vit.deploy.classifier import Classifier, ModelInput, read_classifier
+from vit.deploy.confidence import DEFAULT_LABEL, METADATA_KEY, SCORE_OUTPUT, Calibration, decisions
 from vit.deploy.cpu import has_native_bf16
 from vit.deploy.metadata import _load_proto, is_int8, onnx_metadata
 from vit.errors import MissingPackageError, UserPathError, UserValueError
@@ -29,6 +32,12 @@ PRECISIONS = ("fp32", "bf16")
 
 
 ONNX_SUFFIX = ".onnx"
+
+
+def exported_calibration(meta: dict[str, str]) -> Calibration | None:
+    """The calibration an export's metadata carries; None for a model exported before calibration (or never
+    calibrated): it answers with T = 1 and cannot say "unknown"."""
+    return Calibration.from_dict(json.loads(meta[METADATA_KEY])) if METADATA_KEY in meta else None
 
 
 class OnnxClassifier(ModelInput):
@@ -75,10 +84,18 @@ class OnnxClassifier(ModelInput):
         self.path = path
         self.set_card(onnx_metadata(self.session.get_modelmeta().custom_metadata_map, path))
         self.input_name = self.session.get_inputs()[0].name
+        self.calibration = exported_calibration(self.session.get_modelmeta().custom_metadata_map)
+        self.has_score = SCORE_OUTPUT in [o.name for o in self.session.get_outputs()]
+        self.can_reject = self.has_score and self.calibration is not None and self.calibration.threshold is not None
 
     def __call__(self, images: Tensor) -> Tensor:
         """Logits (B, num_classes) of images (B, C, H, W)."""
-        return torch.from_numpy(self.session.run(None, {self.input_name: images.float().cpu().numpy()})[0])
+        return self.answer(images)[0]
+
+    def answer(self, images: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Logits (B, num_classes) and the unknown score (B,), or None for a model exported without one."""
+        outputs = self.session.run(None, {self.input_name: images.float().cpu().numpy()})
+        return torch.from_numpy(outputs[0]), torch.from_numpy(outputs[1]) if self.has_score else None
 
 
 def torch_or_onnx(
@@ -130,6 +147,32 @@ def ranked(logits: Tensor, k: int, class_names: Sequence[str]) -> list[list[dict
     """The `top_k_entries` of each row of ``logits`` (B, classes): softmax, then the ``k`` most likely."""
     values, indices = logits.float().softmax(dim=-1).topk(k, dim=-1)
     return [top_k_entries(p, i, class_names) for p, i in zip(values.tolist(), indices.tolist())]
+
+
+def answered(classifier: Any, images: Tensor, k: int, accept_all: bool = False) -> list[tuple[list[dict], dict]]:
+    """Each image's top-k entries with calibrated probabilities (softmax(logits / T)) and, for a model with an
+    unknown score, its answer: ``{"answer", "unknown", "nearest", "score"}`` (else ``{}``); ``accept_all``: never
+    unknown. `vit predict` and `vit serve` answer with this."""
+    # the class's own `answer` (a wrapper such as torch-bf16's hands attributes on to the fp32 model inside)
+    answer = getattr(classifier, "answer", None) if hasattr(type(classifier), "answer") else None
+    logits, scores = answer(images) if answer is not None else (classifier(images), None)
+    calibration: Calibration | None = getattr(classifier, "calibration", None)
+    temperature = calibration.temperature if calibration is not None else 1.0
+    entries = ranked(logits.float() / temperature, k, classifier.class_names)
+    if scores is None:
+        return [(e, {}) for e in entries]
+    unknown = decisions(scores, calibration, accept_all)
+    label = calibration.label if calibration is not None else DEFAULT_LABEL
+    return [(e, {"answer": label if u else e[0]["name"], "unknown": u, "nearest": e[0]["name"],
+                 "score": round(float(s), 6)}) for e, u, s in zip(entries, unknown, scores.tolist())]
+
+
+def can_reject(classifier: Any) -> bool:
+    """Whether the model answers "unknown": it computes the score (`answered`) and has a threshold."""
+    calibration = getattr(classifier, "calibration", None)
+    if not hasattr(type(classifier), "answer") or calibration is None or calibration.threshold is None:
+        return False
+    return bool(getattr(classifier, "can_reject", True))
 
 
 def record(path: str | os.PathLike, top_k: list[dict] | None = None, error: str | None = None) -> dict:

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from vit.deploy.classifier import Classifier
 from vit.deploy.image_files import ImagePaths, UnreadableImageError, collate_readable
-from vit.deploy.inference import OnnxClassifier, autocast, ranked, record
+from vit.deploy.inference import OnnxClassifier, answered, autocast, record
 from vit.errors import UserValueError
 from vit.files import save_atomic
 from vit.progress import progress
@@ -28,11 +28,14 @@ from vit.progress import progress
 def predict_files(
     classifier: Classifier | OnnxClassifier, files: Sequence[Path], top_k: int = 5, batch_size: int = 64,
     crop_pct: float | None = None, precision: str = "fp32", *, strict: bool = False, num_workers: int = 0,
+    accept_all: bool = False,
 ) -> list[dict]:
     """One `record` per file, in the order of ``files``: the top-k classes, or the reason it could not be read.
 
     ``crop_pct=None`` uses the centre crop the model was evaluated with; ``precision="bf16"`` runs a torch
     model under autocast; ``strict`` raises `UnreadableImageError` at the first file that cannot be read.
+    A calibrated model's probabilities are softmax(logits / T), and its records say whether each image is
+    unknown (`vit.deploy.inference.answered`); ``accept_all`` never answers unknown.
     """
     if precision != "fp32" and isinstance(classifier, OnnxClassifier):
         raise UserValueError(f"{classifier.path}: precision {precision!r} is for checkpoints (torch autocast); "
@@ -54,9 +57,9 @@ def predict_files(
         if batch.images is None:
             continue
         with autocast(precision, classifier.device):
-            logits = classifier(batch.images.to(classifier.device))
-        for index, entries in zip(batch.indices, ranked(logits, top_k, classifier.class_names)):
-            rows[index] = record(dataset.files[index], entries)
+            answers = answered(classifier, batch.images.to(classifier.device), top_k, accept_all)
+        for index, (entries, extra) in zip(batch.indices, answers):
+            rows[index] = record(dataset.files[index], entries) | extra
     return rows
 
 
@@ -66,10 +69,16 @@ def write_predictions(rows: Sequence[dict], out: str | Path) -> Path:
     if Path(out).suffix.lower() == ".json":
         return save_atomic(lambda f: f.write(json.dumps(list(rows), indent=2).encode()), out)
     k = max((len(r["top_k"]) for r in rows), default=0)
+    scored = any("score" in r for r in rows)  # a calibrated model: the nearest class and the score get columns
     text = io.StringIO(newline="")
     writer = csv.writer(text)
-    writer.writerow(["path", *(f"{name}_{i}" for i in range(1, k + 1) for name in ("class", "prob")), "error"])
+    writer.writerow(["path", *(f"{name}_{i}" for i in range(1, k + 1) for name in ("class", "prob")),
+                     *(["nearest", "unknown_score"] if scored else []), "error"])
     for r in rows:
-        cells = [v for entry in r["top_k"] for v in (entry["name"], entry["probability"])]
-        writer.writerow([r["path"], *cells, *[""] * (2 * k - len(cells)), r["error"] or ""])
+        entries = r["top_k"]
+        if r.get("unknown"):  # the unknown label first, without a probability; the classes follow
+            entries = [{"name": r["answer"], "probability": ""}, *entries[:k - 1]]
+        cells = [v for entry in entries for v in (entry["name"], entry["probability"])]
+        extra = [r.get("nearest", ""), r.get("score", "")] if scored else []
+        writer.writerow([r["path"], *cells, *[""] * (2 * k - len(cells)), *extra, r["error"] or ""])
     return save_atomic(lambda f: f.write(text.getvalue().encode()), out)

@@ -287,6 +287,8 @@ def describe(service: Service, *, api_key: str | None, model_path: str) -> dict:
         "image": {"size": card["img_size"], "channels": card["in_chans"], "mean": card["mean"], "std": card["std"],
                   "crop_pct": card["crop_pct"], "interpolation": card["interpolation"]},
         "backend": service.predictor.backend, "attention": service.predictor.attention,
+        "calibration": calibration.to_dict() if (calibration := getattr(service.predictor.classifier,
+                                                                          "calibration", None)) else None,
         "api_key": api_key is not None,
         "limits": {"max_batch_size": limits.max_batch_size, "batch_timeout_ms": limits.batch_timeout_ms,
                    "max_queue": limits.max_queue, "timeout_s": limits.timeout_s,

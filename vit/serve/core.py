@@ -32,7 +32,7 @@ from torch import Tensor
 
 from vit.data.io import READS_HEIC, bomb_size, load_image, pil_refusal_limit
 from vit.deploy.classifier import Classifier
-from vit.deploy.inference import OnnxClassifier, ranked, record
+from vit.deploy.inference import OnnxClassifier, answered, record
 from vit.preprocessing import resized_pixels
 
 log = logging.getLogger(__name__)
@@ -140,14 +140,16 @@ class Answer:
     started: float  # perf_counter when its batch began
     inference_ms: float
     overlay_png: str | None = None  # base64 PNG of the attention rollout over the image
+    unknown: dict | None = None  # a calibrated model's answer, unknown, nearest and score (`answered`)
 
 
 # ---- the model -------------------------------------------------------------------------------
 class Predictor:
     """A loaded model and what it takes to prepare its input; `run` is called on the model thread only."""
 
-    def __init__(self, classifier: Classifier | OnnxClassifier | Any) -> None:  # Any: a `vit.deploy.backends` engine
-        self.classifier = classifier
+    def __init__(self, classifier: Classifier | OnnxClassifier | Any, accept_all: bool = False) -> None:
+        self.classifier = classifier  # Any: a `vit.deploy.backends` engine
+        self.accept_all = accept_all  # never answer "unknown" (--accept_all)
         self.mode = classifier.image_mode  # as `vit predict` decodes
         self.transform = classifier.eval_transform()
         self.short_side = classifier.eval_short_side()  # resized to, then cropped
@@ -174,10 +176,11 @@ class Predictor:
         started = time.perf_counter()
         images = torch.stack([job.image for job in jobs]).to(self.classifier.device)  # (B, C, H, W)
         k = max(job.top_k for job in jobs)
-        entries = ranked(self.classifier(images), k, self.classifier.class_names)
+        answers = answered(self.classifier, images, k, self.accept_all)
         inference_ms = (time.perf_counter() - started) * 1000
         return [Answer(e[:job.top_k], len(jobs), started, inference_ms,
-                       self.overlay(job.image) if job.attention else None) for job, e in zip(jobs, entries)]
+                       self.overlay(job.image) if job.attention else None, extra)
+                for job, (e, extra) in zip(jobs, answers)]
 
     def overlay(self, image: Tensor) -> str:
         """The attention rollout over the prepared image as a base64 PNG, as `vit attention` draws it."""
@@ -282,7 +285,7 @@ class Service:
         done = time.perf_counter()
         timing = {"decode": (job.queued - arrived) * 1000, "queue": (result.started - job.queued) * 1000,
                   "inference": result.inference_ms, "total": (done - arrived) * 1000}
-        answer = {**record(name, result.top_k), "batch_size": result.batch_size,
+        answer = {**record(name, result.top_k), **(result.unknown or {}), "batch_size": result.batch_size,
                   "timing_ms": {k: round(v, 3) for k, v in timing.items()}}
         if result.overlay_png is not None:
             answer["attention_png"] = result.overlay_png

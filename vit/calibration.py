@@ -1,0 +1,228 @@
+"""Fitting what `vit.deploy.confidence` answers with, on a classifier's own training and validation splits:
+`vit calibrate` and the end of `vit fit` call `calibrate_checkpoint`.
+
+- the temperature: one T by LBFGS on the validation NLL (Guo et al. 2017); top-1 never changes (T > 0);
+- ECE (15 bins, torchmetrics' MulticlassCalibrationError), NLL and Brier score on val, before and after;
+- the unknown score's class means and shared precision on the training split's features (evaluation transform),
+  and the threshold that accepts ``acceptance`` of the validation images (default 95%).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from vit.checkpoints.io import read_checkpoint, save_checkpoint
+from vit.deploy.classifier import Classifier
+from vit.deploy.confidence import (
+    CHECKPOINT_KEY,
+    DEFAULT_LABEL,
+    Calibration,
+    Confidence,
+    LayerScore,
+    UnknownScore,
+    layer_features,
+)
+from vit.errors import UserValueError
+from vit.progress import progress
+
+ACCEPTANCE = 0.95
+ECE_BINS = 15
+SHRINKAGE = 0.001  # of the covariance towards the identity (see fit_layer; 1% cost 0.004 AUROC)
+
+
+def fit_temperature(logits: Tensor, labels: Tensor) -> float:
+    """The T > 0 that minimises the NLL of softmax(logits / T) (LBFGS on log T, from T = 1)."""
+    logits, labels = logits.double(), labels.long()
+    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure() -> Tensor:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(logits / log_t.exp(), labels)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return float(log_t.detach().exp())
+
+
+def calibration_figures(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> dict[str, float]:
+    """ECE (15 bins, L1), NLL, Brier score (sum over classes, mean over images) and top-1 of softmax(logits / T)."""
+    from torchmetrics.classification import MulticlassCalibrationError
+
+    scaled = logits.double() / temperature
+    probs = scaled.softmax(-1)
+    ece = MulticlassCalibrationError(num_classes=logits.shape[1], n_bins=ECE_BINS, norm="l1")
+    onehot = F.one_hot(labels.long(), logits.shape[1]).double()
+    return {"ece": float(ece(probs.float(), labels.long())), "nll": float(F.cross_entropy(scaled, labels.long())),
+            "brier": float(((probs - onehot) ** 2).sum(-1).mean()),
+            "top1": float((logits.argmax(-1) == labels).double().mean())}
+
+
+def fit_layer(features: Tensor, labels: Tensor, num_classes: int, shrinkage: float = SHRINKAGE) -> LayerScore:
+    """Class means and the shared precision of one layer's L2-normalised features: the inverse of the within-class
+    covariance shrunk towards a multiple of the identity, (1 - s) S + s tr(S)/D I, which keeps it invertible
+    with fewer images than features (a barely trained network's features span few directions). A class
+    without training images is an error."""
+    z = F.normalize(features.double(), dim=-1)
+    counts = torch.bincount(labels.long(), minlength=num_classes)
+    if (counts == 0).any():
+        missing = counts.eq(0).nonzero().flatten().tolist()
+        raise UserValueError(f"the training split has no images of class(es) {missing}: the unknown score needs "
+                             "every class's mean")
+    means = torch.zeros(num_classes, z.shape[1], dtype=torch.float64).index_add_(0, labels.long(), z)
+    means /= counts[:, None]
+    centred = z - means[labels.long()]
+    covariance = centred.T @ centred / len(z)
+    identity = torch.eye(z.shape[1], dtype=torch.float64)
+    covariance = (1 - shrinkage) * covariance + shrinkage * covariance.trace() / z.shape[1] * identity
+    precision = torch.linalg.inv(covariance)
+    return LayerScore(means.float(), ((precision + precision.T) / 2).float())
+
+
+def fit_unknown(train: Tensor | list[Tensor], labels: Tensor, num_classes: int, val: list[Tensor] | None = None,
+                shrinkage: float = SHRINKAGE) -> UnknownScore:
+    """The unknown score of the layers' training features (one tensor: one layer), each layer's distance
+    standardised by its mean and standard deviation over the ``val`` features (none for one layer)."""
+    train = [train] if isinstance(train, Tensor) else train
+    score = UnknownScore([fit_layer(f, labels, num_classes, shrinkage) for f in train])
+    if val is None or len(train) == 1:
+        return score
+    distances = torch.stack(score.distances(val)[0])  # (layers, N)
+    return UnknownScore(list(score.layers), distances.mean(1), distances.std(1, correction=0))
+
+
+def threshold_at(scores: Tensor, acceptance: float) -> float:
+    """The smallest of ``scores`` at or below which at least ``acceptance`` of them fall (no interpolation, so the
+    share accepted is never under the target)."""
+    if not 0 < acceptance <= 1:
+        raise UserValueError(f"the acceptance must be in (0, 1], got {acceptance}")
+    return float(torch.quantile(scores.double(), acceptance, interpolation="higher"))
+
+
+def threshold_between(inside: Tensor, outside: Tensor) -> float:
+    """The threshold that best tells ``inside`` (val, to accept) from ``outside`` (known outliers, to reject): the
+    candidate score with the highest mean of the share accepted and the share rejected (balanced accuracy)."""
+    candidates = torch.cat([inside, outside]).double().unique()
+    accepted = (inside.double()[None] <= candidates[:, None]).double().mean(1)
+    rejected = (outside.double()[None] > candidates[:, None]).double().mean(1)
+    return float(candidates[(accepted + rejected).argmax()])
+
+
+@torch.no_grad()
+def folder_scores(classifier: Classifier, unknown: UnknownScore, folder: str | os.PathLike) -> Tensor:
+    """The unknown score of every readable image under ``folder`` (as `vit predict` reads them)."""
+    from vit.data.io import find_images
+    from vit.deploy.image_files import ImagePaths, collate_readable
+
+    try:
+        files = find_images([folder]).files
+    except UserValueError:
+        raise UserValueError(f"the threshold folder {folder} holds no image files: give it images of none of the "
+                             "model's classes (backgrounds, other objects), or leave --outliers out to set the "
+                             "threshold by --acceptance") from None
+    dataset = ImagePaths(files, classifier.eval_transform(), classifier.image_mode, classifier.eval_short_side())
+    scores = []
+    for batch in DataLoader(dataset, batch_size=256, collate_fn=collate_readable):
+        if batch.images is not None:
+            scores.append(unknown(layer_features(classifier.model, batch.images.to(classifier.device))[0])[0])
+    if not scores:
+        raise UserValueError(f"none of the {len(files)} files in the threshold folder {folder} could be read")
+    return torch.cat(scores).cpu()
+
+
+@torch.no_grad()
+def split_outputs(classifier: Classifier, dataset: Dataset, name: str, batch_size: int = 256,
+                  num_workers: int = 0) -> tuple[list[Tensor], Tensor, Tensor]:
+    """The layers' features [(N, D), ...] (`layer_features`), logits (N, C) and labels (N,) of a split, in order."""
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, shuffle=False)
+    features, logits, labels = [], [], []
+    for x, y in progress(loader, len(loader), f"calibration: {name} features"):
+        layers, out = layer_features(classifier.model, x.to(classifier.device))
+        features.append([f.float().cpu() for f in layers])
+        logits.append(out.float().cpu())
+        labels.append(torch.as_tensor(y))
+    return [torch.cat(layer) for layer in zip(*features)], torch.cat(logits), torch.cat(labels)
+
+
+def fit_confidence(classifier: Classifier, train: Dataset, val: Dataset, *, acceptance: float = ACCEPTANCE,
+                   label: str = DEFAULT_LABEL, outliers: str | os.PathLike | None = None,
+                   layers: str = "all", **loader: Any) -> Confidence:
+    """T on val, the unknown score on train, its threshold on val (``acceptance`` of it accepted; with a folder of
+    ``outliers``, the threshold that best tells val from them), with the figures before and after T. ``layers``:
+    "all" (every block and the pooled features: measured best, docs/confidence.md) or "pooled" (the head's input
+    alone: one layer's statistics, for a checkpoint that must stay small)."""
+    if layers not in ("all", "pooled"):
+        raise UserValueError(f"layers must be 'all' or 'pooled', got {layers!r}")
+    if val is None or len(val) == 0:
+        raise UserValueError("calibration needs a validation split, and this data has none: give the datamodule "
+                             "one (e.g. --data.init_args.val_fraction 0.1, or a val/ folder)")
+    train_features, _, train_labels = split_outputs(classifier, train, "train", **loader)
+    val_features, val_logits, val_labels = split_outputs(classifier, val, "val", **loader)
+    if layers == "pooled":
+        train_features, val_features = train_features[-1:], val_features[-1:]
+    temperature = fit_temperature(val_logits, val_labels)
+    unknown = fit_unknown(train_features, train_labels, len(classifier.class_names), val=val_features)
+    val_scores = unknown(val_features)[0]
+    if outliers is None:
+        threshold = threshold_at(val_scores, acceptance)
+    else:
+        threshold = threshold_between(val_scores, folder_scores(classifier, unknown, outliers))
+        acceptance = float((val_scores <= threshold).double().mean())
+    report = {"before": calibration_figures(val_logits, val_labels),
+              "after": calibration_figures(val_logits, val_labels, temperature),
+              "val_images": len(val_labels), "train_images": len(train_labels)}
+    return Confidence(Calibration(temperature, threshold, label, acceptance=acceptance), unknown, report)
+
+
+def describe(confidence: Confidence) -> list[str]:
+    """The lines `vit calibrate` and `vit fit` print."""
+    c, r = confidence.calibration, confidence.report or {}
+    lines = [f"temperature T = {c.temperature:.4f} (fit on {r.get('val_images', '?')} validation images)"]
+    if "before" in r:
+        b, a = r["before"], r["after"]
+        lines.append(f"  val ECE {b['ece']:.4f} -> {a['ece']:.4f}, NLL {b['nll']:.4f} -> {a['nll']:.4f}, "
+                     f"Brier {b['brier']:.4f} -> {a['brier']:.4f} (top-1 {a['top1']:.4f}, unchanged)")
+    if c.threshold is not None:
+        layers = len(confidence.unknown.layers) if confidence.unknown is not None else 0
+        lines.append(f"unknown: {c.score} score ({layers} layer(s)) above {c.threshold:.4g} answers {c.label!r} "
+                     f"({100 * c.acceptance:.0f}% of val accepted)")
+    return lines
+
+
+def save_confidence(path: str | os.PathLike, confidence: Confidence, out: str | os.PathLike | None = None) -> Path:
+    """Write ``confidence`` into the checkpoint at ``path`` (or a copy at ``out``), atomically."""
+    checkpoint = read_checkpoint(path)
+    checkpoint[CHECKPOINT_KEY] = confidence.to_checkpoint()
+    return save_checkpoint(checkpoint, out or path)
+
+
+def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: float = ACCEPTANCE,
+                         label: str = DEFAULT_LABEL, out: str | os.PathLike | None = None,
+                         device: str = "cpu", outliers: str | os.PathLike | None = None, layers: str = "all",
+                         say: Any = print) -> Confidence:
+    """Fit T and the unknown score of the checkpoint at ``path`` on ``data``'s train and val splits (a set-up
+    `vit.data` datamodule) and store them in it (or in a copy at ``out``); prints what it found."""
+    from vit.deploy.classifier import read_classifier
+
+    val = getattr(data, "val_set", None)
+    if val is None or len(val) == 0:
+        raise UserValueError(f"cannot calibrate {path}: the data ({type(data).__name__}) has no validation split, "
+                             "and T and the threshold are fit on it. Give it one (e.g. --data.init_args.val_fraction "
+                             "0.1, or a val/ folder beside train/)")
+    classifier = read_classifier(path, device)
+    workers = {"num_workers": getattr(data, "num_workers", 0)}
+    confidence = fit_confidence(classifier, data.eval_split("train"), data.eval_split("val"), acceptance=acceptance,
+                                label=label, outliers=outliers, layers=layers, **workers)
+    saved = save_confidence(path, confidence, out)
+    for line in describe(confidence):
+        say(line)
+    say(f"calibrated {saved}: vit predict and vit serve answer with T and {label!r}; vit export carries them")
+    return confidence
