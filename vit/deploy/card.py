@@ -66,12 +66,13 @@ def find_run(checkpoint: str | os.PathLike) -> Path | None:
     if (top / "config.yaml").is_file() and not _dirpath(_yaml(top / "config.yaml")):
         return top
     found = []
-    for config in [top / "config.yaml", *(p for depth in ("*", "*/*", "*/*/*") for p in top.glob(f"{depth}/config.yaml"))]:
+    configs = [top / "config.yaml", *(p for depth in ("*", "*/*", "*/*/*") for p in top.glob(f"{depth}/config.yaml"))]
+    for config in configs:
         dirpath = _dirpath(_yaml(config))
         metrics = config.parent / "metrics.csv"
-        if dirpath and _same_folder(dirpath, folder, config.parent) and metrics.is_file():
-            if metrics.stat().st_mtime >= path.stat().st_mtime - 1:
-                found.append((metrics.stat().st_mtime, config.parent))
+        if (dirpath and _same_folder(dirpath, folder, config.parent) and metrics.is_file()
+                and metrics.stat().st_mtime >= path.stat().st_mtime - 1):  # still logging when the file was written
+            found.append((metrics.stat().st_mtime, config.parent))
     return min(found)[1] if found else None
 
 
