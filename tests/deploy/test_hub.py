@@ -170,3 +170,196 @@ def test_license_and_base_model_come_from_the_base_weights(tag):
     data = ModelCardData(license=found["license"], base_model=found["base_model"])
     assert data.to_dict()["license"] == found["license"]
     assert base_weights(None) == {} and base_weights("weights/some_file.safetensors") == {}
+
+
+# ---- the upload, against huggingface_hub's real API with its HTTP transport replaced -----------------------------
+class FakeHub:
+    """What the Hub's HTTP API answers to an upload (create repo, branch, preupload, LFS batch and PUT, commit), and
+    every request it received. Bytes in LFS mode are the large-file path a real Hub asks for *.safetensors."""
+
+    def __init__(self):
+        self.requests: list[tuple[str, str, bytes]] = []
+        self.stored: dict[str, bytes] = {}  # LFS uploads by oid
+        self.hub_headers: list = []  # of the requests to the Hub's API (not the LFS store's signed URLs)
+
+    def __call__(self, request):
+        import httpx2
+
+        body, path = request.read(), request.url.path
+        self.requests.append((request.method, path, body))
+        if request.url.host == "huggingface.co":
+            self.hub_headers.append((request.method, path, request.headers.get("authorization")))
+        if path == "/api/repos/create":
+            return httpx2.Response(200, json={"url": "https://huggingface.co/owner/name", "name": "owner/name"})
+        if path == "/api/validate-yaml":  # the Hub checks the card's metadata before the commit
+            return httpx2.Response(200, json={"errors": [], "warnings": []})
+        if "/branch/" in path:
+            return httpx2.Response(200, json={})
+        if "/preupload/" in path:
+            files = json.loads(body)["files"]
+            return httpx2.Response(200, json={"files": [
+                {"path": f["path"], "uploadMode": "lfs" if f["path"].endswith((".safetensors", ".png")) else "regular",
+                 "shouldIgnore": False} for f in files]})
+        if path.endswith(".git/info/lfs/objects/batch"):
+            objects = json.loads(body)["objects"]
+            return httpx2.Response(200, json={"transfer": "basic", "objects": [
+                {"oid": o["oid"], "size": o["size"],
+                 "actions": {"upload": {"href": f"https://lfs.example/{o['oid']}"}}} for o in objects]})
+        if request.url.host == "lfs.example" and request.method == "PUT":
+            self.stored[path.strip("/")] = body
+            return httpx2.Response(200)
+        if "/commit/" in path:
+            return httpx2.Response(200, json={"commitUrl": "https://huggingface.co/owner/name/commit/abc",
+                                              "commitOid": "abc"})
+        return httpx2.Response(404, json={"error": f"unexpected {request.method} {path}"})
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """huggingface_hub online, with a token, its httpx2 client on `FakeHub` (Xet off: its uploads bypass httpx)."""
+    import httpx2
+    from huggingface_hub import constants
+    from huggingface_hub.utils import _http
+
+    hub = FakeHub()
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setenv("HF_TOKEN", "hf_fake_token")
+    _http.set_client_factory(lambda: httpx2.Client(transport=httpx2.MockTransport(hub), follow_redirects=True,
+                                                   event_hooks={"request": [_http.hf_request_event_hook]}))
+    yield hub
+    _http.set_client_factory(_http.default_client_factory)
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_push_to_hub_sends_the_folder_a_real_hub_would_receive(fitted, tmp_path, fake_hub, capsys, private):
+    """--private --revision v1: a private repository, a branch v1 and the commit on it; without: public, on main."""
+    import base64
+    import hashlib
+
+    out, branch = tmp_path / "digits", "v1" if private else "main"
+    main(["export", "--ckpt", str(next((fitted / "ckpt").glob("best-*.ckpt"))), "--format", "hub", "--out", str(out),
+          "--push_to_hub", "owner/name", *(["--private", "--revision", "v1"] if private else [])])
+    calls = [(m, p) for m, p, _ in fake_hub.requests if m != "GET"]  # GETs: huggingface_hub's own look-ups
+    assert calls[0] == ("POST", "/api/repos/create")
+    assert calls[-1] == ("POST", f"/api/models/owner/name/commit/{branch}")
+    assert (("POST", "/api/models/owner/name/branch/v1") in calls) == private
+    (create,) = [json.loads(body) for m, p, body in fake_hub.requests if p == "/api/repos/create"]
+    assert create["name"] == "name" and create["organization"] == "owner" and create["type"] == "model"
+    assert create["visibility"] == ("private" if private else "public")
+    commit = [body for m, p, body in fake_hub.requests if p == f"/api/models/owner/name/commit/{branch}"]
+    assert len(commit) == 1
+    lines = [json.loads(line) for line in commit[0].decode().splitlines()]
+    assert lines[0]["key"] == "header" and lines[0]["value"]["summary"] == "vit export --format hub: digits"
+    regular = {x["value"]["path"]: base64.b64decode(x["value"]["content"]) for x in lines if x["key"] == "file"}
+    lfs = {x["value"]["path"]: x["value"]["oid"] for x in lines if x["key"] == "lfsFile"}
+    assert regular == {name: (out / name).read_bytes() for name in ("README.md", "config.json")}
+    assert set(lfs) == {"model.safetensors", "confusion_matrix.png"}
+    for name, oid in lfs.items():  # the bytes the LFS store received are the files', under their sha256
+        assert oid == hashlib.sha256((out / name).read_bytes()).hexdigest() and fake_hub.stored[oid] == (
+            out / name).read_bytes()
+    validated = [json.loads(body)["content"] for m, p, body in fake_hub.requests if p == "/api/validate-yaml"]
+    assert validated and set(validated) == {(out / "README.md").read_text()}
+    unauthorised = [(m, p) for m, p, auth in fake_hub.hub_headers if m != "GET" and auth != "Bearer hf_fake_token"]
+    assert not unauthorised, unauthorised
+    assert "pushed to owner/name: https://huggingface.co/owner/name/commit/abc" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("why", ["offline", "no_token"])
+def test_push_fails_in_one_line_naming_the_folder_written(fitted, tmp_path, monkeypatch, capsys, why):
+    from huggingface_hub import constants
+
+    if why == "offline":  # the conftest's HF_HUB_OFFLINE=1, as a user sets it
+        monkeypatch.setenv("HF_TOKEN", "hf_fake_token")
+    else:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no_token"))
+    out = tmp_path / "digits"
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", "--ckpt", str(next((fitted / "ckpt").glob("best-*.ckpt"))), "--format", "hub",
+              "--out", str(out), "--push_to_hub", "owner/name"])
+    assert exit_.value.code != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{out} is written" in err[0] and "Traceback" not in err[0]
+    assert ("HF_HUB_OFFLINE" if why == "offline" else "HF_TOKEN") in err[0]
+    assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
+
+
+# ---- hf-hub:owner/name as a source, from a hand-made Hugging Face cache --------------------------------------------
+def _cache_with(hub: Path, cache: Path, repo: str = "owner/digits") -> Path:
+    """The Hugging Face cache as a download of ``repo`` leaves it: refs/main names a snapshot holding the files."""
+    import shutil
+
+    root = cache / f"models--{repo.replace('/', '--')}"
+    snapshot = root / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(hub / name, snapshot / name)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text("0" * 40)
+    return snapshot
+
+
+def test_hf_hub_pretrained_loads_from_the_cache_offline(hub, tmp_path, monkeypatch):
+    """`pretrained: hf-hub:owner/digits` reads the cached weights (the luma patch embedding folded back to one
+    channel); into a model with another head, the head stays fresh, as for a timm tag."""
+    from safetensors.torch import load_file
+
+    from vit.checkpoints.weights import load_pretrained
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    snapshot = _cache_with(hub, tmp_path / "hf")
+    sd = load_file(snapshot / "model.safetensors")
+    model = vit.create_model("vit_digits_patch4_16", depth=1, embed_dim=32, num_heads=2, num_classes=10)
+    result = load_pretrained(model, "hf-hub:owner/digits")
+    assert not result.head_reset and result.source == "hf-hub:owner/digits"
+    torch.testing.assert_close(model.state_dict()["blocks.0.attn.qkv.weight"], sd["blocks.0.attn.qkv.weight"])
+    torch.testing.assert_close(model.state_dict()["patch_embed.proj.weight"],
+                               sd["patch_embed.proj.weight"].sum(1, keepdim=True), atol=1e-6, rtol=0)
+    other = vit.create_model("vit_digits_patch4_16", depth=1, embed_dim=32, num_heads=2, num_classes=4)
+    assert load_pretrained(other, "hf-hub:owner/digits").head_reset
+
+
+def test_hf_hub_ckpt_predicts_as_the_checkpoint(fitted, hub, digit_pngs, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    _cache_with(hub, tmp_path / "hf")
+    folder = _digits(digit_pngs)[0].parent
+    main(["predict", "--ckpt", str(next((fitted / "ckpt").glob("best-*.ckpt"))), str(folder), "--out", "a.csv"])
+    main(["predict", "--ckpt", "hf-hub:owner/digits", str(folder), "--out", "b.csv"])
+    a, b = (list(csv.DictReader(Path(f).read_text().splitlines())) for f in ("a.csv", "b.csv"))
+    assert len(a) == len(b) == len(digit_pngs[0]) and [r["class_1"] for r in a] == [r["class_1"] for r in b]
+    assert max(abs(float(x["prob_1"]) - float(y["prob_1"])) for x, y in zip(a, b, strict=True)) <= 1e-5
+
+
+@pytest.mark.parametrize("network", ["HF_HUB_OFFLINE", "unreachable"])
+@pytest.mark.parametrize("command", ["predict", "fit"])
+def test_hf_hub_not_cached_fails_in_one_line(tmp_path, monkeypatch, capsys, network, command):
+    """Nothing cached and no network (offline mode, or a hub that does not answer): one line, no traceback, naming
+    the cache folder looked in; quickly."""
+    import socket
+    import time
+
+    from huggingface_hub import constants
+
+    from tests.conftest import short_digits_run
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    if network == "unreachable":
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        with socket.socket() as s:  # a port nothing listens on
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    argv = (["predict", "--ckpt", "hf-hub:owner/missing", ".", "--out", "p.csv"] if command == "predict"
+            else ["fit", *short_digits_run(tmp_path, "--model.init_args.pretrained=hf-hub:owner/missing")])
+    start = time.monotonic()
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code != 0 and time.monotonic() - start < 15
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.strip()]
+    assert len(err) == 1 and "hf-hub:owner/missing" in err[0], err
+    assert str(tmp_path / "hf" / "models--owner--missing") in err[0] and "Traceback" not in err[0]
