@@ -266,17 +266,24 @@ def test_push_to_hub_sends_the_folder_a_real_hub_would_receive(fitted, tmp_path,
     assert "pushed to owner/name: https://huggingface.co/owner/name/commit/abc" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("why", ["offline", "no_token"])
+@pytest.mark.parametrize("why", ["offline", "no_token", "unreachable"])
 def test_push_fails_in_one_line_naming_the_folder_written(fitted, tmp_path, monkeypatch, capsys, why):
+    import socket
+
     from huggingface_hub import constants
 
-    if why == "offline":  # the conftest's HF_HUB_OFFLINE=1, as a user sets it
-        monkeypatch.setenv("HF_TOKEN", "hf_fake_token")
-    else:
+    monkeypatch.setenv("HF_TOKEN", "hf_fake_token")
+    if why != "offline":  # the conftest's HF_HUB_OFFLINE=1, as a user sets it, for "offline"
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    if why == "no_token":
         monkeypatch.delenv("HF_TOKEN", raising=False)
         monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no_token"))
+    if why == "unreachable":  # a Hub endpoint nothing listens on
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
     out = tmp_path / "digits"
     with pytest.raises(SystemExit) as exit_:
         main(["export", "--ckpt", str(next((fitted / "ckpt").glob("best-*.ckpt"))), "--format", "hub",
@@ -284,7 +291,7 @@ def test_push_fails_in_one_line_naming_the_folder_written(fitted, tmp_path, monk
     assert exit_.value.code != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{out} is written" in err[0] and "Traceback" not in err[0]
-    assert ("HF_HUB_OFFLINE" if why == "offline" else "HF_TOKEN") in err[0]
+    assert {"offline": "HF_HUB_OFFLINE", "no_token": "HF_TOKEN", "unreachable": "ConnectError"}[why] in err[0]
     assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
 
 
