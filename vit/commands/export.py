@@ -69,6 +69,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     hub_only = [f"--{k}" for k in ("run", "push_to_hub", "private", "revision") if getattr(args, k)]
     if args.format != "hub" and hub_only:
         parser.error(f"{', '.join(hub_only)} apply to --format hub only")
+    if args.run and not Path(args.run, "metrics.csv").is_file():
+        parser.error(f"--run {args.run}: not a `vit fit` run folder (no metrics.csv there)")
     if (args.private or args.revision) and not args.push_to_hub:
         parser.error("--private and --revision apply to --push_to_hub")
     if args.push_to_hub and args.push_to_hub.count("/") != 1:
@@ -132,11 +134,13 @@ def main(argv: Sequence[str]) -> list[Path]:
 
 def export_hub(args: argparse.Namespace, classifier: Classifier) -> list[Path]:
     """`vit export --format hub`: the folder and its card, then the upload when asked."""
-    from vit.deploy.card import run_facts
+    from vit.deploy.card import RunFacts, run_facts
+    from vit.deploy.classifier import is_hub_model
     from vit.deploy.hub import export_hub as write_hub
     from vit.deploy.hub import push_folder
 
-    facts = run_facts(read_checkpoint(args.ckpt), args.ckpt, args.run)
+    shared = is_hub_model(args.ckpt)  # re-exporting a shared model: no run behind it here
+    facts = RunFacts(Path(args.ckpt)) if shared else run_facts(read_checkpoint(args.ckpt), args.ckpt, args.run)
     files = write_hub(classifier, facts, args.out, name=args.push_to_hub)
     print(f"wrote {', '.join(map(str, files))}")
     print(f"model card numbers from {facts.run or 'no run folder (none found beside the checkpoint; --run names it)'}")
