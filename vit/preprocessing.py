@@ -116,9 +116,18 @@ def pretrained_preprocessing(source: str, model_name: str | None = None) -> tupl
       timm (no download);
     * a `vit fit` or `vit pretrain` checkpoint: what its run used;
     * a timm hub folder, or a file inside one (the Hugging Face cache): its ``config.json``'s ``pretrained_cfg``;
+      a shared model (``hf-hub:owner/name``): its folder in the cache (`vit.checkpoints.weights.hub_folder`);
     * any other weights file (timm's names, DINOv2's, OpenAI CLIP's, ...): timm's default tag of ``model_name``,
       the architecture the file is loaded into, as ``timm.data.resolve_data_config`` does for a model built by name.
     """
+    if source.startswith("hf-hub:"):
+        from vit.checkpoints.weights import hub_folder
+        from vit.errors import WeightsUnavailableError
+
+        try:
+            return _from_hub_config(hub_folder(source))
+        except WeightsUnavailableError:  # loading the weights says so, with the ways on
+            return None
     path = Path(source)
     if path.exists():
         found = _from_vit_checkpoint(path) or _from_hub_config(path)

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,7 @@ PICKLE_SUFFIXES = {".pth", ".pt", ".bin", ".ckpt"}
 SUFFIXES = PICKLE_SUFFIXES | {".safetensors", ".npz"}
 # The weights file of a Hugging Face hub folder, as `vit export` writes it and timm publishes it (`timm/<name>`).
 HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+HF_HUB = "hf-hub:"  # a model shared on the Hub in timm's layout (`vit export --format hub`): hf-hub:owner/name[@rev]
 
 
 @dataclass
@@ -208,12 +210,8 @@ def _from_timm_hub(name: str) -> dict[str, Tensor]:
     ``model.safetensors`` (or ``pytorch_model.bin``): read straight from the cache when it holds one,
     else downloaded, without building timm's model. Weights published elsewhere or in another layout go
     through ``timm.create_model``. Offline, this fails within seconds: huggingface_hub itself retries an
-    unreachable hub for about 25 s per file.
+    unreachable hub for about 25 s per file. A shared model (``hf-hub:owner/name``) takes the same way.
     """
-    import timm
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
-
     hub = _hub_repo(name)
     if hub is None:
         return _from_timm_create_model(name)
@@ -222,18 +220,41 @@ def _from_timm_hub(name: str) -> dict[str, Tensor]:
     if cached:
         return read_state_dict(cached)
     _check_reachable(name, repo_id)
+    return read_state_dict(_download(name, repo_id, revision, HUB_WEIGHTS))
+
+
+def _download(name: str, repo_id: str, revision: str | None, filenames: Sequence[str]) -> str:
+    """The first of ``filenames`` the repository has, downloaded into the cache (its path there)."""
+    import timm
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
     missing = []
-    for filename in HUB_WEIGHTS:
+    for filename in filenames:
         try:
-            path = hf_hub_download(repo_id, filename, revision=revision, cache_dir=hub_cache(),
+            return hf_hub_download(repo_id, filename, revision=revision, cache_dir=hub_cache(),
                                    library_name="timm", library_version=timm.__version__)
         except EntryNotFoundError as e:  # not in the repository: try the next
             missing.append(f"{filename}: {type(e).__name__}")
-            continue
         except Exception as e:  # network, authentication, a broken cache: the same advice
             raise WeightsUnavailableError(_hub_advice(name, repo_id, f"{type(e).__name__}: {e}")) from e
-        return read_state_dict(path)
     raise WeightsUnavailableError(_hub_advice(name, repo_id, "; ".join(missing)))
+
+
+def hub_folder(name: str) -> Path:
+    """The folder of a shared model ``hf-hub:owner/name[@revision]`` (config.json and its weights): the Hugging
+    Face cache's snapshot when it holds both, else downloaded there; offline and not cached, an error in one line.
+    The same look-up as a timm tag's weights (`load_pretrained`)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    repo_id, revision = _hub_repo(name) or (name, None)
+    weights = _cached_file(repo_id, revision)
+    config = try_to_load_from_cache(repo_id, "config.json", revision=revision, cache_dir=hub_cache())
+    if weights and isinstance(config, str) and Path(config).parent == Path(weights).parent:
+        return Path(weights).parent
+    _check_reachable(name, repo_id)
+    config = _download(name, repo_id, revision, ("config.json",))
+    return Path(_download(name, repo_id, revision, HUB_WEIGHTS)).parent
 
 
 def check_available(source: str | os.PathLike) -> None:
@@ -243,21 +264,31 @@ def check_available(source: str | os.PathLike) -> None:
     if _names_a_file(source):
         weights_file(source)
         return
+    if str(source).startswith(HF_HUB):
+        hub_folder(str(source))
+        return
     hub = _hub_repo(str(source))  # unknown names and weights outside the hub: left to load_pretrained
     if hub is not None and _cached_file(*hub) is None:
         _check_reachable(str(source), hub[0])
 
 
 def _names_a_file(source: str | os.PathLike) -> bool:
-    """A checkpoint file or hub folder, rather than a timm pretrained name."""
+    """A checkpoint file or hub folder, rather than a timm pretrained name or a shared model (hf-hub:)."""
+    if str(source).startswith(HF_HUB):
+        return False
     path = Path(source)
     return path.suffix.lower() in SUFFIXES or path.exists() or os.sep in str(source)
 
 
 def _hub_repo(name: str) -> tuple[str, str | None] | None:
     """(repository, revision) of a timm name whose weights timm publishes as a timm-format hub repository, else
-    None (unknown names, other hosts or files: `timm.create_model` fetches those)."""
+    None (unknown names, other hosts or files: `timm.create_model` fetches those). ``hf-hub:owner/name[@revision]``:
+    that repository."""
     from timm.models import get_pretrained_cfg
+
+    if name.startswith(HF_HUB):
+        repo_id, _, revision = name.removeprefix(HF_HUB).partition("@")
+        return repo_id, revision or None
 
     cfg = get_pretrained_cfg(name)
     if cfg is None or not cfg.hf_hub_id or cfg.hf_hub_filename or cfg.source:
@@ -330,6 +361,9 @@ def _from_timm_create_model(name: str) -> dict[str, Tensor]:
 def _hub_advice(name: str, repo_id: str, reason: str) -> str:
     """Where the weights of a timm name were looked for, and the three ways on without network."""
     folder = Path(hub_cache()) / f"models--{repo_id.replace('/', '--')}"
+    if name.startswith(HF_HUB):  # a shared model: no timm file to point at instead
+        return (f"cannot load {name!r}: {reason}; looked in {folder}: fill it on a connected machine "
+                f"(`hf download {repo_id}`), copy it here and set HF_HUB_OFFLINE=1")
     return (
         f"cannot load pretrained weights {name!r}: {reason}.\n"
         f"Looked in the Hugging Face cache: {folder} ($HF_HUB_CACHE, else $HF_HOME/hub).\n"
@@ -370,6 +404,8 @@ def load_pretrained(model: VisionTransformer, source: str | os.PathLike) -> Load
     result = LoadResult(source=str(source))
     if _names_a_file(source):
         sd = read_state_dict(source)
+    elif str(source).startswith(HF_HUB):
+        sd = _from_timm_hub(str(source))
     else:
         import timm
 

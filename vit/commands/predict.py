@@ -39,7 +39,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "(`vit predict --config ...` without --ckpt runs LightningCLI's predict on a datamodule.)",
     )
     parser.add_argument("--ckpt", required=True,
-                        help="checkpoint written by `vit fit`, or a .onnx file written by `vit export`")
+                        help="checkpoint written by `vit fit`, a .onnx file written by `vit export`, or a model "
+                        "shared with `vit export --format hub`: its folder, or hf-hub:owner/name (the Hugging Face "
+                        "cache, downloaded when online)")
     parser.add_argument("inputs", nargs="+", help="image files and/or folders (searched recursively)")
     parser.add_argument("--out", default="predictions.csv",
                         help="output .csv (path, class_1, prob_1, ..., error) or .json (a list of "

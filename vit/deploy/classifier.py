@@ -138,9 +138,50 @@ class Classifier(ModelInput, nn.Module):
         return logits, unknown(features[-len(unknown.layers):])[0]
 
 
+def is_hub_model(path: str | os.PathLike) -> bool:
+    """A shared model (``hf-hub:owner/name``) or a timm hub folder (config.json and weights), not a checkpoint."""
+    from pathlib import Path
+
+    return str(path).startswith("hf-hub:") or (Path(path).is_dir() and (Path(path) / "config.json").is_file())
+
+
+def read_hub_classifier(source: str | os.PathLike, device: str | torch.device = "cpu") -> Classifier:
+    """A model in timm's hub layout (`vit export --format hub`, from a folder or ``hf-hub:owner/name`` through the
+    Hugging Face cache) as a `Classifier`: its architecture and ``model_args``, its weights, ``label_names`` and
+    ``pretrained_cfg``."""
+    import json
+    from pathlib import Path
+
+    from vit.checkpoints.weights import hub_folder, load_pretrained, read_state_dict
+    from vit.nn.configs import MODEL_CONFIGS
+    from vit.nn.vision import create_model
+
+    folder = hub_folder(str(source)) if str(source).startswith("hf-hub:") else Path(source)
+    config = json.loads((folder / "config.json").read_text())
+    cfg, args, n = config["pretrained_cfg"], dict(config.get("model_args") or {}), int(config["num_classes"])
+    if config["architecture"] in MODEL_CONFIGS:  # one of our ViTs, by its timm name
+        pool = {"global_pool": config["global_pool"]} if "global_pool" in config else {}
+        model = create_model(config["architecture"], **{**args, **pool, "num_classes": n})
+        load_pretrained(model, folder)
+        img_size = None
+    else:  # a timm network (a convnet `vit fit` trained as a teacher)
+        import timm
+
+        model = timm.create_model(config["architecture"], **{**args, "num_classes": n})
+        model.load_state_dict(read_state_dict(folder))
+        model.in_chans, img_size = int(cfg["input_size"][0]), int(cfg["input_size"][-1])
+    names = config.get("label_names") or [str(i) for i in range(n)]
+    classifier = Classifier(model, model_name=config["architecture"], class_names=names, img_size=img_size,
+                            **asdict(Preprocessing.from_dict(cfg)))
+    return classifier.to(device).eval()
+
+
 def read_classifier(path: str | os.PathLike, device: str | torch.device = "cpu") -> Classifier:
     """A `vit fit` checkpoint as a torch `Classifier`, rebuilt from the file alone, in eval mode (what
-    `vit.deploy.load_classifier` does for a checkpoint, for the commands that need the torch model itself)."""
+    `vit.deploy.load_classifier` does for a checkpoint, for the commands that need the torch model itself).
+    A model in timm's hub layout (`is_hub_model`) is read by `read_hub_classifier`."""
+    if is_hub_model(path):
+        return read_hub_classifier(path, device)
     checkpoint = read_checkpoint(path)
     meta = expect_task(checkpoint, "classify", path)
     if meta.get("model_source") == "timm":  # a timm network `vit fit` trained (backbone: timm)

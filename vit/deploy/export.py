@@ -265,18 +265,29 @@ def timm_config(classifier: Classifier) -> dict[str, Any]:
     return config
 
 
-def export_safetensors(classifier: Classifier, out_dir: str | os.PathLike) -> list[Path]:
-    """Write ``out_dir/model.safetensors`` (timm's state-dict names) and ``out_dir/config.json``."""
-    from safetensors.torch import save
-
-    out_dir = Path(out_dir)
-    config = json.dumps(timm_config(classifier), indent=2).encode()  # first: it refuses what timm cannot build
+def timm_files(classifier: Classifier) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``config.json``'s content and the state dict in timm's names: what `export_safetensors` writes."""
+    config = timm_config(classifier)  # first: it refuses what timm cannot build
     state = {k: v.detach().cpu().contiguous() for k, v in classifier.model.state_dict().items()}
     if classifier.is_vit and classifier.model.config.rope is not None:
         state = eva_names(state)
+    return config, state
+
+
+def write_timm_files(config: dict[str, Any], state: dict[str, torch.Tensor], out_dir: str | os.PathLike) -> list[Path]:
+    """Write ``out_dir/model.safetensors`` and ``out_dir/config.json``, each atomically."""
+    from safetensors.torch import save
+
+    out_dir = Path(out_dir)
+    text = json.dumps(config, indent=2).encode()
     data = save(state, metadata={"format": "pt"})
     weights = save_atomic(lambda f: f.write(data), out_dir / "model.safetensors")
-    return [weights, save_atomic(lambda f: f.write(config), out_dir / "config.json")]
+    return [weights, save_atomic(lambda f: f.write(text), out_dir / "config.json")]
+
+
+def export_safetensors(classifier: Classifier, out_dir: str | os.PathLike) -> list[Path]:
+    """Write ``out_dir/model.safetensors`` (timm's state-dict names) and ``out_dir/config.json``."""
+    return write_timm_files(*timm_files(classifier), out_dir)
 
 
 def eva_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
