@@ -289,3 +289,15 @@ def test_the_pooled_features_alone_on_request(fitted, tmp_path):
     np.testing.assert_allclose([r["score"] for r in rows], scores, rtol=1e-4, atol=1e-4)
     with pytest.raises(UserValueError, match="layers must be 'all' or 'pooled'"):
         calibrate_checkpoint(ckpt, data, layers="some")
+
+
+def test_the_model_card_states_the_checkpoints_temperature_and_threshold(calibrated, tmp_path):
+    from huggingface_hub import ModelCard
+
+    ckpt, _ = calibrated
+    main(["export", "--ckpt", str(ckpt), "--format", "hub", "--out", str(tmp_path / "hub")])
+    stored = torch.load(ckpt, map_location="cpu", weights_only=False)["confidence"]  # read apart from vit
+    text = ModelCard.load(tmp_path / "hub" / "README.md").text
+    assert f"temperature T = {stored['temperature']:.4f}" in text and "divide them by T" in text
+    assert f"above {stored['threshold']:.4g}" in text and f'"{stored["label"]}"' in text
+    assert f"validation ECE {stored['report']['before']['ece']:.4f} before" in text

@@ -129,6 +129,7 @@ def test_card_front_matter_validates_and_its_numbers_are_the_runs(fitted, hub):
     config_yaml = (fitted / "logs" / "digits" / "version_0" / "config.yaml").read_text()
     assert config_yaml.strip() in card.text
     assert card.text.count("not known to the run") >= 3  # intended use, limits, license, data: left to the user
+    assert "Not calibrated" in card.text  # the fitted run was not calibrated: the card claims no temperature
     assert json.loads((hub / "config.json").read_text())["label_names"] == [str(i) for i in range(10)]
 
 

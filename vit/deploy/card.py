@@ -202,6 +202,23 @@ def _preparation(classifier: Classifier, rgb_from_gray: bool) -> list[str]:
     return lines
 
 
+def _confidence(classifier: Classifier) -> list[str]:
+    """What `vit calibrate` fit, if it ran: the numbers timm's and transformers' loaders do not apply."""
+    c = classifier.calibration
+    if c is None:
+        return ["Not calibrated: `vit calibrate --ckpt ...` fits a temperature and an \"unknown\" threshold."]
+    report = (classifier.confidence.report or {}) if classifier.confidence is not None else {}
+    lines = [f"- temperature T = {c.temperature:.4f}: calibrated probabilities are softmax(logits / T); timm and "
+             "transformers return the plain logits, so divide them by T yourself"]
+    if "before" in report:
+        lines.append(f"- validation ECE {report['before']['ece']:.4f} before, {report['after']['ece']:.4f} after")
+    if c.threshold is not None:
+        lines.append(f"- \"{c.label}\": a `{c.score}` score above {c.threshold:.4g} (chosen to accept "
+                     f"{100 * (c.acceptance or 0):.0f}% of validation images); only `vit predict` and `vit serve` "
+                     "compute it, from this model's checkpoint or ONNX export")
+    return lines
+
+
 def _usage(name: str) -> list[str]:
     return [
         "```python", "import timm", f'model = timm.create_model("hf-hub:{name}", pretrained=True).eval()',
@@ -229,6 +246,7 @@ def model_card(classifier: Classifier, facts: RunFacts, architecture: str, name:
         f"## Classes ({len(classifier.class_names)})", "", names, "",
         "## Results", "", *_results(facts), "",
         "## Preprocessing", "", *_preparation(classifier, rgb_from_gray), "",
+        "## Confidence", "", *_confidence(classifier), "",
         "## How to use", "", *_usage(repo_id or "OWNER/NAME"), "",
         "## Training recipe", "",
         *(["The run's own `config.yaml`:", "", "```yaml", facts.config.rstrip(), "```"] if facts.config
