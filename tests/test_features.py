@@ -10,14 +10,10 @@ import torch
 from PIL import Image
 
 import vit
+from tests.helpers import tiny_vit
 from vit.data.digits import DigitsSet
 from vit.data.folder import ImageFiles
 from vit.features import cached_features, weights_key
-
-
-def tiny_model() -> torch.nn.Module:
-    return vit.create_model("vit_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2, patch_size=4, img_size=8,
-                            in_chans=1, num_classes=3).eval()
 
 
 def digits_set(n: int = 12, seed: int = 0) -> DigitsSet:
@@ -26,7 +22,7 @@ def digits_set(n: int = 12, seed: int = 0) -> DigitsSet:
 
 
 def test_cache_is_keyed_by_weights_and_data_and_written_with_the_umask(tmp_path):
-    model, data = tiny_model(), digits_set()
+    model, data = tiny_vit(depth=1, num_classes=3), digits_set()
     old = os.umask(0o027)
     try:
         first = cached_features(model, {}, data, "train", cache_dir=tmp_path)
@@ -99,5 +95,5 @@ def test_digits_items_are_named_by_their_place_in_load_digits():
 
 def test_a_dataset_without_a_fingerprint_is_extracted_and_not_cached(tmp_path):
     plain = torch.utils.data.TensorDataset(torch.rand(4, 1, 8, 8), torch.zeros(4, dtype=torch.long))
-    _, _, how = cached_features(tiny_model(), {}, plain, "val", cache_dir=tmp_path)
+    _, _, how = cached_features(tiny_vit(depth=1, num_classes=3), {}, plain, "val", cache_dir=tmp_path)
     assert how == "extracted (not cached: the dataset has no fingerprint())" and not list(tmp_path.iterdir())

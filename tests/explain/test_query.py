@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import vit
+from tests.helpers import tiny_vit
 from vit.data.tokenizers import WordTokenizer
 from vit.explain.maps import attention_rollout, collect_attention
 from vit.explain.query import attention_from, mass_mask, plot_query, prefix_labels
@@ -15,10 +15,7 @@ from vit.explain.text import translation_attention
 from vit.nn.text import Seq2SeqTransformer
 from vit.nn.vision import VisionTransformer
 
-
-def tiny_vit():
-    torch.manual_seed(0)
-    return vit.create_model("vit_digits_patch2_8").eval()  # 4x4 patches, cls token, 4 layers x 4 heads
+DIGITS = dict(depth=4, embed_dim=64, num_heads=4)  # the digits config as it is: 4 layers x 4 heads
 
 
 def image():
@@ -26,7 +23,7 @@ def image():
 
 
 def test_a_patch_query_reads_its_own_row_of_the_weights():
-    model, x = tiny_vit(), image()
+    model, x = tiny_vit(**DIGITS), image()
     weights = collect_attention(model, x[None]).weights[:, 0]  # (L, H, 17, 17)
     m = attention_from(model, x, query=(2, 1), layer=1, head=3)
     row = weights[1, 3, 1 + 2 * 4 + 1]  # token index: 1 prefix + row * 4 + col
@@ -40,7 +37,7 @@ def test_a_patch_query_reads_its_own_row_of_the_weights():
 
 
 def test_the_cls_query_with_rollout_is_attention_rollout():
-    model, x = tiny_vit(), image()
+    model, x = tiny_vit(**DIGITS), image()
     m = attention_from(model, x, query="cls", rollout=True)
     expected = attention_rollout(collect_attention(model, x[None]).weights, (4, 4))[0]
     torch.testing.assert_close(m.weights, expected)
@@ -49,7 +46,7 @@ def test_the_cls_query_with_rollout_is_attention_rollout():
 
 
 def test_query_errors_name_the_bad_value():
-    model, x = tiny_vit(), image()
+    model, x = tiny_vit(**DIGITS), image()
     with pytest.raises(ValueError, match=r"patch \(4, 0\) is outside the 4x4 patch grid"):
         attention_from(model, x, query=(4, 0))
     with pytest.raises(ValueError, match="'reg0' is not a prefix token"):
@@ -116,7 +113,7 @@ ipywidgets = pytest.importorskip("ipywidgets")
 def test_image_explorer_callbacks_redraw_from_the_controls():
     from vit.explain.widget import AttentionExplorer
 
-    model, x = tiny_vit(), image()
+    model, x = tiny_vit(**DIGITS), image()
     explorer = AttentionExplorer(model, x)
     assert explorer.image.value[:8] == b"\x89PNG\r\n\x1a\n" and "<b>cls</b>" in explorer.status.value
     first = explorer.image.value

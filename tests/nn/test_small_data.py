@@ -8,14 +8,15 @@ import timm
 import torch
 
 import vit
+from tests.helpers import tiny_vit
 from vit.deploy import load_classifier
 from vit.errors import UserValueError
 from vit.explain import collect_attention
 from vit.nn.attention import MultiHeadAttention
-from vit.nn.vision import PatchEmbed, ShiftedPatchEmbed, VisionTransformer
+from vit.nn.vision import PatchEmbed, ShiftedPatchEmbed
 from vit.tasks.optim import param_groups
 
-TINY = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, num_classes=5)
+RGB16 = dict(img_size=16, patch_size=4, in_chans=3, num_heads=4, num_classes=5)  # 16 patches + cls: 17 tokens
 BOTH = dict(shifted_patches=True, locality_attention=True)
 
 
@@ -140,7 +141,7 @@ def test_defaults_keep_timm_keys_and_options_add_only_their_own():
 
 
 def test_model_with_both_options_keeps_its_api():
-    model = perturb(VisionTransformer(**TINY, **BOTH)).eval()
+    model = perturb(tiny_vit(**RGB16, **BOTH)).eval()
     assert model.in_chans == 3 and model.patch_embed.num_patches == 16 and model.patch_embed.grid_size == (4, 4)
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
@@ -151,13 +152,13 @@ def test_model_with_both_options_keeps_its_api():
     assert weights.shape == (2, 2, 4, 17, 17) and torch.all(weights.diagonal(dim1=-2, dim2=-1) == 0)
     maps = collect_attention(model, x)
     assert maps.cls_maps().shape == (2, 2, 4, 4, 4) and maps.rollout().shape == (2, 4, 4)
-    dynamic = VisionTransformer(**TINY, **BOTH, dynamic_img_size=True)
+    dynamic = tiny_vit(**RGB16, **BOTH, dynamic_img_size=True)
     assert dynamic(torch.randn(1, 3, 24, 20)).shape == (1, 5)
 
 
 def test_tiny_model_with_both_options_trains_and_reaches_the_new_parameters():
     torch.manual_seed(0)
-    model = VisionTransformer(**TINY, **BOTH)
+    model = tiny_vit(**RGB16, **BOTH)
     groups = param_groups(model, lr=1e-3, weight_decay=0.05)
     no_decay = {id(p) for g in groups if g["weight_decay"] == 0.0 for p in g["params"]}
     assert all(id(b.attn.learned_scale) in no_decay for b in model.blocks)  # decay would flatten attention
