@@ -1,5 +1,5 @@
-"""The small things many tests build, each in one place: a tiny ViT, a tiny ImageClassifier, a tiny MAE task, a quick
-Lightning trainer and a folder of random images.
+"""The small things many tests build, each in one place: a tiny ViT, a tiny ImageClassifier, a tiny MAE task, a tiny
+translator of digit words, a quick Lightning trainer and a folder of random images.
 
 Each takes keyword overrides, for a test whose assertion depends on a size (a depth, an image size); the defaults
 are what is fastest to build. Each call builds a new object: nothing here is shared between tests, so a test may
@@ -10,6 +10,7 @@ doubles that configs name by class path in dummies.py.)
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -17,6 +18,8 @@ from lightning.pytorch import Trainer
 from PIL import Image
 
 import vit
+from vit.data.tokenizers import WordTokenizer
+from vit.nn.text import Seq2SeqTransformer
 from vit.nn.vision import VisionTransformer
 from vit.tasks import ImageClassifier, MaskedAutoencoder
 
@@ -49,6 +52,18 @@ def tiny_mae(**kwargs) -> MaskedAutoencoder:
     options = dict(model=DIGITS_VIT, img_size=8, in_chans=1, decoder_dim=16, decoder_depth=1, decoder_heads=2,
                    figure_images=0)
     return MaskedAutoencoder(**{**options, **kwargs}, model_kwargs=model_kwargs)
+
+
+def tiny_translator(**overrides) -> SimpleNamespace:
+    """What `vit.explain.text` reads of a trained Translator (model, source_tokenizer, target_tokenizer): a word
+    tokenizer of the words "0".."9" on both sides and a seeded Seq2SeqTransformer over it without dropout, in eval
+    mode; ``overrides`` are the model's."""
+    tok = WordTokenizer.fit([" ".join(str(i) for i in range(10))])
+    torch.manual_seed(0)
+    options = dict(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, embed_dim=32, num_heads=4,
+                   num_encoder_layers=2, num_decoder_layers=2, mlp_ratio=2.0, drop_rate=0.0, max_positions=32)
+    return SimpleNamespace(model=Seq2SeqTransformer(**{**options, **overrides}).eval(), source_tokenizer=tok,
+                           target_tokenizer=tok)
 
 
 def quick_trainer(root: Path, **kwargs) -> Trainer:

@@ -7,12 +7,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.helpers import tiny_vit
-from vit.data.tokenizers import WordTokenizer
+from tests.helpers import tiny_translator, tiny_vit
 from vit.explain.maps import attention_rollout, collect_attention
 from vit.explain.query import attention_from, mass_mask, plot_query, prefix_labels
 from vit.explain.text import translation_attention
-from vit.nn.text import Seq2SeqTransformer
 from vit.nn.vision import VisionTransformer
 
 DIGITS = dict(depth=4, embed_dim=64, num_heads=4)  # the digits config as it is: 4 layers x 4 heads
@@ -82,14 +80,6 @@ def test_mass_mask_keeps_the_fewest_entries_that_hold_the_share():
     assert mass_mask(weights, 0.0).sum() == 0 and mass_mask(weights, 1.0).all()
     with pytest.raises(ValueError, match="keep must be a share"):
         mass_mask(weights, 1.5)
-
-
-def tiny_translator():
-    torch.manual_seed(0)
-    tok = WordTokenizer.fit([" ".join(str(i) for i in range(10))])
-    model = Seq2SeqTransformer(src_vocab_size=14, tgt_vocab_size=14, embed_dim=32, num_heads=4,
-                               num_encoder_layers=2, num_decoder_layers=2, drop_rate=0.0, max_positions=32)
-    return SimpleNamespace(model=model.eval(), source_tokenizer=tok, target_tokenizer=tok)
 
 
 def test_a_target_token_query_is_its_row_of_the_cross_attention():
