@@ -1,23 +1,13 @@
-"""The instruction-set choices of `vit.deploy.cpu` (flags mocked): int8's reduce_range and torch-bf16's attention path."""
+"""The instruction-set choices of `vit.deploy.cpu` (flags mocked): int8's reduce_range and torch-bf16's attention
+path."""
 
 from __future__ import annotations
-import contextlib
-import io
-import json
-import warnings
-import numpy as np
-import onnx
+
 import pytest
-import torch
-from onnx import numpy_helper
+
 import vit.deploy.cpu
-from tests import CONFIGS
-from vit.commands import main, run
-from vit.deploy import backends, load_classifier
-from vit.deploy.backends import UnsupportedBackendError
-from vit.deploy.fusion import attention_nodes, fuse_attention
-from vit.deploy.quantize import quantize_static_int8
-from vit.errors import MissingPackageError
+from tests.deploy.conftest import AMX, AVX_VNNI, NO_VNNI, VNNI, ZEN4, agrees, logits
+from vit.deploy import load_classifier
 
 
 @pytest.mark.parametrize(("flags", "reduce"), [(NO_VNNI, True), (VNNI, False), (AVX_VNNI, False), (AMX, False),

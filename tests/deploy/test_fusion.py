@@ -1,23 +1,13 @@
-"""Fused attention in the ONNX graph (`vit.deploy.fusion`): onnxscript's ORT fusions, counted in the graph, same logits."""
+"""Fused attention in the ONNX graph (`vit.deploy.fusion`): onnxscript's ORT fusions, counted in the graph, same
+logits."""
 
 from __future__ import annotations
-import contextlib
-import io
-import json
-import warnings
-import numpy as np
+
 import onnx
-import pytest
 import torch
-from onnx import numpy_helper
-import vit.deploy.cpu
-from tests import CONFIGS
-from vit.commands import main, run
+
 from vit.deploy import backends, load_classifier
-from vit.deploy.backends import UnsupportedBackendError
 from vit.deploy.fusion import attention_nodes, fuse_attention
-from vit.deploy.quantize import quantize_static_int8
-from vit.errors import MissingPackageError
 
 
 def test_onnxruntime_fuses_every_blocks_attention(trained):

@@ -1,23 +1,21 @@
-"""Static int8 (`vit.deploy.quantize`): the calibrated file's structure, calibration that breaks the agreement, 7-bit weights without VNNI, and the calibration images drawn from a folder or a config."""
+"""Static int8 (`vit.deploy.quantize`): the calibrated file's structure, calibration that breaks the agreement, 7-bit
+weights without VNNI, and the calibration images drawn from a folder or a config."""
 
 from __future__ import annotations
-import contextlib
-import io
+
 import json
 import warnings
+
 import numpy as np
 import onnx
 import pytest
 import torch
 from onnx import numpy_helper
+
 import vit.deploy.cpu
-from tests import CONFIGS
-from vit.commands import main, run
+from tests.deploy.conftest import CONFIG, NO_VNNI, VNNI, agrees, logits
 from vit.deploy import backends, load_classifier
-from vit.deploy.backends import UnsupportedBackendError
-from vit.deploy.fusion import attention_nodes, fuse_attention
 from vit.deploy.quantize import quantize_static_int8
-from vit.errors import MissingPackageError
 
 
 def test_broken_calibration_loses_the_agreement(trained):
