@@ -13,11 +13,8 @@ import torch
 
 import vit
 from tests.conftest import umask
-from vit.checkpoints.convert import convert_layer_scale
 from vit.commands import main, run
 from vit.deploy import export, load_classifier
-from vit.deploy.metadata import METADATA_KEYS
-from vit.nn.vision import MODEL_CONFIGS
 
 
 def run_onnx(path, x: torch.Tensor) -> torch.Tensor:

@@ -1,19 +1,17 @@
-"""The export library (`vit.deploy.export`): timm architectures and arguments for every config, and each family's safetensors and ONNX files against timm and PyTorch."""
+"""The export library (`vit.deploy.export`): timm architectures and arguments for every config, and each family's
+safetensors and ONNX files against timm and PyTorch."""
 
 from __future__ import annotations
+
 import json
-import numpy as np
-import onnx
-import onnxruntime
+
 import pytest
 import timm
 import torch
+
 import vit
-from tests.conftest import umask
 from vit.checkpoints.convert import convert_layer_scale
-from vit.commands import main, run
-from vit.deploy import export, load_classifier
-from vit.deploy.metadata import METADATA_KEYS
+from vit.deploy import export
 from vit.nn.vision import MODEL_CONFIGS
 
 

@@ -1,20 +1,13 @@
 """The ONNX file's metadata (`vit.deploy.metadata`): what prediction needs, written by `vit export`."""
 
 from __future__ import annotations
+
 import json
-import numpy as np
+
 import onnx
-import onnxruntime
-import pytest
-import timm
-import torch
-import vit
-from tests.conftest import umask
-from vit.checkpoints.convert import convert_layer_scale
-from vit.commands import main, run
-from vit.deploy import export, load_classifier
+
+from vit.deploy import load_classifier
 from vit.deploy.metadata import METADATA_KEYS
-from vit.nn.vision import MODEL_CONFIGS
 
 
 def test_onnx_metadata_holds_what_prediction_needs(exported):
