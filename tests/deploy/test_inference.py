@@ -1,12 +1,8 @@
 """The ONNX runner (`vit.deploy.inference`): an export or its folder given where the other goes is named as such."""
 
 from __future__ import annotations
-import re
-import subprocess
-import sys
+
 import pytest
-from tests.conftest import subprocess_env
-from vit.commands import COMMANDS, main
 
 
 def test_an_onnx_export_or_its_folder_given_where_the_other_goes_is_named_as_such(tmp_path):

@@ -2,15 +2,12 @@
 the ONNX export's top-1 on every test digit."""
 
 from __future__ import annotations
-import csv
-import json
-from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from tests.commands.test_attention import write_checkpoint
-from vit.commands import main, run
+
+from tests.commands.test_predict import by_name
 from vit.deploy import load_classifier
 
 
