@@ -23,28 +23,12 @@ from PIL import Image
 
 from tests import CONFIGS
 from tests.conftest import free_port, subprocess_env
+from tests.data.conftest import OPTS
 from tests.formats import write_class_folders
-from vit.commands.shard import main as shard
 from vit.data.folder import ImageFolder
 from vit.data.shards import write_shards
 from vit.data.stream import ImageShards, mixed_seed, seed_transform
 from vit.errors import UserPathError, UserValueError
-
-# Every common mode, sizes around the 16 px the model sees, and one truncated file.
-MODES = ("RGB", "L", "P", "RGBA", "CMYK", "I;16")
-OPTS = dict(img_size=16, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25, interpolation="bicubic", seed=0)
-
-
-@pytest.fixture(scope="module")
-def sharded(tmp_path_factory) -> tuple[Path, Path, dict]:
-    """A single-folder image set (3 classes x 10, one truncated file) and its shards, with the webdataset."""
-    root = tmp_path_factory.mktemp("shards")
-    folder = root / "photos"
-    write_class_folders(folder, ["ant", "bee", "cat"], per_class=10, modes=MODES, size=20)
-    good = (folder / "ant" / "img_0.jpg").read_bytes()
-    (folder / "bee" / "broken.jpg").write_bytes(good[: len(good) // 2])  # a header that passes, data cut short
-    info = shard([str(folder), str(root / "out"), "--webdataset", "--num_workers", "2"])
-    return folder, root / "out", info
 
 
 def test_shards_hold_the_folders_samples_labels_and_pixels(sharded):
