@@ -1,34 +1,25 @@
-"""`vit shard` and `ImageShards`: the folder's samples, labels and pixels; timm reads the WebDataset export;
-DDP sees every sample once with equal batch counts; a run killed mid-epoch resumes to the same weights."""
+"""Writing shards (`vit.data.shards`): the folder's samples, labels and pixels; timm reads the WebDataset export;
+re-encoding, resuming an unfinished run, atomic files, EXIF turns. (Streaming them: test_stream.py.)"""
 
 from __future__ import annotations
 
-import csv
 import io
-import itertools
 import json
-import multiprocessing
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from lightning.pytorch import Callback
 from PIL import Image
 
 from tests import CONFIGS
-from tests.conftest import free_port, subprocess_env
 from tests.data.conftest import OPTS
 from tests.formats import write_class_folders
 from vit.data.folder import ImageFolder
 from vit.data.shards import write_shards
 from vit.data.stream import ImageShards, mixed_seed, seed_transform
-from vit.errors import UserPathError, UserValueError
+from vit.errors import UserPathError
 
 
 def test_shards_hold_the_folders_samples_labels_and_pixels(sharded):

@@ -3,8 +3,8 @@ seed, epoch and index alone, a saved position that resumes at the next batch, DD
 once, and runs killed mid-epoch that resume to the same weights."""
 
 from __future__ import annotations
+
 import csv
-import io
 import itertools
 import json
 import multiprocessing
@@ -13,19 +13,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from lightning.pytorch import Callback
-from PIL import Image
+
 from tests import CONFIGS
 from tests.conftest import free_port, subprocess_env
 from tests.data.conftest import OPTS
 from tests.formats import write_class_folders
-from vit.data.folder import ImageFolder
 from vit.data.shards import write_shards
-from vit.data.stream import ImageShards, mixed_seed, seed_transform
+from vit.data.stream import ImageShards
 from vit.errors import UserPathError, UserValueError
 
 
