@@ -2,27 +2,16 @@
 aligned files, empty or missing files, invalid UTF-8, a byte-order mark."""
 
 from __future__ import annotations
+
 import codecs
 import logging
-import random
-import re
 from pathlib import Path
+
 import pytest
-import torch
-from torch.utils.data import SequentialSampler
+
 from tests.formats import CORPUS
-from vit.data.tokenizers import (
-    BOS_ID,
-    EOS_ID,
-    UNK_ID,
-    tokenizer_from_dict,
-)
 from vit.data.translation import (
-    EpochSampler,
-    LengthBucketBatchSampler,
-    SyntheticTranslationDataModule,
     TranslationDataModule,
-    collate_pairs,
 )
 
 

@@ -1,17 +1,16 @@
-"""Tokenizers, parallel-corpus reading, bucketed batches and synthetic tasks."""
+"""Tokenizers, bucketed batches and synthetic tasks of the translation data. (Reading the corpus: test_corpus.py.)"""
 
 from __future__ import annotations
 
-import codecs
 import logging
 import random
 import re
-from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import SequentialSampler
 
+from tests.data.test_corpus import write_tsv
 from tests.formats import CORPUS
 from vit.data.tokenizers import (
     BOS_ID,
