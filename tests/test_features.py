@@ -7,12 +7,10 @@ import stat
 
 import numpy as np
 import torch
-from PIL import Image
 
 import vit
 from tests.helpers import tiny_vit
 from vit.data.digits import DigitsSet
-from vit.data.folder import ImageFiles
 from vit.features import cached_features, weights_key
 
 

@@ -1,16 +1,13 @@
 """A dataset's fingerprint (`vit.data.fingerprint`): it follows the files' paths, labels and modification."""
 
 from __future__ import annotations
+
 import os
-import stat
+
 import numpy as np
-import torch
 from PIL import Image
-import vit
-from tests.helpers import tiny_vit
-from vit.data.digits import DigitsSet
+
 from vit.data.folder import ImageFiles
-from vit.features import cached_features, weights_key
 
 
 def test_file_fingerprint_follows_paths_labels_and_modification(tmp_path):
