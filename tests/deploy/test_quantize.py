@@ -123,18 +123,3 @@ def test_calibration_from_a_folder_with_a_class_named_train_draws_from_every_cla
             (tmp_path / name / f.name).symlink_to(f)
     transform = load_classifier(trained["ckpt"]).eval_transform()
     assert len(calibration_images(tmp_path, transform, "L", count=12)) == 12  # not the 3 images of "train"
-
-
-def test_calibration_from_a_config_goes_through_the_checkpoints_transform_not_the_datamodules():
-    """A config's DataModule, built without its pretrained weights, normalises as the architecture's default would
-    (ImageNet's mean and std for a fine-tuning recipe whose checkpoint was trained on augreg's 0.5): the images
-    must be decoded as stored and prepared by the transform given, the checkpoint's, as `vit predict` does."""
-    from vit.cli.data import calibration_images, config_split_images  # (deploy's own takes a folder alone)
-
-    def brightness(image):  # a transform of our own: (1, 1, 1), the image's mean pixel value
-        return torch.tensor(np.asarray(image), dtype=torch.float32).mean().reshape(1, 1, 1)
-
-    drawn = calibration_images(CONFIG, brightness, "L", count=8)
-    every, labels = config_split_images(CONFIG, "train", brightness, "L")  # all, in order
-    assert drawn.shape == (8, 1, 1, 1) and len(every) == len(labels) > 1000 and set(labels.tolist()) == set(range(10))
-    assert all((every == value).any() for value in drawn)  # (the test split: benchmark_inference.py's test)

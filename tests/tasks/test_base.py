@@ -66,14 +66,6 @@ def test_the_lr_scales_to_the_global_batch_with_gradient_accumulation(tmp_path):
     assert mae.trainer.optimizers[0].param_groups[0]["initial_lr"] == pytest.approx(1e-3 * 16 / 256)
 
 
-def test_the_checkpoints_task_names_are_the_tasks_own():
-    from vit.checkpoints.meta import TASK_CLASSES
-    from vit.tasks import TASKS
-
-    # vit.checkpoints.meta names the classes without importing Lightning: the names must stay the classes'
-    assert {task: cls.__name__ for task, cls in TASKS.items()} == {task: c for task, (c, _) in TASK_CLASSES.items()}
-
-
 def test_a_checkpoint_of_another_vit_is_refused_before_any_weight_is_copied():
     ten, three = tiny_classifier(num_classes=10), tiny_classifier(num_classes=3)
     three.on_load_checkpoint({"vit": three.checkpoint_meta()})  # its own: fine
