@@ -1,12 +1,6 @@
 """The figures of the reports (`vit.reports`): the error grid."""
 
 from __future__ import annotations
-import torch
-from tests.conftest import short_digits_run
-from vit.commands import main
-from vit.deploy import load_classifier
-from vit.tasks import mistakes
-from vit.tasks.mistakes import ConfidentMistakes
 
 
 def test_the_error_grid_shows_each_image_beside_its_overlay_under_its_caption():

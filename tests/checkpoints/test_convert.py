@@ -1,15 +1,9 @@
 """The key converters (`vit.checkpoints.convert`): timm's own names pass through untouched. (Each family's converted
 weights against timm: tests/checkpoints/test_weights.py and tests/nn/test_families.py.)"""
 
-import tempfile
-import pytest
 import timm
-import torch
-from safetensors.torch import save_file
-import vit
-from tests.nn.test_vision import perturb
+
 from vit.checkpoints.convert import to_timm_names
-from vit.nn.vision import MODEL_CONFIGS
 
 
 def test_to_timm_names_keeps_timm_state_dicts_unchanged():

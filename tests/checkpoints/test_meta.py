@@ -1,13 +1,6 @@
 """The task metadata of a checkpoint (`vit.checkpoints.meta`): its task names are the tasks' own."""
 
 from __future__ import annotations
-import math
-import pytest
-import torch
-from lightning.pytorch import Callback
-from torch.utils.data import DataLoader, TensorDataset
-from tests.helpers import quick_trainer, tiny_classifier, tiny_mae
-from vit.tasks import Optimization
 
 
 def test_the_checkpoints_task_names_are_the_tasks_own():

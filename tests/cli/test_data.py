@@ -2,17 +2,11 @@
 DataModule's."""
 
 from __future__ import annotations
-import json
-import warnings
+
 import numpy as np
-import onnx
-import pytest
 import torch
-from onnx import numpy_helper
-import vit.deploy.cpu
-from tests.deploy.conftest import CONFIG, NO_VNNI, VNNI, agrees, logits
-from vit.deploy import backends, load_classifier
-from vit.deploy.quantize import quantize_static_int8
+
+from tests.deploy.conftest import CONFIG
 
 
 def test_calibration_from_a_config_goes_through_the_checkpoints_transform_not_the_datamodules():

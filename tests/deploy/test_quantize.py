@@ -13,7 +13,7 @@ import torch
 from onnx import numpy_helper
 
 import vit.deploy.cpu
-from tests.deploy.conftest import CONFIG, NO_VNNI, VNNI, agrees, logits
+from tests.deploy.conftest import NO_VNNI, VNNI, agrees, logits
 from vit.deploy import backends, load_classifier
 from vit.deploy.quantize import quantize_static_int8
 

@@ -2,14 +2,13 @@
 images and for text."""
 
 from __future__ import annotations
-from types import SimpleNamespace
-import pytest
+
 import torch
+
+from tests.explain.test_query import DIGITS, image
 from tests.helpers import tiny_translator, tiny_vit
-from vit.explain.maps import attention_rollout, collect_attention
-from vit.explain.query import attention_from, mass_mask, plot_query, prefix_labels
+from vit.explain.query import attention_from, mass_mask
 from vit.explain.text import translation_attention
-from vit.nn.vision import VisionTransformer
 
 
 def test_image_explorer_callbacks_redraw_from_the_controls():

@@ -14,7 +14,6 @@ from safetensors.torch import save_file
 
 import vit
 from tests.nn.test_vision import perturb
-from vit.checkpoints.convert import to_timm_names
 from vit.nn.vision import MODEL_CONFIGS
 
 FAMILIES = {
