@@ -74,10 +74,11 @@ def test_tensorboard_gets_the_figures_as_images(tmp_path):
     from lightning.pytorch.loggers import TensorBoardLogger
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from tests.tasks.test_classify import loader, tiny, trainer
+    from tests.helpers import quick_trainer, tiny_classifier
+    from tests.tasks.test_classify import loader
 
-    model = tiny()
-    trainer(tmp_path, logger=TensorBoardLogger(tmp_path, name="tb")).test(model, loader(n=40), verbose=False)
+    model = tiny_classifier()
+    quick_trainer(tmp_path, logger=TensorBoardLogger(tmp_path, name="tb")).test(model, loader(n=40), verbose=False)
     run = tmp_path / "tb" / "version_0"
     events = EventAccumulator(str(run)).Reload()
     assert {"test/errors", "test/class_accuracy"} <= set(events.Tags()["images"])
