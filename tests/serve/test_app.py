@@ -11,7 +11,6 @@ import json
 import threading
 import time
 
-import numpy as np
 import pytest
 from PIL import Image
 

@@ -2,18 +2,14 @@
 or read."""
 
 from __future__ import annotations
-import asyncio
-import base64
+
 import io
-import json
-import threading
-import time
+
 import numpy as np
 import pytest
 from PIL import Image
-from tests.serve.conftest import client_of, huge_png, make_app, png_bytes
-from vit.deploy.predict import predict_files
-from vit.serve.core import Predictor
+
+from tests.serve.test_app import HEIC, TEXT
 
 
 def test_a_heic_upload_is_told_to_come_as_jpeg(without_pillow_heif):
