@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch import Callback
 from PIL import Image
 
 from tests import CONFIGS
@@ -185,17 +184,6 @@ def test_writing_counts_samples_as_workers_handle_them_and_is_quiet(tmp_path, mo
     assert not (tmp_path / "out" / ".progress").exists()
     printed = capfd.readouterr()
     assert "Create an account" not in printed.out + printed.err and "Worker" not in printed.out + printed.err
-
-
-class CrashInValidation(Callback):
-    """Raise at the end of the validation that follows the given optimiser step (a kill during validation)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        if trainer.global_step == self.step and not trainer.sanity_checking:
-            raise RuntimeError(f"simulated crash in validation at step {self.step}")
 
 
 @pytest.mark.parametrize("path", sorted(p for p in CONFIGS.rglob("*.yaml") if "vit.data.ImageShards" in p.read_text()),

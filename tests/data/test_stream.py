@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from lightning.pytorch import Callback
 
 from tests import CONFIGS
 from tests.conftest import free_port, subprocess_env
@@ -272,3 +273,14 @@ def test_a_run_sigkilled_in_its_first_epoch_resumes_to_the_same_weights_bit_for_
 
     classifier = load_classifier(tmp_path / "killed/ckpt/last.ckpt")  # what predict/export/attention read
     assert classifier.class_names == ["a", "b"] and classifier.img_size == (32, 32)
+
+
+class CrashInValidation(Callback):
+    """Raise at the end of the validation that follows the given optimiser step (a kill during validation)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.global_step == self.step and not trainer.sanity_checking:
+            raise RuntimeError(f"simulated crash in validation at step {self.step}")
