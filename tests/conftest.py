@@ -11,6 +11,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 import contextlib
 import csv
 import fcntl
+import json
 import logging
 import shutil
 import socket
@@ -225,6 +226,26 @@ def exported(fitted, tmp_path_factory) -> Exported:
     root = built_once(tmp_path_factory, "exported", export)
     return Exported(best, root / "onnx" / "model.onnx", root / "onnx" / "model.int8.onnx", root / "st",
                     (root / "printed.txt").read_text())
+
+
+@pytest.fixture(scope="session")
+def sharded(tmp_path_factory) -> tuple[Path, Path, dict]:
+    """A single-folder image set (3 classes x 10, one truncated file) and its shards, with the webdataset, written
+    by `vit shard`; and the info it returned. Shared: read it, never write into it."""
+    from tests.data.conftest import MODES
+    from tests.formats import write_class_folders
+    from vit.commands.shard import main as shard
+
+    def build(root: Path) -> None:
+        folder = root / "photos"
+        write_class_folders(folder, ["ant", "bee", "cat"], per_class=10, modes=MODES, size=20)
+        good = (folder / "ant" / "img_0.jpg").read_bytes()
+        (folder / "bee" / "broken.jpg").write_bytes(good[: len(good) // 2])  # a header that passes, data cut short
+        info = shard([str(folder), str(root / "out"), "--webdataset", "--num_workers", "2"])
+        (root / "returned.json").write_text(json.dumps(info))
+
+    root = built_once(tmp_path_factory, "sharded", build)
+    return root / "photos", root / "out", json.loads((root / "returned.json").read_text())
 
 
 @contextlib.contextmanager

@@ -7,17 +7,11 @@ import stat
 
 import numpy as np
 import torch
-from PIL import Image
 
 import vit
+from tests.helpers import tiny_vit
 from vit.data.digits import DigitsSet
-from vit.data.folder import ImageFiles
 from vit.features import cached_features, weights_key
-
-
-def tiny_model() -> torch.nn.Module:
-    return vit.create_model("vit_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2, patch_size=4, img_size=8,
-                            in_chans=1, num_classes=3).eval()
 
 
 def digits_set(n: int = 12, seed: int = 0) -> DigitsSet:
@@ -26,7 +20,7 @@ def digits_set(n: int = 12, seed: int = 0) -> DigitsSet:
 
 
 def test_cache_is_keyed_by_weights_and_data_and_written_with_the_umask(tmp_path):
-    model, data = tiny_model(), digits_set()
+    model, data = tiny_vit(depth=1, num_classes=3), digits_set()
     old = os.umask(0o027)
     try:
         first = cached_features(model, {}, data, "train", cache_dir=tmp_path)
@@ -72,23 +66,6 @@ def test_a_distilled_vits_second_head_is_a_head_to_the_cache_key_too():
     assert weights_key(model, {}) != key
 
 
-def test_file_fingerprint_follows_paths_labels_and_modification(tmp_path):
-    paths = []
-    for i in range(3):
-        paths.append(str(tmp_path / f"{i}.png"))
-        Image.fromarray(np.full((4, 4), 40 * i, np.uint8)).save(paths[-1])
-    files = ImageFiles([(p, i % 2) for i, p in enumerate(paths)])
-    key = files.fingerprint()
-    assert ImageFiles([(p, i % 2) for i, p in enumerate(paths)]).fingerprint() == key
-    assert ImageFiles([(p, 1) for p in paths]).fingerprint() != key  # labels
-    assert ImageFiles([(p, i % 2) for i, p in enumerate(paths[:2])]).fingerprint() != key  # files
-    os.utime(paths[0], ns=(0, 10**9))
-    assert files.fingerprint() != key  # a rewritten file
-    assert files.item_name(2) == paths[2]
-    raw = files.raw_image(2)
-    assert raw.mode == "L" and raw.format == "PNG" and np.asarray(raw)[0, 0] == 80
-
-
 def test_digits_items_are_named_by_their_place_in_load_digits():
     data = digits_set()
     assert data.item_name(0) == "digits[5]"
@@ -99,5 +76,5 @@ def test_digits_items_are_named_by_their_place_in_load_digits():
 
 def test_a_dataset_without_a_fingerprint_is_extracted_and_not_cached(tmp_path):
     plain = torch.utils.data.TensorDataset(torch.rand(4, 1, 8, 8), torch.zeros(4, dtype=torch.long))
-    _, _, how = cached_features(tiny_model(), {}, plain, "val", cache_dir=tmp_path)
+    _, _, how = cached_features(tiny_vit(depth=1, num_classes=3), {}, plain, "val", cache_dir=tmp_path)
     assert how == "extracted (not cached: the dataset has no fingerprint())" and not list(tmp_path.iterdir())

@@ -1,5 +1,5 @@
 """The package's shape, read from the source: imports run downward (no circle), `vit.deploy` runs without Lightning
-or the CLI, and the 0.1 import paths still work for a release, each naming its new home."""
+or the CLI, the 0.1 import paths still work for a release, each naming its new home, and tests/ mirrors vit/."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import subprocess_env
 
 VIT = Path(__file__).resolve().parents[1] / "vit"
+TESTS = Path(__file__).resolve().parent
 
 
 def module_name(path: Path) -> str:
@@ -168,3 +169,29 @@ def test_the_cli_package_stays_light_until_a_name_is_asked_for():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env=subprocess_env())
     assert done.stdout.strip() == "False"
+
+
+def forwards_only(path: Path) -> bool:
+    """A module of 0.1's flat layout kept as a shim: a docstring, imports and ``__getattr__ = forward(...)``
+    (`vit/_moved.py`), no code of its own. The old-path tests above cover these."""
+    body = [node for node in ast.parse(path.read_text()).body
+            if not isinstance(node, (ast.Import, ast.ImportFrom))
+            and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+    return (len(body) == 1 and isinstance(body[0], ast.Assign)
+            and [getattr(t, "id", None) for t in body[0].targets] == ["__getattr__"])
+
+
+def mirrored_test(path: Path) -> Path:
+    """Where the tests of ``vit/X/Y.py`` live: ``tests/X/test_Y.py`` (docs/development.md)."""
+    relative = path.relative_to(VIT)
+    return TESTS / relative.parent / f"test_{relative.name}"
+
+
+def test_every_module_has_a_test_file_at_its_mirrored_path():
+    """tests/ mirrors vit/: a module's tests are found where its path says. Packages' __init__, private modules
+    (_moved, __main__) and the 0.1 shims have no file of their own."""
+    assert forwards_only(VIT / "inference.py") and not forwards_only(VIT / "features.py")  # the filter tells them apart
+    missing = [f"{p.relative_to(VIT.parent)} -> {mirrored_test(p).relative_to(TESTS.parent)}"
+               for p in sorted(VIT.rglob("*.py"))
+               if not p.name.startswith("_") and not forwards_only(p) and not mirrored_test(p).exists()]
+    assert not missing, "modules without a test file at the mirrored path:\n  " + "\n  ".join(missing)

@@ -14,6 +14,7 @@ from timm.models import get_pretrained_cfg
 
 from tests import CONFIGS
 from tests.formats import write_class_folders
+from tests.helpers import TINY
 from vit.cli.main import cli
 from vit.deploy import load_classifier
 
@@ -27,7 +28,6 @@ TAGS = [
     "vit_base_patch16_siglip_224.v2_webli", "deit3_small_patch16_224.fb_in1k",
     "deit_small_distilled_patch16_224.fb_in1k",
 ]
-TINY = {"depth": 1, "embed_dim": 32, "num_heads": 2}  # what is built does not matter here; building it fast does
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.test_features import digits_set, tiny_model
+from tests.helpers import tiny_vit
+from tests.test_features import digits_set
 from vit.probe import fit_logistic, fit_probes, folded_head, probe_state_dict, split_features
 
 # Made-up features on which val and test prefer different C and k (seed 10 of `made_up_features`, checked
@@ -139,7 +140,7 @@ def test_probe_state_dict_puts_the_head_in_place_and_in_both_heads_of_a_distille
 def test_split_features_go_through_the_cache_as_float64(tmp_path):
     from vit.features import weights_key
 
-    model, data = tiny_model(), digits_set()
+    model, data = tiny_vit(depth=1, num_classes=3), digits_set()
     x, y, how = split_features(model, data, "val", weights=weights_key(model, {}), cache_dir=tmp_path, batch_size=5)
     assert x.dtype == np.float64 and x.shape == (12, 32) and how.startswith("extracted, cached in")
     np.testing.assert_array_equal(y, data.labels.numpy())

@@ -4,7 +4,7 @@ The scenario of issue 25, as a user would run it: 4 classes x 120 training photo
 configs/shards_cpu.yaml as written, 3 epochs at batch 32 (15 steps an epoch), last.ckpt every 7 steps.
 For each loader worker count, one uninterrupted run, and one run stopped at each kill step (in epoch 0, 1
 and 2) and resumed with ``--ckpt_path last``: stopped by an exception at that step in this process (as
-tests/data/test_shards.py does; a process start costs more than the run), and once, at step 21 with 2
+tests/data/test_stream.py does; a process start costs more than the run), and once, at step 21 with 2
 workers, by a real SIGKILL of a `vit fit` process. Each row: the final last.ckpt's global_step, the
 epochs validated (over the stopped and the resumed run's logs), and the largest weight difference from
 the uninterrupted run. Then `vit validate` on the best checkpoint, against its recorded score, and a

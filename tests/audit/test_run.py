@@ -12,11 +12,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import skimage.data
-import torch
 from PIL import Image
 
-import vit
 from tests.audit.test_duplicates import near_copy
+from tests.helpers import tiny_vit
 from vit.audit.run import FAIL_ON, AuditOptions, findings, run_audit
 
 HOSTILE = "<img src=x onerror=alert(1)>.png"
@@ -52,9 +51,7 @@ def planted_data(root: Path):
 
 def tiny_module() -> SimpleNamespace:
     """What the label check reads of a task: its evaluated model, model config, weights' source and name."""
-    torch.manual_seed(0)
-    model = vit.create_model("vit_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2, patch_size=8, img_size=32,
-                             num_classes=3)
+    model = tiny_vit(depth=1, patch_size=8, img_size=32, in_chans=3, num_classes=3)
     return SimpleNamespace(eval_model=model, model_config={"depth": 1}, hparams=SimpleNamespace(pretrained=None),
                            model_name="tiny")
 

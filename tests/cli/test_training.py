@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests import CONFIGS
 from tests.conftest import short_digits_run, subprocess_env
+from tests.helpers import quick_trainer
 from vit.checkpoints.io import DamagedCheckpointError, save_checkpoint
 from vit.cli.main import cli
 from vit.cli.training import AtomicCheckpointIO, RandomState, TrainingReport
@@ -369,8 +370,7 @@ def test_a_translator_checkpoint_given_to_an_image_recipe_is_a_clear_error(tmp_p
 
     data = SyntheticTranslationDataModule("copy", num_train=64, num_val=8, num_test=8, batch_size=16)
     model = Translator(data.tokenizers, embed_dim=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1)
-    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, limit_val_batches=0)
+    trainer = quick_trainer(tmp_path, max_steps=1, limit_val_batches=0)
     trainer.fit(model, datamodule=data)
     translator = tmp_path / "translator.ckpt"
     trainer.save_checkpoint(translator)

@@ -10,6 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.helpers import random_images
+
 
 def write_checkpoint(path, *, model_name="vit_digits_patch2_8", **kwargs) -> None:
     """A checkpoint in the format `vit fit` writes, from an untrained ImageClassifier."""
@@ -149,9 +151,7 @@ def test_vit_attention_over_a_folder_skips_unreadable_files_and_writes_predicts_
     from vit.commands import run
 
     folder = tmp_path / "images"
-    folder.mkdir()
-    for i in range(3):
-        Image.fromarray((np.random.default_rng(i).random((8, 8)) * 255).astype(np.uint8)).save(folder / f"d{i}.png")
+    random_images(folder, 3, name="d{i}.png")
     (folder / "a_random.jpg").write_bytes(np.random.default_rng(0).bytes(3000))
     good = (folder / "d0.png").read_bytes()
     (folder / "b_cut.png").write_bytes(good[: len(good) // 2])

@@ -8,6 +8,7 @@ import torch
 from scipy.stats import spearmanr
 from torch import nn
 
+from tests.helpers import tiny_vit
 from vit.explain.checks import (
     MAPS,
     area_under,
@@ -57,14 +58,10 @@ def test_rank_correlation_matches_scipy():
     assert spearman(a, a).allclose(torch.ones(5)) and spearman(a, -a).allclose(-torch.ones(5))
 
 
-def tiny_vit():
-    torch.manual_seed(0)
-    return VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=4, embed_dim=32, depth=2,
-                             num_heads=2).eval()
 
 
 def test_cascading_randomisation_leaves_attention_alone_until_the_blocks_change():
-    model = tiny_vit()
+    model = tiny_vit(num_classes=4)
     images = torch.randn(6, 1, 8, 8, generator=torch.Generator().manual_seed(1))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     result = cascading_randomisation(model, images)

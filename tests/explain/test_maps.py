@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 import vit
+from tests.helpers import tiny_vit
 from vit.explain import (
     attention_rollout,
     cls_attention_maps,
@@ -20,12 +21,7 @@ from vit.explain import (
 )
 from vit.nn.vision import VisionTransformer
 
-
-def tiny_model(**overrides) -> VisionTransformer:
-    """Depth 2, dim 32, 4 heads on 8x8 grayscale: a 4x4 patch grid plus the cls token."""
-    config = dict(embed_dim=32, depth=2, num_heads=4, num_classes=5)
-    torch.manual_seed(0)
-    return vit.create_model("vit_digits_patch2_8", **{**config, **overrides}).eval()
+HEADS = dict(num_heads=4, num_classes=5)  # depth 2, dim 32, 4 heads on 8x8 grayscale: 4x4 patches + cls
 
 
 def random_attention(layers: int, batch: int, heads: int, tokens: int, seed: int = 0) -> Tensor:
@@ -39,7 +35,7 @@ def random_attention(layers: int, batch: int, heads: int, tokens: int, seed: int
 
 
 def test_weights_path_gives_the_fused_paths_output():
-    model = tiny_model()
+    model = tiny_vit(**HEADS)
     images = torch.randn(3, 1, 8, 8)
     maps = collect_attention(model, images)
     with torch.no_grad():
@@ -58,7 +54,7 @@ def test_weights_path_gives_the_fused_paths_output():
 
 
 def test_weights_match_torch_multihead_attention():
-    model = tiny_model()
+    model = tiny_vit(**HEADS)
     images = torch.randn(2, 1, 8, 8)
     maps = collect_attention(model, images, layers=[0])
     block = model.blocks[0]
@@ -74,7 +70,7 @@ def test_weights_match_torch_multihead_attention():
 
 
 def test_layer_subset_keeps_only_those_layers():
-    model = tiny_model(depth=3)
+    model = tiny_vit(**HEADS, depth=3)
     images = torch.randn(2, 1, 8, 8)
     full = collect_attention(model, images)
     last = collect_attention(model, images, layers=[-1])
@@ -89,7 +85,7 @@ def test_layer_subset_keeps_only_those_layers():
 
 def test_only_the_chosen_layers_take_the_explicit_path():
     # Memory: the other layers stay on SDPA, which never builds the (N, N) weights.
-    model = tiny_model(depth=4)
+    model = tiny_vit(**HEADS, depth=4)
     explicit = []
 
     def record(layer):
@@ -106,7 +102,7 @@ def test_only_the_chosen_layers_take_the_explicit_path():
 
 
 def test_bad_images_are_refused_with_the_expected_shape():
-    model = tiny_model()
+    model = tiny_vit(**HEADS)
     with pytest.raises(ValueError, match="1-channel"):
         collect_attention(model, torch.randn(1, 3, 8, 8))
     with pytest.raises(ValueError, match="expected a 8x8 input"):
@@ -114,7 +110,7 @@ def test_bad_images_are_refused_with_the_expected_shape():
 
 
 def test_dynamic_image_size_gives_maps_on_the_new_grid():
-    model = tiny_model(dynamic_img_size=True)
+    model = tiny_vit(**HEADS, dynamic_img_size=True)
     maps = collect_attention(model, torch.randn(1, 1, 12, 16))
     assert maps.grid == (6, 8)
     assert maps.cls_maps().shape == (2, 1, 4, 6, 8)
@@ -136,7 +132,7 @@ def test_maps_for_named_models(name):
 
 
 def test_average_pooled_model_maps_follow_the_patches():
-    model = tiny_model(global_pool="avg")
+    model = tiny_vit(**HEADS, global_pool="avg")
     maps = collect_attention(model, torch.randn(2, 1, 8, 8))
     torch.testing.assert_close(maps.cls_maps().flatten(-2), maps.weights[..., 1:, 1:].mean(dim=-2))
     product = rollout_matrix([rollout_layer(w) for w in maps.weights])
@@ -144,7 +140,7 @@ def test_average_pooled_model_maps_follow_the_patches():
 
 
 def test_model_mode_is_restored_and_dropout_is_off_while_explaining():
-    model = tiny_model(attn_drop_rate=0.5).train()
+    model = tiny_vit(**HEADS, attn_drop_rate=0.5).train()
     images = torch.randn(2, 1, 8, 8)
     first, second = collect_attention(model, images), collect_attention(model, images)
     assert model.training
@@ -225,7 +221,7 @@ def test_discard_never_drops_cls_to_cls():
 
 
 def test_streaming_rollout_equals_rollout_from_stored_weights():
-    model = tiny_model(depth=3)
+    model = tiny_vit(**HEADS, depth=3)
     images = torch.randn(2, 1, 8, 8)
     maps = collect_attention(model, images)
     for fusion in ("mean", "max"):
@@ -235,7 +231,7 @@ def test_streaming_rollout_equals_rollout_from_stored_weights():
 
 
 def test_gradient_rollout_depends_on_the_target_class():
-    model = tiny_model()
+    model = tiny_vit(**HEADS)
     for p in model.parameters():  # frozen parameters must not stop the gradients to the weights
         p.requires_grad_(False)
     images = torch.randn(2, 1, 8, 8)
@@ -255,7 +251,7 @@ def test_gradient_rollout_depends_on_the_target_class():
 def test_gradient_rollout_keeps_only_positive_relevance():
     # One layer, rebuilt by hand as the reference: the layer matrix is relu(grad * attention)
     # averaged over heads, rows renormalised, mixed half-and-half with the identity.
-    model = tiny_model(depth=1)
+    model = tiny_vit(**HEADS, depth=1)
     images = torch.randn(1, 1, 8, 8)
     block = model.blocks[0]
     x = model.embed(images)

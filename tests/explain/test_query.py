@@ -7,18 +7,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import vit
-from vit.data.tokenizers import WordTokenizer
+from tests.helpers import tiny_translator, tiny_vit
 from vit.explain.maps import attention_rollout, collect_attention
 from vit.explain.query import attention_from, mass_mask, plot_query, prefix_labels
 from vit.explain.text import translation_attention
-from vit.nn.text import Seq2SeqTransformer
 from vit.nn.vision import VisionTransformer
 
-
-def tiny_vit():
-    torch.manual_seed(0)
-    return vit.create_model("vit_digits_patch2_8").eval()  # 4x4 patches, cls token, 4 layers x 4 heads
+DIGITS = dict(depth=4, embed_dim=64, num_heads=4)  # the digits config as it is: 4 layers x 4 heads
 
 
 def image():
@@ -26,7 +21,7 @@ def image():
 
 
 def test_a_patch_query_reads_its_own_row_of_the_weights():
-    model, x = tiny_vit(), image()
+    model, x = tiny_vit(**DIGITS), image()
     weights = collect_attention(model, x[None]).weights[:, 0]  # (L, H, 17, 17)
     m = attention_from(model, x, query=(2, 1), layer=1, head=3)
     row = weights[1, 3, 1 + 2 * 4 + 1]  # token index: 1 prefix + row * 4 + col
@@ -40,7 +35,7 @@ def test_a_patch_query_reads_its_own_row_of_the_weights():
 
 
 def test_the_cls_query_with_rollout_is_attention_rollout():
-    model, x = tiny_vit(), image()
+    model, x = tiny_vit(**DIGITS), image()
     m = attention_from(model, x, query="cls", rollout=True)
     expected = attention_rollout(collect_attention(model, x[None]).weights, (4, 4))[0]
     torch.testing.assert_close(m.weights, expected)
@@ -49,7 +44,7 @@ def test_the_cls_query_with_rollout_is_attention_rollout():
 
 
 def test_query_errors_name_the_bad_value():
-    model, x = tiny_vit(), image()
+    model, x = tiny_vit(**DIGITS), image()
     with pytest.raises(ValueError, match=r"patch \(4, 0\) is outside the 4x4 patch grid"):
         attention_from(model, x, query=(4, 0))
     with pytest.raises(ValueError, match="'reg0' is not a prefix token"):
@@ -87,14 +82,6 @@ def test_mass_mask_keeps_the_fewest_entries_that_hold_the_share():
         mass_mask(weights, 1.5)
 
 
-def tiny_translator():
-    torch.manual_seed(0)
-    tok = WordTokenizer.fit([" ".join(str(i) for i in range(10))])
-    model = Seq2SeqTransformer(src_vocab_size=14, tgt_vocab_size=14, embed_dim=32, num_heads=4,
-                               num_encoder_layers=2, num_decoder_layers=2, drop_rate=0.0, max_positions=32)
-    return SimpleNamespace(model=model.eval(), source_tokenizer=tok, target_tokenizer=tok)
-
-
 def test_a_target_token_query_is_its_row_of_the_cross_attention():
     translator = tiny_translator()
     m = attention_from(translator, "3 1 4 1", query=2, layer=0, head=1, target="1 4 1 3")
@@ -111,45 +98,3 @@ def test_a_target_token_query_is_its_row_of_the_cross_attention():
 
 # ---- the explorer, headless: set the controls, read the PNG and the status line --------------------------
 ipywidgets = pytest.importorskip("ipywidgets")
-
-
-def test_image_explorer_callbacks_redraw_from_the_controls():
-    from vit.explain.widget import AttentionExplorer
-
-    model, x = tiny_vit(), image()
-    explorer = AttentionExplorer(model, x)
-    assert explorer.image.value[:8] == b"\x89PNG\r\n\x1a\n" and "<b>cls</b>" in explorer.status.value
-    first = explorer.image.value
-    explorer.buttons[(2, 1)].click()  # click a patch
-    assert "patch (2, 1)" in explorer.status.value and explorer.image.value != first
-    expected = attention_from(model, x, query=(2, 1), layer=3, head="mean")
-    torch.testing.assert_close(explorer.current().weights, expected.weights)
-    explorer.layer.value, explorer.head.value = 1, 2
-    torch.testing.assert_close(explorer.current().weights, attention_from(model, x, (2, 1), 1, 2).weights)
-    explorer.rollout.value = True
-    torch.testing.assert_close(explorer.current().weights,
-                               attention_from(model, x, (2, 1), 1, 2, rollout=True).weights)
-    explorer.keep.value = 0.5
-    kept = int(mass_mask(explorer.current().weights, 0.5).sum())
-    assert f"{kept} of 16 kept" in explorer.status.value
-    explorer.show_prefix.value = False
-    assert len(explorer.figure().axes) == 1  # the prefix bar is dropped
-    explorer.buttons["cls"].click()
-    assert "<b>cls, rollout to layer 1</b>" in explorer.status.value
-    bundle = explorer._repr_mimebundle_()
-    assert "application/vnd.jupyter.widget-view+json" in bundle and "image/png" in bundle  # static fallback
-
-
-def test_text_explorer_picks_tokens_and_kinds():
-    from vit.explain.widget import AttentionExplorer
-
-    translator = tiny_translator()
-    explorer = AttentionExplorer(translator, "3 1 4 1", target="1 4 1 3")
-    att = translation_attention(translator, "3 1 4 1", target="1 4 1 3")
-    explorer.set_query(2)
-    torch.testing.assert_close(explorer.current().weights, att.cross[-1].mean(0)[2])
-    explorer.kind.value = "decoder"
-    assert [label for label, _ in explorer.token.options][:2] == ["0: 1", "1: 4"]
-    explorer.token.value, explorer.head.value = 3, 0
-    torch.testing.assert_close(explorer.current().weights, att.decoder[-1, 0, 3])
-    assert "decoder: '3'" in explorer.status.value and explorer.rollout.disabled

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from tests.helpers import tiny_translator
 from vit.data.tokenizers import SPECIAL_TOKENS, BPETokenizer, CharTokenizer, WordTokenizer
 from vit.explain.text import (
     alignment_accuracy,
@@ -18,7 +18,6 @@ from vit.explain.text import (
     plot_top_sources,
     translation_attention,
 )
-from vit.nn.text import Seq2SeqTransformer
 
 TEXTS = ["the cat sat", "a dog ran far", "the dog sat"]
 
@@ -37,17 +36,11 @@ def test_every_tokenizer_names_each_ids_piece(kind):
     assert tok.pieces(range(4)) == list(SPECIAL_TOKENS)  # special ids are named, never dropped
 
 
-def tiny_translator():
-    torch.manual_seed(0)
-    tok = WordTokenizer.fit([" ".join(str(i) for i in range(10))])
-    model = Seq2SeqTransformer(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, embed_dim=32,
-                               num_heads=4, num_encoder_layers=2, num_decoder_layers=3, mlp_ratio=2.0,
-                               drop_rate=0.0, max_positions=32)
-    return SimpleNamespace(model=model, source_tokenizer=tok, target_tokenizer=tok)
 
 
 def test_decoded_steps_match_teacher_forcing_on_the_decoded_output():
-    translator = tiny_translator()
+    translator = tiny_translator(num_decoder_layers=3)
+    translator.model.train()  # as a Translator mid-fit: the explanation must hand it back in this mode
     greedy = translation_attention(translator, "3 1 4 1 5", max_len=6)
     assert greedy.mode == "greedy" and greedy.source == ["3", "1", "4", "1", "5"]
     assert greedy.cross.shape == (3, 4, len(greedy.target), 5) and greedy.encoder.shape == (2, 4, 5, 5)
@@ -81,7 +74,7 @@ def test_alignment_accuracy_counts_argmax_hits_per_head_and_for_the_mean():
 
 
 def test_alignment_text_and_figures_are_labelled_with_tokens():
-    translator = tiny_translator()
+    translator = tiny_translator(num_decoder_layers=3)
     att = translation_attention(translator, "7 2 9", target="9 2 7")
     lines = alignment_text(att, layer=0, head=1, k=2).splitlines()
     assert len(lines) == 4 and lines[0].startswith("9 <- ") and lines[-1].startswith("<eos> <- ")

@@ -14,7 +14,6 @@ from safetensors.torch import save_file
 
 import vit
 from tests.nn.test_vision import perturb
-from vit.checkpoints.convert import to_timm_names
 from vit.nn.vision import MODEL_CONFIGS
 
 FAMILIES = {
@@ -174,12 +173,6 @@ def test_no_weight_decay_and_layer_decay_groups_follow_timm():
         roles = ours.param_roles()
         assert stem and all(roles.layer(n) == 0 for n in stem), stem  # reg/dist tokens and norm_pre with the stem
         assert all(roles.layer(n) == 3 for n, _ in ours.named_parameters() if n.startswith("attn_pool."))
-
-
-def test_to_timm_names_keeps_timm_state_dicts_unchanged():
-    """A timm VisionTransformer's own names pass through untouched (no converter claims them)."""
-    sd = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, depth=1, img_size=56).state_dict()
-    assert list(to_timm_names(sd)) == list(sd)
 
 
 def test_the_config_is_the_one_description_and_rebuilds_the_model():

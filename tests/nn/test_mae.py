@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import TINY, tiny_mae
 from vit import create_model
 from vit.checkpoints.weights import load_pretrained
 from vit.errors import UserValueError
@@ -24,15 +25,9 @@ from vit.nn.mae import (
     take_tokens,
     unpatchify,
 )
-from vit.tasks import MaskedAutoencoder
 
-TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
-
-
-def tiny_task(**kwargs) -> MaskedAutoencoder:
-    options = dict(model="vit_digits_patch4_16", img_size=16, in_chans=1, model_kwargs=TINY, decoder_dim=16,
-                   decoder_depth=1, decoder_heads=2, figure_images=0)
-    return MaskedAutoencoder(**{**options, **kwargs})
+P16 = "vit_digits_patch4_16"  # 16x16 images in a 4x4 grid of 4x4 patches: the hand loops below count on it
+AT16 = dict(model=P16, img_size=16)
 
 
 def test_patchify_cuts_patches_row_by_row_and_unpatchify_inverts_it():
@@ -107,7 +102,7 @@ def test_the_loss_counts_the_masked_patches_only():
 
 
 def test_the_task_loss_is_the_hand_computed_norm_pix_loss_on_the_masked_patches():
-    task = tiny_task()
+    task = tiny_mae(**AT16)
     images = torch.randn(3, 1, 16, 16)
     loss, pred, mask = task(images, torch.Generator().manual_seed(0))
     assert (mask.sum(1) == 12).all()  # 16 patches, 4 visible
@@ -123,7 +118,7 @@ def test_the_task_loss_is_the_hand_computed_norm_pix_loss_on_the_masked_patches(
                 count += 1
     assert count == 36
     assert loss.item() == pytest.approx(total / count, rel=1e-5)
-    plain = tiny_task(norm_pix_loss=False)
+    plain = tiny_mae(**AT16, norm_pix_loss=False)
     plain.load_state_dict(task.state_dict())
     raw_loss, raw_pred, raw_mask = plain(images, torch.Generator().manual_seed(0))
     torch.testing.assert_close(raw_pred, pred)  # the same network and mask: only the target differs
@@ -139,7 +134,7 @@ def capture_input(module: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def test_the_encoder_sees_the_kept_patches_with_their_own_positions():
-    encoder = create_model("vit_digits_patch4_16", num_classes=0, **TINY).eval()
+    encoder = create_model(P16, num_classes=0, **TINY).eval()
     torch.nn.init.normal_(encoder.pos_embed)
     seen = capture_input(encoder.blocks[0])
     images = torch.randn(2, 1, 16, 16)
@@ -185,28 +180,28 @@ def test_sincos_positions_follow_the_formula():
 
 
 def test_the_encoder_position_embedding_starts_at_sincos_and_stays_fixed():
-    task = tiny_task()
+    task = tiny_mae(**AT16)
     fixed = task.model.pos_embed.detach().clone()
     torch.testing.assert_close(fixed, sincos_pos_embed(32, (4, 4)))
     optimizer = torch.optim.AdamW([p for p in task.parameters() if p.requires_grad], lr=0.1)
     task(torch.randn(4, 1, 16, 16))[0].backward()
     optimizer.step()
     assert torch.equal(task.model.pos_embed, fixed)
-    assert tiny_task(fixed_pos_embed=False).model.pos_embed.requires_grad
+    assert tiny_mae(**AT16, fixed_pos_embed=False).model.pos_embed.requires_grad
 
 
 def test_the_encoder_weights_load_into_a_classifier_with_every_key_checked(tmp_path):
-    task = tiny_task()
+    task = tiny_mae(**AT16)
     path = tmp_path / "mae.ckpt"
     torch.save({"state_dict": task.state_dict(), "vit": task.checkpoint_meta()}, path)
-    classifier = create_model("vit_digits_patch4_16", num_classes=10, **TINY)
+    classifier = create_model(P16, num_classes=10, **TINY)
     result = load_pretrained(classifier, path)
     assert result.head_reset  # the encoder has no head: the classifier keeps its new one
     for name, value in task.model.state_dict().items():
         assert torch.equal(classifier.state_dict()[name], value), name
     # Average pooling normalises after pooling: MAE's fine-tuning rule drops the encoder's final norm and starts
     # fc_norm fresh; said in the result's notes (and the log), every other key still checked.
-    avg = create_model("vit_digits_patch4_16", num_classes=10, global_pool="avg", **TINY)
+    avg = create_model(P16, num_classes=10, global_pool="avg", **TINY)
     result = load_pretrained(avg, path)
     assert any("norm.* is dropped and fc_norm starts fresh" in note for note in result.notes)
     assert torch.equal(avg.fc_norm.weight, torch.ones(avg.embed_dim)) and torch.equal(avg.fc_norm.bias,
@@ -219,7 +214,7 @@ def test_the_encoder_weights_load_into_a_classifier_with_every_key_checked(tmp_p
 
 
 def test_average_pooling_encoders_normalise_in_fc_norm():
-    task = tiny_task(model_kwargs={**TINY, "global_pool": "avg"})
+    task = tiny_mae(**AT16, model_kwargs={"global_pool": "avg"})
     assert isinstance(task.model.norm, torch.nn.Identity)
     with torch.no_grad():
         task.model.fc_norm.weight.fill_(2.0)
@@ -229,9 +224,9 @@ def test_average_pooling_encoders_normalise_in_fc_norm():
 
 def test_a_mask_ratio_that_leaves_nothing_to_see_or_predict_is_refused():
     with pytest.raises(UserValueError, match="mask_ratio"):
-        tiny_task(mask_ratio=0.99)
+        tiny_mae(**AT16, mask_ratio=0.99)
     with pytest.raises(UserValueError, match="mask_ratio"):
-        tiny_task(mask_ratio=0.0)
+        tiny_mae(**AT16, mask_ratio=0.0)
 
 
 @pytest.mark.parametrize("layout", [dict(reg_tokens=2, no_embed_class=True), dict(class_token=False,
@@ -240,7 +235,7 @@ def test_encode_visible_asks_the_model_for_its_token_layout(layout):
     """Registers after the cls token (positions on the patches only), or no prefix at all: with every patch kept
     (in a random order) the encoder's tokens are its own forward's, the prefix first; the decoder takes them."""
     torch.manual_seed(0)
-    encoder = create_model("vit_digits_patch4_16", **TINY, **layout).eval()
+    encoder = create_model(P16, **TINY, **layout).eval()
     images = torch.randn(2, 1, 16, 16)
     p, N = encoder.num_prefix_tokens, encoder.patch_embed.num_patches
     latent, masking = encode_visible(encoder, images, N)

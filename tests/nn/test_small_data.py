@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import timm
 import torch
 
 import vit
+from tests.helpers import tiny_vit
 from vit.deploy import load_classifier
 from vit.errors import UserValueError
 from vit.explain import collect_attention
 from vit.nn.attention import MultiHeadAttention
-from vit.nn.vision import PatchEmbed, ShiftedPatchEmbed, VisionTransformer
+from vit.nn.vision import PatchEmbed
 from vit.tasks.optim import param_groups
 
-TINY = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, num_classes=5)
+RGB16 = dict(img_size=16, patch_size=4, in_chans=3, num_heads=4, num_classes=5)  # 16 patches + cls: 17 tokens
 BOTH = dict(shifted_patches=True, locality_attention=True)
 
 
@@ -26,52 +26,6 @@ def perturb(model: torch.nn.Module, scale: float = 0.1) -> torch.nn.Module:
         for p in model.parameters():
             p.add_(torch.randn_like(p) * scale)
     return model
-
-
-# ---- Shifted Patch Tokenization ------------------------------------------------------------------
-def hand_spt(x: np.ndarray, P: int, norm_w, norm_b, eps: float, W, b) -> np.ndarray:
-    """SPT by loops: (B, C, H, W) -> (B, h*w, D). Group g holds the pixel at (i + di, j + dj), zero outside."""
-    B, C, H, Wd = x.shape
-    s = P // 2
-    # the image, then the padded image's top-left, top-right, bottom-left, bottom-right crops
-    offsets = [(0, 0), (-s, -s), (-s, s), (s, -s), (s, s)]
-    stacked = np.zeros((B, 5 * C, H, Wd))
-    for g, (di, dj) in enumerate(offsets):
-        for i in range(H):
-            for j in range(Wd):
-                if 0 <= i + di < H and 0 <= j + dj < Wd:
-                    stacked[:, g * C:(g + 1) * C, i, j] = x[:, :, i + di, j + dj]
-    tokens = []
-    for r in range(H // P):  # patches row by row; inside a patch row by row, channels fastest
-        for q in range(Wd // P):
-            vec = [stacked[:, ch, r * P + pi, q * P + pj] for pi in range(P) for pj in range(P) for ch in range(5 * C)]
-            vec = np.stack(vec, axis=-1)  # (B, P*P*5C)
-            mean, var = vec.mean(-1, keepdims=True), vec.var(-1, keepdims=True)
-            vec = (vec - mean) / np.sqrt(var + eps) * norm_w + norm_b
-            tokens.append(vec @ W.T + b)
-    return np.stack(tokens, axis=1)
-
-
-@pytest.mark.parametrize("in_chans, patch", [(3, 4), (2, 3)])
-def test_shifted_patch_tokens_match_a_hand_computation(in_chans, patch):
-    embed = perturb(ShiftedPatchEmbed(12, patch, in_chans, 8)).double()
-    x = torch.randn(2, in_chans, 12, 12, dtype=torch.float64)
-    expected = hand_spt(x.numpy(), patch, embed.norm.weight.detach().numpy(), embed.norm.bias.detach().numpy(),
-                        embed.norm.eps, embed.proj.weight.detach().numpy(), embed.proj.bias.detach().numpy())
-    assert embed(x).shape == (2, (12 // patch) ** 2, 8)
-    np.testing.assert_allclose(embed(x).detach().numpy(), expected, rtol=1e-10, atol=1e-10)
-
-
-def test_shift_directions_on_a_single_pixel():
-    """A pixel at (5, 6), patch 4 (s = 2), shows up at (7, 8), (7, 4), (3, 8), (3, 4) in groups 1..4."""
-    embed = ShiftedPatchEmbed(12, 4, 1, 8)
-    x = torch.zeros(1, 1, 12, 12)
-    x[0, 0, 5, 6] = 1.0
-    shifted = embed.shifted(x)[0]  # (5, 12, 12)
-    where = [tuple(torch.nonzero(shifted[g]).flatten().tolist()) for g in range(5)]
-    assert where == [(5, 6), (7, 8), (7, 4), (3, 8), (3, 4)]
-    x[0, 0, 0, 0] = 1.0  # a corner pixel falls off in three of the four shifts: zero fill, no wrap-around
-    assert embed.shifted(x)[:, 1:].sum() == 4 + 1
 
 
 # ---- Locality Self-Attention ---------------------------------------------------------------------
@@ -140,7 +94,7 @@ def test_defaults_keep_timm_keys_and_options_add_only_their_own():
 
 
 def test_model_with_both_options_keeps_its_api():
-    model = perturb(VisionTransformer(**TINY, **BOTH)).eval()
+    model = perturb(tiny_vit(**RGB16, **BOTH)).eval()
     assert model.in_chans == 3 and model.patch_embed.num_patches == 16 and model.patch_embed.grid_size == (4, 4)
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
@@ -151,13 +105,13 @@ def test_model_with_both_options_keeps_its_api():
     assert weights.shape == (2, 2, 4, 17, 17) and torch.all(weights.diagonal(dim1=-2, dim2=-1) == 0)
     maps = collect_attention(model, x)
     assert maps.cls_maps().shape == (2, 2, 4, 4, 4) and maps.rollout().shape == (2, 4, 4)
-    dynamic = VisionTransformer(**TINY, **BOTH, dynamic_img_size=True)
+    dynamic = tiny_vit(**RGB16, **BOTH, dynamic_img_size=True)
     assert dynamic(torch.randn(1, 3, 24, 20)).shape == (1, 5)
 
 
 def test_tiny_model_with_both_options_trains_and_reaches_the_new_parameters():
     torch.manual_seed(0)
-    model = VisionTransformer(**TINY, **BOTH)
+    model = tiny_vit(**RGB16, **BOTH)
     groups = param_groups(model, lr=1e-3, weight_decay=0.05)
     no_decay = {id(p) for g in groups if g["weight_decay"] == 0.0 for p in g["params"]}
     assert all(id(b.attn.learned_scale) in no_decay for b in model.blocks)  # decay would flatten attention

@@ -5,11 +5,12 @@ import timm
 import torch
 
 import vit
+from tests.helpers import tiny_vit
 from vit.checkpoints.convert import convert_layer_scale
 from vit.nn.attention import MultiHeadAttention
-from vit.nn.vision import MODEL_CONFIGS, VisionTransformer
+from vit.nn.vision import MODEL_CONFIGS
 
-TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5)
+RGB32 = dict(img_size=32, patch_size=8, in_chans=3, num_heads=4, num_classes=5)  # 16 patches + cls: 17 tokens
 
 
 def perturb(model: torch.nn.Module, scale: float = 0.05) -> torch.nn.Module:
@@ -82,7 +83,7 @@ def test_dynamic_img_size_matches_timm():
 def test_cls_only_last_block_equals_full_forward_including_gradients():
     """forward() computes only the cls row in the last block; it must equal the full path."""
     torch.manual_seed(0)
-    model = perturb(VisionTransformer(**TINY))
+    model = perturb(tiny_vit(**RGB32))
     x = torch.randn(3, 3, 32, 32)
     fast = model(x)
     full = model.forward_head(model.forward_features(x))
@@ -94,7 +95,7 @@ def test_cls_only_last_block_equals_full_forward_including_gradients():
 
 
 def test_forward_attention_returns_every_layer_and_the_same_logits():
-    model = perturb(VisionTransformer(**TINY)).eval()
+    model = perturb(tiny_vit(**RGB32)).eval()
     x = torch.randn(2, 3, 32, 32)
     logits, weights = model.forward_attention(x)
     torch.testing.assert_close(logits, model(x), atol=1e-5, rtol=1e-5)
@@ -106,12 +107,12 @@ def test_forward_attention_returns_every_layer_and_the_same_logits():
 
 
 def test_wrong_image_size_is_a_clear_error():
-    model = VisionTransformer(**TINY)
+    model = tiny_vit(**RGB32)
     with pytest.raises(ValueError, match=r"expected a 32x32 input, got 40x32.*dynamic_img_size"):
         model(torch.randn(1, 3, 40, 32))
     with pytest.raises(ValueError, match="not divisible by patch_size"):
-        VisionTransformer(**{**TINY, "img_size": 30})
-    dynamic = VisionTransformer(**TINY, dynamic_img_size=True)
+        tiny_vit(**{**RGB32, "img_size": 30})
+    dynamic = tiny_vit(**RGB32, dynamic_img_size=True)
     assert dynamic(torch.randn(1, 3, 48, 16)).shape == (1, 5)
     with pytest.raises(ValueError, match="not divisible by the patch size"):
         dynamic(torch.randn(1, 3, 36, 32))
@@ -131,7 +132,7 @@ def test_unknown_model_name_lists_known_ones():
 
 
 def test_init_follows_timm_and_drop_path_rises_linearly():
-    model = VisionTransformer(**{**TINY, "depth": 5, "embed_dim": 64}, drop_path_rate=0.2)
+    model = tiny_vit(**RGB32, depth=5, embed_dim=64, drop_path_rate=0.2)
     assert [b.drop_path1.p for b in model.blocks] == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2])
     assert model.cls_token.std() < 1e-5
     assert 0.01 < model.pos_embed.std() < 0.03
@@ -144,7 +145,7 @@ def test_init_follows_timm_and_drop_path_rises_linearly():
 
 
 def test_reset_classifier_and_pre_logits():
-    model = VisionTransformer(**TINY)
+    model = tiny_vit(**RGB32)
     model.reset_classifier(3)
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 3)
     model.reset_classifier(0)
@@ -152,7 +153,7 @@ def test_reset_classifier_and_pre_logits():
 
 
 def test_stochastic_depth_only_in_training():
-    model = VisionTransformer(**TINY, drop_path_rate=0.5).eval()
+    model = tiny_vit(**RGB32, drop_path_rate=0.5).eval()
     x = torch.randn(4, 3, 32, 32)
     torch.testing.assert_close(model(x), model(x))
     model.train()
@@ -166,7 +167,7 @@ def test_compiles_as_one_graph_without_breaks():
     """The README's claim: torch.compile sees the forward (and the attention path) as one graph."""
     import torch._dynamo
 
-    model = vit.create_model("vit_digits_patch2_8", depth=2, embed_dim=32, num_heads=2).eval()
+    model = tiny_vit()
     x = torch.randn(2, 1, 8, 8)
     for fn in (model, lambda images: model.forward_attention(images)):
         torch._dynamo.reset()

@@ -11,7 +11,6 @@ import json
 import threading
 import time
 
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -159,32 +158,6 @@ def test_each_bad_input_gets_its_own_4xx_with_a_detail_and_the_next_request_succ
             assert response.status_code == 405 and response.json()["code"] == "method_not_allowed"
             assert (await client.get("/nowhere")).json()["code"] == "not_found"
     run(go())
-
-
-def test_a_heic_upload_is_told_to_come_as_jpeg(without_pillow_heif):
-    """An iPhone's HEIC photo was "not a JPEG, PNG, ... image", as a text file is."""
-    from vit.serve.core import RequestError, check_upload
-
-    with pytest.raises(RequestError, match=r"not a JPEG, .* or PNM image: it is a HEIC photo \(an iPhone's\), which "
-                       r"this server reads only with pillow-heif installed; send it as JPEG"):
-        check_upload(HEIC, 10**6)
-    with pytest.raises(RequestError) as text:
-        check_upload(TEXT, 10**6)
-    assert "HEIC" not in str(text.value)
-
-
-def test_with_pillow_heif_a_heic_upload_is_read():
-    """The test environment has the optional pillow-heif (the dev extra): an iPhone's photo is then an image."""
-    from vit.serve.core import RequestError, check_upload, decode
-
-    photo = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 60, 3), dtype=np.uint8))
-    buffer = io.BytesIO()
-    photo.save(buffer, "HEIF", quality=95)
-    assert check_upload(buffer.getvalue(), 10**6) == (60, 40)
-    decoded = decode(buffer.getvalue(), "RGB")
-    assert decoded.size == (60, 40) and decoded.mode == "RGB"
-    with pytest.raises(RequestError, match=r"not a JPEG, .* PNM or HEIC image$"):
-        check_upload(HEIC, 10**6)  # a HEIC header over zeros: no longer told to come as JPEG
 
 
 def test_the_pixel_limit_is_read_from_the_header_before_decoding(predictor):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.helpers import quick_trainer
 from vit.errors import UserValueError
 from vit.tasks import ImageClassifier, Optimization
 from vit.tasks.backbones import TimmBackbone, ViTBackbone, backbone_named
@@ -26,8 +26,7 @@ def convnet(**kwargs) -> ImageClassifier:
 def fit(model: ImageClassifier, tmp_path) -> None:
     g = torch.Generator().manual_seed(0)
     data = DataLoader(TensorDataset(torch.randn(16, 1, 8, 8, generator=g), torch.arange(16) % 3), batch_size=8)
-    Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False, default_root_dir=tmp_path).fit(model, data)
+    quick_trainer(tmp_path, max_steps=2).fit(model, data)
 
 
 def test_a_timm_network_has_a_stem_blocks_and_a_head_so_layer_decay_applies():

@@ -7,31 +7,16 @@ import math
 
 import pytest
 import torch
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback
 from torch.utils.data import DataLoader, TensorDataset
 
-from vit.tasks import ImageClassifier, MaskedAutoencoder, Optimization
-
-TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
-
-
-def tiny_mae(**kwargs) -> MaskedAutoencoder:
-    return MaskedAutoencoder(model="vit_digits_patch2_8", img_size=8, in_chans=1, model_kwargs=dict(TINY),
-                             decoder_dim=16, decoder_depth=1, decoder_heads=2, figure_images=0, **kwargs)
-
-
-def tiny_classifier(**kwargs) -> ImageClassifier:
-    return ImageClassifier(model="vit_digits_patch2_8", model_kwargs=dict(TINY), **kwargs)
+from tests.helpers import quick_trainer, tiny_classifier, tiny_mae
+from vit.tasks import Optimization
 
 
 def images(n: int = 24, batch: int = 8) -> DataLoader:
     x = torch.randn(n, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     return DataLoader(TensorDataset(x, torch.arange(n) % 10), batch_size=batch)
-
-
-def trainer(tmp_path, **kwargs) -> Trainer:
-    return Trainer(default_root_dir=tmp_path, accelerator="cpu", logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, **kwargs)
 
 
 class RecordLr(Callback):
@@ -47,7 +32,8 @@ class RecordLr(Callback):
 def test_mae_warms_up_for_warmup_epochs_then_decays_by_cosine_at_every_step(tmp_path):
     # 3 batches an epoch, 3 epochs: 9 steps, the first epoch (3 steps) warm-up
     record = RecordLr()
-    trainer(tmp_path, max_epochs=3, callbacks=[record]).fit(tiny_mae(lr=0.01, warmup_epochs=1, min_lr=0.0), images())
+    mae = tiny_mae(lr=0.01, warmup_epochs=1, min_lr=0.0)
+    quick_trainer(tmp_path, max_epochs=3, callbacks=[record]).fit(mae, images())
     hand = [0.01 * (s + 1) / 3 if s < 3 else 0.01 * 0.5 * (1 + math.cos(math.pi * (s - 3) / 6)) for s in range(9)]
     assert len(record.lrs) == 9
     for step, groups in enumerate(record.lrs):
@@ -59,9 +45,8 @@ def test_mae_decays_no_token_the_encoder_has_registers_included(tmp_path):
     """MAE asks the networks which parameters are tokens (`param_roles`): the encoder's cls and register tokens and
     the decoder's mask token take no weight decay. (0.1's MAE kept a list of its own without ``reg_token``, so
     register tokens were decayed in pre-training.)"""
-    mae = MaskedAutoencoder(model="vit_digits_patch2_8", img_size=8, in_chans=1, decoder_dim=16, decoder_depth=1,
-                            decoder_heads=2, figure_images=0, model_kwargs={**TINY, "reg_tokens": 2})
-    trainer(tmp_path, max_steps=1).fit(mae, images())
+    mae = tiny_mae(model_kwargs={"reg_tokens": 2})
+    quick_trainer(tmp_path, max_steps=1).fit(mae, images())
     groups = mae.trainer.optimizers[0].param_groups
     decay = {g["name"]: {id(p) for p in g["params"]} for g in groups}
     assert [g["name"] for g in groups] == ["decay", "no_decay"] and groups[1]["weight_decay"] == 0.0
@@ -74,19 +59,11 @@ def test_mae_decays_no_token_the_encoder_has_registers_included(tmp_path):
 def test_the_lr_scales_to_the_global_batch_with_gradient_accumulation(tmp_path):
     # 8 images a batch x 1 process x 2 accumulated = 16 images an optimiser step
     classifier = tiny_classifier(optim=Optimization(lr=0.01, lr_base_batch=4))
-    trainer(tmp_path, max_steps=1, accumulate_grad_batches=2).fit(classifier, images())
+    quick_trainer(tmp_path, max_steps=1, accumulate_grad_batches=2).fit(classifier, images())
     assert classifier.trainer.optimizers[0].param_groups[-1]["initial_lr"] == pytest.approx(0.01 * 16 / 4)
     mae = tiny_mae(blr=1e-3)
-    trainer(tmp_path, max_steps=1, accumulate_grad_batches=2).fit(mae, images())
+    quick_trainer(tmp_path, max_steps=1, accumulate_grad_batches=2).fit(mae, images())
     assert mae.trainer.optimizers[0].param_groups[0]["initial_lr"] == pytest.approx(1e-3 * 16 / 256)
-
-
-def test_the_checkpoints_task_names_are_the_tasks_own():
-    from vit.checkpoints.meta import TASK_CLASSES
-    from vit.tasks import TASKS
-
-    # vit.checkpoints.meta names the classes without importing Lightning: the names must stay the classes'
-    assert {task: cls.__name__ for task, cls in TASKS.items()} == {task: c for task, (c, _) in TASK_CLASSES.items()}
 
 
 def test_a_checkpoint_of_another_vit_is_refused_before_any_weight_is_copied():
@@ -95,8 +72,7 @@ def test_a_checkpoint_of_another_vit_is_refused_before_any_weight_is_copied():
     with pytest.raises(ValueError, match=r"written for vit_digits_patch2_8 with 10 classes, this run builds vit_digits_"
                                          r"patch2_8 with 3 classes; they differ in num_classes: checkpoint 10"):
         three.on_load_checkpoint({"vit": ten.checkpoint_meta()})
-    deeper = MaskedAutoencoder(model="vit_digits_patch2_8", img_size=8, in_chans=1, model_kwargs={**TINY, "depth": 3},
-                               decoder_dim=16, decoder_depth=1, decoder_heads=2)
+    deeper = tiny_mae(model_kwargs={"depth": 3})
     with pytest.raises(ValueError, match=r"written for vit_digits_patch2_8, this run builds vit_digits_patch2_8; "
                                          r"they differ in depth: checkpoint 3, this model 2"):
         tiny_mae().on_load_checkpoint({"vit": deeper.checkpoint_meta()})

@@ -6,21 +6,16 @@ import math
 
 import pytest
 import torch
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.helpers import quick_trainer, tiny_classifier
 from vit.deploy import load_classifier
 from vit.tasks import load_task
 from vit.tasks.classify import ImageClassifier
 from vit.tasks.heads import SingleLabelHead
 from vit.tasks.optim import Optimization, warmup_cosine
-
-TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
-
-
-def tiny(**kwargs) -> ImageClassifier:
-    return ImageClassifier(model="vit_digits_patch2_8", model_kwargs=dict(TINY), **kwargs)
 
 
 def loader(n: int = 24, classes: int = 10, batch: int = 8, seed: int = 0) -> DataLoader:
@@ -30,15 +25,9 @@ def loader(n: int = 24, classes: int = 10, batch: int = 8, seed: int = 0) -> Dat
     return DataLoader(TensorDataset(x, y), batch_size=batch)
 
 
-def trainer(tmp_path, **kwargs) -> Trainer:
-    defaults = dict(default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
-                    logger=False, enable_checkpointing=False, num_sanity_val_steps=0, log_every_n_steps=1)
-    return Trainer(**{**defaults, **kwargs})
-
-
 def test_schedule_keeps_layer_decay_per_step(tmp_path):
-    model = tiny(optim=Optimization(lr=0.01, layer_decay=0.5, warmup_steps=4, min_lr=0.0))
-    t = trainer(tmp_path, max_steps=6)
+    model = tiny_classifier(optim=Optimization(lr=0.01, layer_decay=0.5, warmup_steps=4, min_lr=0.0))
+    t = quick_trainer(tmp_path, max_steps=6)
     t.fit(model, loader())
     opt = t.optimizers[0]
     assert opt.defaults["fused"]  # on a CPU torch's default loop is 4x slower
@@ -53,8 +42,8 @@ def test_schedule_keeps_layer_decay_per_step(tmp_path):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
 
-    model = tiny(optim=Optimization(lr=0.01, warmup_epochs=1, min_lr=0.0))
-    trainer(tmp_path, max_epochs=3, callbacks=[RecordLr()]).fit(model, loader())
+    model = tiny_classifier(optim=Optimization(lr=0.01, warmup_epochs=1, min_lr=0.0))
+    quick_trainer(tmp_path, max_epochs=3, callbacks=[RecordLr()]).fit(model, loader())
     assert lrs == pytest.approx([0.01 * warmup_cosine(i, 3, 9, 0.0) for i in range(9)])
     assert lrs[:3] == pytest.approx([0.01 / 3, 0.02 / 3, 0.01])
 
@@ -77,8 +66,8 @@ def test_onecycle_schedule_is_the_plain_loops_per_group(tmp_path):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             seen.append([(g["name"], g["lr"], g["betas"][0]) for g in trainer.optimizers[0].param_groups])
 
-    model = tiny(optim=Optimization(lr=0.01, layer_decay=0.5, warmup_steps=3, schedule="onecycle"))
-    trainer(tmp_path, max_epochs=3, callbacks=[Record()]).fit(model, loader())  # 9 steps
+    model = tiny_classifier(optim=Optimization(lr=0.01, layer_decay=0.5, warmup_steps=3, schedule="onecycle"))
+    quick_trainer(tmp_path, max_epochs=3, callbacks=[Record()]).fit(model, loader())  # 9 steps
     assert len(seen) == 9
     for step, groups in enumerate(seen):
         for name, lr, beta1 in groups:
@@ -86,24 +75,25 @@ def test_onecycle_schedule_is_the_plain_loops_per_group(tmp_path):
             expected_lr, expected_beta1 = one_cycle(step, 0.01 * 0.5 ** (3 - layer), 3, 9)
             assert lr == pytest.approx(expected_lr, rel=1e-9) and beta1 == pytest.approx(expected_beta1), (step, name)
     for epochs, warmup in ((1, 5.0), (1, 0.0)):  # warm-up as long as the run, or none: still one cycle
-        model = tiny(optim=Optimization(lr=0.01, warmup_epochs=warmup, schedule="onecycle"))
-        trainer(tmp_path, max_epochs=epochs).fit(model, loader())
+        model = tiny_classifier(optim=Optimization(lr=0.01, warmup_epochs=warmup, schedule="onecycle"))
+        quick_trainer(tmp_path, max_epochs=epochs).fit(model, loader())
         assert model.trainer.global_step == 3
-    trainer(tmp_path, fast_dev_run=True).fit(tiny(optim=Optimization(schedule="onecycle")), loader())  # one step
+    cyclic = tiny_classifier(optim=Optimization(schedule="onecycle"))
+    quick_trainer(tmp_path, fast_dev_run=True).fit(cyclic, loader())  # one step
     with pytest.raises(ValueError, match="schedule must be"):
         Optimization(schedule="linear")
     with pytest.raises(ValueError, match="staged"):
-        tiny(optim=Optimization(schedule="onecycle"), finetune="staged", head_epochs=1)
+        tiny_classifier(optim=Optimization(schedule="onecycle"), finetune="staged", head_epochs=1)
 
 
 def test_losses_label_smoothing_and_mixup():
-    model = tiny(head=SingleLabelHead(label_smoothing=0.1))
+    model = tiny_classifier(head=SingleLabelHead(label_smoothing=0.1))
     assert isinstance(model.train_loss, torch.nn.CrossEntropyLoss) and model.train_loss.label_smoothing == 0.1
     from timm.loss import SoftTargetCrossEntropy as TimmSoftTarget
 
     from vit.tasks.losses import SoftTargetCrossEntropy
 
-    model = tiny(head=SingleLabelHead(mixup_alpha=0.8, cutmix_alpha=1.0))
+    model = tiny_classifier(head=SingleLabelHead(mixup_alpha=0.8, cutmix_alpha=1.0))
     assert isinstance(model.train_loss, SoftTargetCrossEntropy)
     assert model.mixup.mixup.mixup_alpha == 0.8 and model.mixup.mixup.cutmix_alpha == 1.0  # timm's Mixup
     logits, targets = torch.randn(6, 10), torch.randn(6, 10).softmax(-1)
@@ -116,18 +106,18 @@ def test_losses_label_smoothing_and_mixup():
 
 
 def test_mixup_training_runs_with_odd_batches(tmp_path):
-    model = tiny(head=SingleLabelHead(mixup_alpha=0.8, cutmix_alpha=1.0))
-    t = trainer(tmp_path, max_steps=3)
+    model = tiny_classifier(head=SingleLabelHead(mixup_alpha=0.8, cutmix_alpha=1.0))
+    t = quick_trainer(tmp_path, max_steps=3)
     t.fit(model, loader(n=21, batch=7))
     assert t.global_step == 3 and torch.isfinite(t.callback_metrics["train_loss"])
 
 
 def test_ema_is_used_for_eval_and_checkpointed(tmp_path):
-    model = tiny(optim=Optimization(ema_decay=0.5, lr=0.01))
+    model = tiny_classifier(optim=Optimization(ema_decay=0.5, lr=0.01))
     # updated by averaging only: no gradients, so DDP has no unused trainable parameters
     assert not any(p.requires_grad for p in model.model_ema.parameters())
     assert all(p.requires_grad for p in model.model.parameters())
-    t = trainer(tmp_path, max_steps=4)
+    t = quick_trainer(tmp_path, max_steps=4)
     t.fit(model, loader())
     x = torch.randn(3, 1, 8, 8)
     model.eval()
@@ -145,9 +135,9 @@ def test_ema_is_used_for_eval_and_checkpointed(tmp_path):
 
 
 def test_metrics_match_a_hand_count_and_confusion_png(tmp_path):
-    model = tiny()
+    model = tiny_classifier()
     data = loader(n=40)
-    t = trainer(tmp_path, max_steps=1, logger=CSVLogger(tmp_path))
+    t = quick_trainer(tmp_path, max_steps=1, logger=CSVLogger(tmp_path))
     t.fit(model, data)
     result = t.test(model, data, verbose=False)[0]
     model.eval()
@@ -169,20 +159,20 @@ def test_metrics_match_a_hand_count_and_confusion_png(tmp_path):
     png = tmp_path / "lightning_logs" / "version_0" / "confusion_matrix.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # fewer than 5 classes: no top-5 metric
-    assert "acc_top5" not in tiny(num_classes=3).val_metrics
+    assert "acc_top5" not in tiny_classifier(num_classes=3).val_metrics
 
 
 def test_nan_loss_is_an_error(tmp_path):
-    model = tiny()
+    model = tiny_classifier()
     x = torch.full((8, 1, 8, 8), math.nan)
     with pytest.raises(FloatingPointError, match="loss is nan"):
-        trainer(tmp_path, max_steps=1).fit(model, DataLoader(TensorDataset(x, torch.zeros(8).long()), 8))
+        quick_trainer(tmp_path, max_steps=1).fit(model, DataLoader(TensorDataset(x, torch.zeros(8).long()), 8))
 
 
 def test_checkpoint_alone_rebuilds_the_classifier(tmp_path):
     names = [f"class{i}" for i in range(10)]
-    model = tiny(class_names=names, mean=[0.3], std=[0.4], in_chans=1, img_size=8, crop_pct=0.9)
-    t = trainer(tmp_path, max_steps=1)
+    model = tiny_classifier(class_names=names, mean=[0.3], std=[0.4], in_chans=1, img_size=8, crop_pct=0.9)
+    t = quick_trainer(tmp_path, max_steps=1)
     t.fit(model, loader())
     path = tmp_path / "a.ckpt"
     t.save_checkpoint(path)
@@ -224,9 +214,9 @@ def test_bad_arguments_are_clear():
 
 def test_compile_keeps_the_checkpoint_keys():
     torch.manual_seed(0)
-    eager = tiny(optim=Optimization(ema_decay=0.9))
+    eager = tiny_classifier(optim=Optimization(ema_decay=0.9))
     torch.manual_seed(0)
-    compiled = tiny(optim=Optimization(ema_decay=0.9), compile=True)
+    compiled = tiny_classifier(optim=Optimization(ema_decay=0.9), compile=True)
     assert compiled.hparams.compile and not eager.hparams.compile
     assert list(compiled.state_dict()) == list(eager.state_dict())  # no "_orig_mod." anywhere
     assert all(not k.startswith("_orig_mod") for k in compiled.model.state_dict())
@@ -236,9 +226,9 @@ def test_compile_keeps_the_checkpoint_keys():
 def test_compiled_training_and_eval_match_eager(tmp_path):
     """torch.compile (inductor, on the CPU) changes the speed, not the numbers: loss, gradients, logits."""
     torch.manual_seed(0)
-    eager = tiny()
+    eager = tiny_classifier()
     torch.manual_seed(0)
-    compiled = tiny(compile=True)
+    compiled = tiny_classifier(compile=True)
     x, y = next(iter(loader()))
     losses = []
     for model in (eager, compiled):
@@ -252,7 +242,7 @@ def test_compiled_training_and_eval_match_eager(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(compiled.eval()(x), eager.eval()(x), atol=1e-5, rtol=1e-4)
     # a compiled fit writes a checkpoint that the Lightning-free loader reads
-    t = trainer(tmp_path, max_steps=2)
+    t = quick_trainer(tmp_path, max_steps=2)
     t.fit(compiled.train(), loader())
     t.save_checkpoint(tmp_path / "compiled.ckpt")
     loaded = load_classifier(tmp_path / "compiled.ckpt")
@@ -263,7 +253,8 @@ def test_compiled_training_and_eval_match_eager(tmp_path):
 def test_uint8_training_images_without_the_datamodule_hook_are_a_clear_error(tmp_path):
     images = torch.randint(0, 256, (8, 1, 8, 8), dtype=torch.uint8)  # what an image DataModule's workers hand over
     with pytest.raises(TypeError, match=r"arrived as uint8.*on_after_batch_transfer"):
-        trainer(tmp_path, max_steps=1).fit(tiny(), DataLoader(TensorDataset(images, torch.zeros(8).long()), 8))
+        data = DataLoader(TensorDataset(images, torch.zeros(8).long()), 8)
+        quick_trainer(tmp_path, max_steps=1).fit(tiny_classifier(), data)
 
 
 def test_a_class_without_test_images_is_said_and_not_scored_zero(tmp_path, caplog, monkeypatch):
@@ -275,8 +266,8 @@ def test_a_class_without_test_images_is_said_and_not_scored_zero(tmp_path, caplo
     real_figure = vit.tasks.mistakes.class_accuracy_figure
     monkeypatch.setattr(vit.tasks.mistakes, "class_accuracy_figure",
                         lambda acc, names: drawn.setdefault("acc", acc) and real_figure(acc, names))
-    model = tiny(num_classes=3)
-    t = trainer(tmp_path, max_steps=1)
+    model = tiny_classifier(num_classes=3)
+    t = quick_trainer(tmp_path, max_steps=1)
     t.fit(model, loader(n=12, classes=3))
     x = torch.randn(8, 1, 8, 8)
     y = torch.tensor([0, 1] * 4)  # no image of class 2

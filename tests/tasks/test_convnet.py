@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import timm
 import torch
-from lightning.pytorch import Trainer
 from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import built_once
+from tests.helpers import quick_trainer, random_images, tiny_vit
 from vit.commands import main, run
 from vit.deploy import load_classifier
 from vit.errors import UserValueError
@@ -42,23 +42,14 @@ def convnet(tmp_path_factory) -> Path:
         data = DataLoader(TensorDataset(torch.randn(16, 1, 8, 8, generator=g), torch.arange(16) % 10), batch_size=8)
         model = ImageClassifier(backbone="timm", model="resnet10t", model_kwargs=SHRUNK, num_classes=10, in_chans=1,
                                 img_size=8, class_names=DIGITS, mean=[0.2], std=[0.4])
-        trainer = Trainer(default_root_dir=root, max_steps=2, logger=False, enable_checkpointing=False,
-                          enable_progress_bar=False, enable_model_summary=False)
+        trainer = quick_trainer(root, max_steps=2)
         trainer.fit(model, data)
         trainer.save_checkpoint(root / "convnet.ckpt")
     return built_once(tmp_path_factory, "convnet", build) / "convnet.ckpt"
 
 
-def digit_files(folder: Path, n: int = 3) -> list[Path]:
-    files = []
-    for i in range(n):
-        files.append(folder / f"digit{i}.png")
-        Image.fromarray((np.random.default_rng(i).random((8, 8)) * 255).astype(np.uint8)).save(files[-1])
-    return files
-
-
 def test_predict_reads_a_convnet_checkpoint(convnet, tmp_path):
-    files = digit_files(tmp_path)
+    files = random_images(tmp_path, 3, name="digit{i}.png")
     main(["predict", "--ckpt", str(convnet), *map(str, files), "--out", str(tmp_path / "p.json")])
     records = json.loads((tmp_path / "p.json").read_text())
     classifier = load_classifier(convnet)
@@ -92,7 +83,7 @@ def test_a_convnet_exports_to_onnx_and_to_timms_layout(convnet, tmp_path):
 
 
 def test_attention_on_a_convnet_is_a_clear_error(convnet, tmp_path):
-    files = digit_files(tmp_path, 1)
+    files = random_images(tmp_path, 1, name="digit{i}.png")
     for argv in (["attention", "--ckpt", str(convnet), str(files[0]), "--out", str(tmp_path / "maps")],
                  ["attention", "--faithfulness", "--ckpt", str(convnet), str(files[0])]):
         with pytest.raises(UserValueError, match=r"resnet10t, a convnet .* need a ViT's attention"):
@@ -109,7 +100,7 @@ def test_vit_serve_answers_for_a_convnet_and_refuses_its_attention(convnet, tmp_
     from vit.serve.core import Predictor
 
     predictor = Predictor(load_classifier(convnet))
-    files = digit_files(tmp_path, 2)
+    files = random_images(tmp_path, 2, name="digit{i}.png")
     expected = predict_files(predictor.classifier, files, top_k=3)
 
     async def go():
@@ -130,9 +121,7 @@ def test_vit_serve_answers_for_a_convnet_and_refuses_its_attention(convnet, tmp_
 
 def test_a_convnet_checkpoint_is_no_vits_pretrained_weights(convnet):
     from vit.checkpoints.weights import load_pretrained
-    from vit.nn.vision import create_model
-
-    model = create_model("vit_digits_patch2_8", depth=1, embed_dim=32, num_heads=2)
+    model = tiny_vit(depth=1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(UserValueError, match=r"resnet10t, a convnet .*a ViT's pretrained weights come from a ViT"):
         load_pretrained(model, convnet)

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import timm
 import torch
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback
 from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import built_once, short_digits_run
+from tests.helpers import TINY, quick_trainer, random_images, tiny_classifier
 from vit.checkpoints.io import read_checkpoint
 from vit.checkpoints.meta import evaluated_weights
 from vit.deploy import load_classifier
@@ -26,7 +27,6 @@ from vit.tasks.heads import SingleLabelHead
 from vit.tasks.optim import Optimization
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
 DIGITS = [str(i) for i in range(10)]
 
 
@@ -40,12 +40,6 @@ def student(head: dict | None = None, optim: dict | None = None, **kwargs) -> Di
 def loader(n: int = 16, batch: int = 8) -> DataLoader:
     g = torch.Generator().manual_seed(0)
     return DataLoader(TensorDataset(torch.randn(n, 1, 8, 8, generator=g), torch.arange(n) % 10), batch_size=batch)
-
-
-def trainer(tmp_path, **kwargs) -> Trainer:
-    return Trainer(**{**dict(default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
-                             logger=False, enable_checkpointing=False, num_sanity_val_steps=0, max_steps=2,
-                             log_every_n_steps=1), **kwargs})
 
 
 # ---- hand computations: no torch.nn.functional loss, written out from the definitions --------------------
@@ -122,7 +116,7 @@ def test_with_mixup_the_teacher_sees_the_students_mixed_images(tmp_path):
     shown: list[torch.Tensor] = []
     model.model.register_forward_pre_hook(lambda module, args: shown.append(args[0].clone()) if module.training
                                           else None)
-    trainer(tmp_path, max_steps=1, limit_val_batches=0).fit(model, loader())
+    quick_trainer(tmp_path, max_steps=1, limit_val_batches=0).fit(model, loader())
     x = next(iter(loader()))[0]
     assert len(shown) == len(network.seen) == 1
     assert not torch.allclose(shown[0], x)  # mixed...
@@ -158,8 +152,8 @@ def test_the_teacher_sees_the_students_images_resized_to_its_own_size(interpolat
 def teacher_ckpt(tmp_path_factory) -> Path:
     """A tiny ViT teacher for 8x8 digits, trained two steps by a Trainer."""
     def build(root: Path) -> None:
-        model = ImageClassifier(model="vit_digits_patch2_8", model_kwargs=dict(TINY), class_names=DIGITS)
-        t = trainer(root)
+        model = tiny_classifier(class_names=DIGITS)
+        t = quick_trainer(root, max_steps=2)
         t.fit(model, loader())
         t.save_checkpoint(root / "teacher.ckpt")
     return built_once(tmp_path_factory, "distill_teacher", build) / "teacher.ckpt"
@@ -179,7 +173,7 @@ class Watch(Callback):
 def test_the_teacher_is_frozen_unoptimised_and_not_saved(tmp_path, teacher_ckpt):
     model = student(teacher=str(teacher_ckpt), class_names=DIGITS, optim={"ema_decay": 0.9})
     watch = Watch()
-    t = trainer(tmp_path, callbacks=[watch], logger=True)
+    t = quick_trainer(tmp_path, max_steps=2, callbacks=[watch], logger=True)
     t.fit(model, loader())
     teacher = model.teacher.network
     before = load_classifier(teacher_ckpt).model.state_dict()
@@ -198,7 +192,7 @@ def test_the_teacher_is_frozen_unoptimised_and_not_saved(tmp_path, teacher_ckpt)
     assert "teacher_ms" in t.callback_metrics  # its forward, timed
     # a resumed run reads the student back and loads the teacher again, from its source
     resumed = student(teacher=str(teacher_ckpt), class_names=DIGITS, optim={"ema_decay": 0.9})
-    trainer(tmp_path, max_steps=3).fit(resumed, loader(), ckpt_path=tmp_path / "student.ckpt")
+    quick_trainer(tmp_path, max_steps=3).fit(resumed, loader(), ckpt_path=tmp_path / "student.ckpt")
     assert resumed.global_step == 3 and resumed.teacher is not None
     # the teacher follows the student's moves and casts (what Lightning does on every rank)
     model.double()
@@ -212,16 +206,16 @@ def test_the_teacher_must_know_the_classes_in_the_same_order(tmp_path, teacher_c
     reordered = [*DIGITS[1:], DIGITS[0]]
     with pytest.raises(UserValueError, match=r"trained on the classes \['0', '1'.*this run's data has \['1', '2'.*"
                                              r"the same names in another order"):
-        trainer(tmp_path).fit(student(teacher=str(teacher_ckpt), class_names=reordered), loader())
+        quick_trainer(tmp_path, max_steps=2).fit(student(teacher=str(teacher_ckpt), class_names=reordered), loader())
     others = [*DIGITS[:9], "ten"]
     with pytest.raises(UserValueError, match=r"the teacher lacks \['ten'\], the data lacks \['9'\]"):
-        trainer(tmp_path).fit(student(teacher=str(teacher_ckpt), class_names=others), loader())
+        quick_trainer(tmp_path, max_steps=2).fit(student(teacher=str(teacher_ckpt), class_names=others), loader())
     with pytest.raises(UserValueError, match="distillation needs a teacher"):
-        trainer(tmp_path).fit(student(), loader())
+        quick_trainer(tmp_path, max_steps=2).fit(student(), loader())
     with pytest.raises(UserValueError, match="teacher: best needs teacher_dir"):
-        trainer(tmp_path).fit(student(teacher="best"), loader())
+        quick_trainer(tmp_path, max_steps=2).fit(student(teacher="best"), loader())
     with pytest.raises(UserPathError, match=r"no best\*\.ckpt in .*Train the teacher first"):
-        trainer(tmp_path).fit(student(teacher="best", teacher_dir=str(tmp_path)), loader())
+        quick_trainer(tmp_path, max_steps=2).fit(student(teacher="best", teacher_dir=str(tmp_path)), loader())
     for bad, message in (({"distillation": "medium"}, "distillation must be one of"),
                          ({"distill_alpha": 1.5}, "distill_alpha"), ({"distill_tau": 0}, "distill_tau")):
         with pytest.raises(UserValueError, match=message):
@@ -238,7 +232,7 @@ def test_teacher_best_is_the_newest_best_checkpoint_of_teacher_dir(tmp_path, tea
     torch.save({"vit": {"task": "pretrain"}}, folder / "best-epoch=9-step=9.ckpt")
     os.utime(folder / "best-epoch=0-step=1.ckpt", (2e9, 2e9))  # the newest
     model = student(teacher="best", teacher_dir=str(folder), class_names=DIGITS)
-    trainer(tmp_path, max_steps=1).fit(model, loader())
+    quick_trainer(tmp_path, max_steps=1).fit(model, loader())
     assert model.teacher.source == str(folder / "best-epoch=0-step=1.ckpt")
 
     # teacher_dir may be the run folder Lightning wrote: its checkpoints/, or its newest <version>/checkpoints/
@@ -259,12 +253,12 @@ def test_a_timm_convnet_teacher_from_a_name_and_weights(tmp_path):
     net = timm.create_model("resnet10t", num_classes=10, in_chans=1)
     save_file(net.state_dict(), str(tmp_path / "resnet.safetensors"))
     model = student(teacher="resnet10t", teacher_weights=str(tmp_path / "resnet.safetensors"), class_names=DIGITS)
-    trainer(tmp_path, max_steps=1).fit(model, loader())
+    quick_trainer(tmp_path, max_steps=1).fit(model, loader())
     x = next(iter(loader()))[0]
     torch.testing.assert_close(model.teacher(x), net.eval()(x))
     with pytest.raises(UserValueError, match="do not fit timm's resnet10t with 5 classes"):
-        trainer(tmp_path).fit(student(teacher="resnet10t", teacher_weights=str(tmp_path / "resnet.safetensors"),
-                                      num_classes=5), loader())
+        wrong = student(teacher="resnet10t", teacher_weights=str(tmp_path / "resnet.safetensors"), num_classes=5)
+        quick_trainer(tmp_path, max_steps=2).fit(wrong, loader())
 
 
 # ---- one distilled checkpoint, through `vit fit`, for the checks of what reads it ---------------------------
@@ -312,10 +306,7 @@ def test_predict_export_attention_and_probe_read_a_distilled_checkpoint(distille
     from vit.commands import main, run
 
     classifier = load_classifier(distilled)
-    images = []
-    for i in range(2):
-        images.append(tmp_path / f"digit{i}.png")
-        Image.fromarray((np.random.default_rng(i).random((16, 16)) * 255).astype(np.uint8)).save(images[-1])
+    images = random_images(tmp_path, 2, size=(16, 16), name="digit{i}.png")
     main(["predict", "--ckpt", str(distilled), *map(str, images), "--out", str(tmp_path / "p.json")])
     records = json.loads((tmp_path / "p.json").read_text())
     x = torch.stack([classifier.eval_transform()(Image.open(p)) for p in images])
@@ -357,12 +348,12 @@ def test_a_convnet_teacher_trained_by_vit_is_read_back_with_its_own_normalisatio
     convnet = ImageClassifier(backbone="timm", model="resnet10t", model_kwargs={"channels": [8, 16, 32, 64],
                               "stem_width": 8}, num_classes=10, in_chans=1, img_size=8, class_names=DIGITS,
                               mean=[0.2], std=[0.4])
-    t = trainer(tmp_path, max_steps=2)
+    t = quick_trainer(tmp_path, max_steps=2)
     t.fit(convnet, loader())
     t.save_checkpoint(tmp_path / "convnet.ckpt")
     assert type(load_classifier(tmp_path / "convnet.ckpt").model).__name__ == "ResNet"
     model = student(teacher=str(tmp_path / "convnet.ckpt"), class_names=DIGITS, mean=[0.5], std=[0.25])
-    trainer(tmp_path, max_steps=1).fit(model, loader())
+    quick_trainer(tmp_path, max_steps=1).fit(model, loader())
     x = next(iter(loader()))[0]
     with torch.no_grad():  # the student's images, normalised at 0.5/0.25, reach the teacher as 0.2/0.4 ones
         expected = convnet.eval_model.eval()((x * 0.25 + 0.5 - 0.2) / 0.4)
@@ -381,6 +372,6 @@ def test_the_teacher_runs_under_the_students_precision(tmp_path, teacher_ckpt, p
             weights.append(next(pl_module.teacher.network.parameters()).dtype)
 
     model = student(teacher=str(teacher_ckpt), class_names=DIGITS)
-    trainer(tmp_path, max_steps=1, precision=precision, callbacks=[Spy()]).fit(model, loader())
+    quick_trainer(tmp_path, max_steps=1, precision=precision, callbacks=[Spy()]).fit(model, loader())
     assert outputs == [torch.bfloat16]  # autocast, or weights cast, as the student's
     assert weights == [torch.bfloat16 if precision == "bf16-true" else torch.float32]

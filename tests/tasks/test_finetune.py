@@ -11,6 +11,7 @@ from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import free_port, short_digits_run, subprocess_env
+from tests.helpers import quick_trainer, tiny_classifier
 from vit.commands import main
 from vit.tasks import ImageClassifier, Optimization, SingleLabelHead
 
@@ -18,11 +19,7 @@ STEPS = 3  # batches per epoch in the in-process runs
 BACKBONE = ("patch_embed.", "cls_token", "pos_embed", "blocks.", "norm.")
 
 
-def tiny(optim: dict | None = None, **kwargs) -> ImageClassifier:
-    torch.manual_seed(0)
-    model_kwargs = {"depth": 3, "embed_dim": 32, "num_heads": 2, "drop_path_rate": 0.1}
-    return ImageClassifier(model="vit_digits_patch2_8", model_kwargs=model_kwargs,
-                           optim=Optimization(**{"lr": 0.01, **(optim or {})}), **kwargs)
+DEEP = {"depth": 3, "drop_path_rate": 0.1}  # three blocks, for freeze_blocks to cut
 
 
 def data(n: int = 8 * STEPS) -> DataLoader:
@@ -31,8 +28,7 @@ def data(n: int = 8 * STEPS) -> DataLoader:
 
 
 def fit(model: ImageClassifier, epochs: int, tmp_path, **kwargs) -> Trainer:
-    trainer = Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, default_root_dir=tmp_path, **kwargs)
+    trainer = quick_trainer(tmp_path, max_epochs=epochs, **kwargs)
     trainer.fit(model, data())
     return trainer
 
@@ -43,7 +39,7 @@ def changed(before: dict[str, torch.Tensor], model: ImageClassifier) -> set[str]
 
 
 def test_linear_probe_trains_the_head_only(tmp_path):
-    model = tiny(finetune="linear_probe")
+    model = tiny_classifier(model_kwargs=DEEP, optim=Optimization(lr=0.01), finetune="linear_probe")
     before = {k: v.clone() for k, v in model.model.state_dict().items()}
     fit(model, 2, tmp_path)
     assert changed(before, model) == {"head.weight", "head.bias"}
@@ -74,7 +70,7 @@ def test_linear_probe_freezes_siglips_attention_pool(tmp_path):
 
 
 def test_partial_freezes_the_embedding_and_the_first_blocks(tmp_path):
-    model = tiny(finetune="partial", freeze_blocks=2)
+    model = tiny_classifier(model_kwargs=DEEP, optim=Optimization(lr=0.01), finetune="partial", freeze_blocks=2)
     before = {k: v.clone() for k, v in model.model.state_dict().items()}
     fit(model, 1, tmp_path)
     moved = changed(before, model)
@@ -83,7 +79,8 @@ def test_partial_freezes_the_embedding_and_the_first_blocks(tmp_path):
 
 
 def test_staged_trains_the_head_then_everything_with_a_second_warm_up(tmp_path):
-    model = tiny(finetune="staged", head_epochs=2, optim={"warmup_steps": 2, "min_lr": 0.0})
+    staged = Optimization(lr=0.01, warmup_steps=2, min_lr=0.0)
+    model = tiny_classifier(model_kwargs=DEEP, optim=staged, finetune="staged", head_epochs=2)
     before = {k: v.clone() for k, v in model.model.state_dict().items()}
     lrs = []
     from lightning.pytorch import Callback
@@ -95,7 +92,7 @@ def test_staged_trains_the_head_then_everything_with_a_second_warm_up(tmp_path):
     fit(model, 2, tmp_path, callbacks=[Record()])
     assert changed(before, model) <= {"head.weight", "head.bias"}  # two head-only epochs
     assert all(lr["layer4_decay" if "layer4_decay" in lr else "decay"] == 0.0 for lr in lrs)
-    model2 = tiny(finetune="staged", head_epochs=2, optim={"warmup_steps": 2, "min_lr": 0.0})
+    model2 = tiny_classifier(model_kwargs=DEEP, optim=staged, finetune="staged", head_epochs=2)
     lrs.clear()
     fit(model2, 4, tmp_path, callbacks=[Record()])
     assert any(k.startswith("blocks.") for k in changed(before, model2))  # then the backbone trains too
@@ -108,11 +105,11 @@ def test_staged_trains_the_head_then_everything_with_a_second_warm_up(tmp_path):
 
 def test_bad_strategies_are_clear_errors():
     with pytest.raises(ValueError, match=r"model\.finetune must be one of"):
-        tiny(finetune="lora")
+        tiny_classifier(model_kwargs=DEEP, finetune="lora")
     with pytest.raises(ValueError, match=r"partial needs 0 < freeze_blocks <= depth \(3\), got 5"):
-        tiny(finetune="partial", freeze_blocks=5)
+        tiny_classifier(model_kwargs=DEEP, finetune="partial", freeze_blocks=5)
     with pytest.raises(ValueError, match="staged needs head_epochs >= 1"):
-        tiny(finetune="staged")
+        tiny_classifier(model_kwargs=DEEP, finetune="staged")
 
 
 def test_the_parameter_group_table_is_logged_at_fit_start(tmp_path, caplog):
@@ -124,7 +121,9 @@ def test_the_parameter_group_table_is_logged_at_fit_start(tmp_path, caplog):
     lightning_log.addHandler(caplog.handler)
     try:
         with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
-            fit(tiny(finetune="linear_probe", optim={"layer_decay": 0.75}), 1, tmp_path, max_steps=1)
+            probe = tiny_classifier(model_kwargs=DEEP, optim=Optimization(lr=0.01, layer_decay=0.75),
+                                    finetune="linear_probe")
+            fit(probe, 1, tmp_path, max_steps=1)
     finally:
         lightning_log.removeHandler(caplog.handler)
     table = caplog.text
@@ -149,16 +148,16 @@ def test_class_weighting_weights_each_class_by_its_rarity(tmp_path):
         def train_dataloader(self):
             return DataLoader(self.train_set, batch_size=10)
 
-    model = tiny(num_classes=2, head=SingleLabelHead(class_weighting=True))
-    Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False).fit(model, datamodule=Imbalanced())
+    model = tiny_classifier(model_kwargs=DEEP, optim=Optimization(lr=0.01), num_classes=2,
+                            head=SingleLabelHead(class_weighting=True))
+    quick_trainer(tmp_path, max_steps=1).fit(model, datamodule=Imbalanced())
     torch.testing.assert_close(model.train_loss.weight, torch.tensor([30 / 40, 30 / 20]))
 
 
 def test_balanced_accuracy_is_the_mean_recall(tmp_path):
     from sklearn.metrics import balanced_accuracy_score
 
-    model = tiny()
+    model = tiny_classifier(model_kwargs=DEEP, optim=Optimization(lr=0.01))
     loader = data(40)
     result = fit(model, 1, tmp_path, max_steps=1).test(model, loader, verbose=False)[0]
     with torch.no_grad():

@@ -10,11 +10,9 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric, MetricCollection
 
+from tests.helpers import tiny_classifier
 from vit.errors import UserValueError
-from vit.tasks import ImageClassifier
 from vit.tasks.heads import ClassificationHead, SingleLabelHead
-
-TINY = {"depth": 1, "embed_dim": 32, "num_heads": 2}
 
 
 def test_the_single_label_head_builds_its_losses_metrics_and_answer():
@@ -68,7 +66,7 @@ class OneHotMSE(nn.Module):
 
 
 def test_a_head_of_another_kind_plugs_in_without_a_new_option():
-    model = ImageClassifier(model_kwargs=TINY, head=MeanSquaredHead())
+    model = tiny_classifier(head=MeanSquaredHead())
     assert isinstance(model.train_loss, OneHotMSE) and model.mixup is None
     assert model.hparams.head == {"class_path": f"{__name__}.MeanSquaredHead", "init_args": {}}  # plain data
     x = torch.randn(2, 1, 8, 8)

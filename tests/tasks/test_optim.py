@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vit
+from tests.helpers import tiny_vit
 from vit.tasks.optim import adamw, param_groups, warmup_cosine
 
 
 def test_param_groups_decay_and_layer_scales():
-    model = vit.create_model("vit_digits_patch2_8", depth=2, embed_dim=32, num_heads=2)
+    model = tiny_vit()
     groups = param_groups(model, lr=1.0, weight_decay=0.05, layer_decay=0.5)
     names = {id(p): n for n, p in model.named_parameters()}
     layer_id = lambda name, depth: model.param_roles().layer(name)  # the model says it
@@ -38,8 +38,8 @@ def test_warmup_then_cosine():
 
 
 def test_adamw_is_fused_on_a_cpu_and_updates_as_the_per_tensor_loop():
-    model = vit.create_model("vit_digits_patch2_8", depth=2, embed_dim=32, num_heads=2, num_classes=10)
-    twin = vit.create_model("vit_digits_patch2_8", depth=2, embed_dim=32, num_heads=2, num_classes=10)
+    model = tiny_vit()
+    twin = tiny_vit()
     twin.load_state_dict(model.state_dict())
     start = model.blocks[0].attn.qkv.weight.detach().clone()
     fused = adamw(param_groups(model, 1e-2, 0.05, 0.75), lr=1e-2, betas=(0.9, 0.95))
@@ -63,7 +63,7 @@ def test_the_parameter_table_shows_the_peak_lr_of_either_schedule(schedule):
     """OneCycleLR starts at max_lr / 25: the table must show the peak the schedule reaches, not its start."""
     from vit.tasks.optim import describe_param_groups, one_cycle
 
-    model = vit.create_model("vit_digits_patch2_8", depth=2, embed_dim=32, num_heads=2)
+    model = tiny_vit()
     groups = param_groups(model, lr=1e-3, weight_decay=0.05, layer_decay=0.5)
     optimizer = adamw(groups, lr=1e-3, betas=(0.9, 0.999))
     if schedule == "onecycle":

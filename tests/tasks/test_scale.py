@@ -12,21 +12,19 @@ import yaml
 
 from tests import CONFIGS
 from tests.conftest import free_port
+from tests.helpers import tiny_classifier
 from vit.checkpoints.io import DamagedCheckpointError, is_intact, read_checkpoint
 from vit.deploy import load_classifier
 from vit.nn.blocks import EncoderBlock
-from vit.tasks.classify import ImageClassifier
 from vit.tasks.optim import Optimization, param_groups
 
 FSDP_RECIPE = CONFIGS / "finetune" / "mae_imagenet_vit_large_fsdp.yaml"
-TINY = dict(model="vit_digits_patch2_8", num_classes=10, optim=Optimization(layer_decay=0.75),
-            model_kwargs={"depth": 2})
 
 
 def test_classifier_grad_checkpointing_gives_the_plain_loss_and_gradients():
     torch.manual_seed(0)
-    plain = ImageClassifier(**TINY)
-    checkpointed = ImageClassifier(**TINY, grad_checkpointing=True)
+    plain = tiny_classifier(optim=Optimization(layer_decay=0.75))
+    checkpointed = tiny_classifier(optim=Optimization(layer_decay=0.75), grad_checkpointing=True)
     checkpointed.load_state_dict(plain.state_dict())
     assert checkpointed.model.grad_checkpointing and not plain.model.grad_checkpointing
     x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
@@ -71,7 +69,7 @@ def fsdp_rank(rank: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         torch.manual_seed(0)
-        task = ImageClassifier(**TINY)
+        task = tiny_classifier(optim=Optimization(layer_decay=0.75))
         describe = lambda groups: [(g["name"], len(g["params"]), g["lr"], g["weight_decay"]) for g in groups]
         before = describe(param_groups(task.model, 1e-3, 0.05, 0.75))
         apply_activation_checkpointing(task, check_fn=lambda m: isinstance(m, EncoderBlock))

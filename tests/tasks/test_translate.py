@@ -12,6 +12,7 @@ import torch
 
 from tests import CONFIGS
 from tests.conftest import free_port
+from tests.helpers import quick_trainer
 from vit.commands import main, run
 from vit.data.translation import SyntheticTranslationDataModule, TranslationDataModule
 from vit.tasks import load_task
@@ -88,9 +89,8 @@ def test_a_resumed_run_trains_on_this_runs_schedule(tmp_path, schedule):
 
     def fit(name: str, epochs: int, ckpt_path=None) -> Trainer:
         dm = SyntheticTranslationDataModule("reverse", num_train=64, num_val=8, num_test=8, batch_size=16)
-        trainer = Trainer(max_epochs=epochs, limit_train_batches=3, limit_val_batches=0, logger=False,
-                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                          default_root_dir=tmp_path, callbacks=[Record(name)])
+        trainer = quick_trainer(tmp_path, max_epochs=epochs, limit_train_batches=3, limit_val_batches=0,
+                                callbacks=[Record(name)])
         trainer.fit(tiny_translator(dm, lr=0.01, warmup_steps=2, lr_schedule=schedule), dm, ckpt_path=ckpt_path)
         return trainer
 

@@ -173,7 +173,8 @@ def _search_chunk(c: int, flips: int) -> tuple[np.ndarray, np.ndarray]:
     ``c`` with ``flips`` flipped bits.
 
     The table holds the queries (28 an image), and the images' hashes probe it: the same pairs as the other way
-    round, but each probe's lookups and bookkeeping run over n hashes, not 28 n queries (3x faster at 100,000)."""
+    round, but each probe's lookups and bookkeeping run over n hashes, not 28 n queries (faster: docs/speed.md,
+    "choices measured")."""
     hashes, queries, owners, radius = _SEARCH
     n = len(hashes)
     shift, low16 = np.uint64(c * CHUNK_BITS), np.uint64(0xFFFF)

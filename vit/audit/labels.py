@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MIN_SKILL = 0.7  # below it, untrained digit features (skill 0.56) flagged 85% correct labels (docs/audit.md)
+MIN_SKILL = 0.7  # below it a list is too close to chance to trust: untrained digit features flag mostly correct
+# labels there (the figures: docs/audit.md)
 
 
 def trust(probabilities: np.ndarray, labels: np.ndarray, min_skill: float = MIN_SKILL) -> dict:

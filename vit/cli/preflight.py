@@ -1,7 +1,8 @@
 """Fail in seconds when a config's pretrained weights cannot be had, before Lightning is imported.
 
 `vit fit|validate|test|predict|probe --config ...` parse their configs with LightningCLI, and importing Lightning
-takes 12-20 s on a 2-core machine (through torchmetrics it imports torchvision, torch._dynamo and scipy). Weights
+takes many seconds on a small machine (through torchmetrics it imports torchvision, torch._dynamo and scipy;
+docs/development.md times it). Weights
 that are neither on disk nor in the Hugging Face cache, with the hub unreachable, would only fail after all that.
 So the command line's ``model.init_args.pretrained`` is read here for the forms people write (``--config FILE``,
 ``--model.init_args.pretrained VALUE``, in order, the last one winning, as jsonargparse reads them), and checked

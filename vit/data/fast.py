@@ -19,7 +19,7 @@ augmentation ops as under timm's transform (tests/data/test_fast.py). Where the 
 
 * the resize: torch's antialiased bicubic/bilinear is PIL's filter, applied in PIL's order of
   passes but rounded in another fixed-point order: within 2 grey levels of PIL, and off by one
-  on about 0.3% of pixels;
+  on a small share of pixels (docs/speed.md);
 * a JPEG whose crop box is at least 4x the output (phone photos, not ImageNet's 500x375): decoded at a
   reduced scale and resized from there by PIL, within a grey level of the whole decode on average;
 * nothing else: the numpy shear/translate ops reproduce PIL's bicubic affine bit for bit
@@ -200,7 +200,7 @@ def resized_crop(img: Image.Image, box: tuple[float, float, float, float], size:
 
     Bicubic and bilinear go through torch's uint8 antialiased kernel (AVX2): PIL's filter, passes
     in PIL's order, rounded in another fixed-point order; within 2 grey levels of PIL, and off by
-    one on about 0.3% of pixels. A box in fractions of a pixel goes through PIL's resize.
+    one on a small share of pixels (docs/speed.md). A box in fractions of a pixel goes through PIL's resize.
     """
     mode = _TORCH_MODES.get(interpolation)
     top, left, height, width = box
@@ -249,11 +249,11 @@ def decode_for_crop(img: Image.Image, box: tuple[int, int, int, int], size: tupl
     (`vit.data.io.dct_reduction`), else whole. Returns the RGB image and the box in its pixels (fractions of one,
     when reduced).
 
-    A phone's 12 MP photo takes ~60 ms to decode whole and ~30 ms at 1/4 (libjpeg's DCT scaling), and the resize
-    then reads a sixteenth of the pixels. ``box`` is in the image as shown (`decode` turns it as its EXIF
-    orientation says); the scale is the same both ways. The crop comes out within a grey level of the whole
-    decode's on average (docs/speed.md). An image already decoded, not a JPEG, or with a box under 4x ``size``,
-    is decoded whole: the pixels are then timm's.
+    A phone's photo decodes at 1/4 (libjpeg's DCT scaling) in about half the time of a whole decode (docs/speed.md,
+    "choices measured"), and the resize then reads a sixteenth of the pixels. ``box`` is in the image as shown
+    (`decode` turns it as its EXIF orientation says); the scale is the same both ways. The crop comes out within a
+    grey level of the whole decode's on average (docs/speed.md). An image already decoded, not a JPEG, or with a
+    box under 4x ``size``, is decoded whole: the pixels are then timm's.
     """
     top, left, height, width = box
     reduction = min(dct_reduction(height, size[0]), dct_reduction(width, size[1]))

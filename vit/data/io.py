@@ -122,7 +122,8 @@ def load_image(source: str | os.PathLike | BinaryIO, mode: str = "RGB", short_si
 
     ``short_side``: what the caller resizes the short side to next (the evaluation transform's resize). A JPEG
     at least 4x that is then decoded at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling, `dct_reduction`): a
-    phone's 12 MP photo in ~30 ms instead of ~60, and the resize reads a sixteenth of the pixels or fewer.
+    phone's photo decodes in about half the time (docs/speed.md, "choices measured"), and the resize reads a
+    sixteenth of the pixels or fewer.
     """
     with open_image(source) as img:
         w, h = img.size

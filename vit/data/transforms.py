@@ -65,8 +65,9 @@ def guard_posterize(transform: Callable) -> Callable:
     """Let timm's AutoAugment/RandAugment/AugMix posterize keep 0 bits, in place; returns ``transform``.
 
     timm (1.0.31) maps the top magnitude of "PosterizeIncreasing" (and the bottom of "Posterize") to
-    0 bits kept, meaning a black image. Pillow 13.0 made ``ImageOps.posterize`` refuse bits < 1, so
-    about 0.1-0.4% of RandAugment draws raised ValueError and killed training in its first epoch.
+    0 bits kept, meaning a black image. Pillow 13.0 made ``ImageOps.posterize`` refuse bits < 1, so a
+    few RandAugment draws in a thousand (docs/speed.md, "choices measured") raised ValueError and killed
+    training in its first epoch.
     Swapping the op in our own transforms keeps timm's augmentation exactly as it was with
     Pillow <= 12, without pinning Pillow or patching timm for other users in the process.
     """

@@ -171,7 +171,8 @@ class MultiHeadAttention(nn.Module):
         else:
             self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=qkv_bias)
         # False: the explicit path even without return_attention. timm's name for the same switch. On a CPU in
-        # bf16 (torch 2.14) SDPA's flash kernel took twice as long as the two bf16 matmuls (`Bf16Classifier`).
+        # bf16 without AMX SDPA's flash kernel is slower than the two bf16 matmuls (`Bf16Classifier`; the figures:
+        # docs/inference.md, "bf16 without AMX").
         self.fused_attn = True
         self.attn_drop = nn.Dropout(attn_drop_rate)
         self.proj = nn.Linear(embed_dim, embed_dim)

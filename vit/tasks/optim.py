@@ -111,8 +111,8 @@ def merge_groups(*grouped: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def adamw(groups: list[dict[str, Any]], *, lr: float, betas: tuple[float, float], eps: float = 1e-8
           ) -> torch.optim.AdamW:
     """torch's AdamW over ``groups``, fused (one kernel per tensor for the whole update) wherever every parameter
-    is on a CPU or a CUDA device. On a CPU torch's default is a per-tensor loop: 4x slower for ViT-B/16 (0.41 s
-    against 0.10 s an update on one thread); elsewhere (MPS, XLA) torch picks its own implementation."""
+    is on a CPU or a CUDA device. On a CPU torch's default is a per-tensor loop, several times slower (docs/speed.md,
+    "choices measured"); elsewhere (MPS, XLA) torch picks its own implementation."""
     params = [p for group in groups for p in group["params"]]
     fused = bool(params) and all(p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-import lightning as L
 import pytest
 import torch
 from PIL import Image
 
+from tests.helpers import quick_trainer
 from vit.commands import run as main
 from vit.data.translation import SyntheticTranslationDataModule
 from vit.tasks.translate import Translator
@@ -23,8 +23,7 @@ def translate_ckpt(tmp_path_factory):
     dm.setup("fit")
     torch.manual_seed(0)
     model = Translator(dm.tokenizers, embed_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2)
-    trainer = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, limit_val_batches=0, default_root_dir=root)
+    trainer = quick_trainer(root, max_steps=2, limit_val_batches=0)
     trainer.fit(model, dm)
     path = root / "translate.ckpt"
     trainer.save_checkpoint(path)
