@@ -107,7 +107,7 @@ def l2(z: np.ndarray) -> np.ndarray:
 def mahalanobis(train: np.ndarray, labels: np.ndarray, relative: bool = False, shrink: float = 0.0):
     """The class-conditional score with one shared covariance (Lee et al. 2018): min over classes of the squared
     distance; ``relative``: minus the distance to one Gaussian of all training features (Ren et al. 2021);
-    ``shrink``: the covariance shrunk towards tr/D times the identity (what `vit.calibration.fit_unknown` does)."""
+    ``shrink``: the covariance shrunk towards tr/D times the identity (what `vit.deploy.calibration.fit_unknown` does)."""
     means = np.stack([train[labels == c].mean(0) for c in KNOWN])
     centred = train - means[labels]
     cov = centred.T @ centred / len(train)
@@ -182,8 +182,8 @@ def measure(s: dict[str, np.ndarray], test_correct: np.ndarray) -> dict[str, flo
 
 
 def calibration(f: dict[str, dict[str, np.ndarray]], labels: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
-    """T fit on val (`vit.calibration`), ECE / NLL / Brier on test before and after."""
-    from vit.calibration import calibration_figures, fit_temperature
+    """T fit on val (`vit.deploy.calibration`), ECE / NLL / Brier on test before and after."""
+    from vit.deploy.calibration import calibration_figures, fit_temperature
 
     val, test = (torch.tensor(f[k]["logits"]) for k in ("val", "test"))
     t = fit_temperature(val, torch.tensor(labels["val"]))

@@ -1,4 +1,4 @@
-"""Calibrated probabilities and the "unknown" answer (`vit.calibration`, `vit.deploy.confidence`): the temperature,
+"""Calibrated probabilities and the "unknown" answer (`vit.deploy.calibration`, `vit.deploy.confidence`): the temperature,
 the score and the threshold against independent computations (scipy, numpy), and `vit calibrate` -> `vit predict`
 on the checkpoint and on its ONNX export giving the same answers."""
 
@@ -20,7 +20,7 @@ from scipy.optimize import minimize_scalar
 from scipy.special import log_softmax, softmax
 
 from tests.conftest import DIGITS
-from vit.calibration import (
+from vit.deploy.calibration import (
     calibrate_checkpoint,
     calibration_figures,
     fit_temperature,
@@ -245,7 +245,7 @@ def test_serve_answers_as_predict_does_on_the_checkpoint_and_the_onnx(calibrated
 
 
 def test_an_outlier_folder_sets_the_best_separating_threshold(fitted, tmp_path):
-    from vit.calibration import threshold_between
+    from vit.deploy.calibration import threshold_between
     from vit.data import Digits
 
     rng = np.random.default_rng(2)

@@ -248,7 +248,7 @@ class VitCLI(LightningCLI):
             self.calibrate_best()
 
     def calibrate_best(self) -> None:
-        """Fit T and the unknown score on the best checkpoint and store them in it (`vit.calibration`)."""
+        """Fit T and the unknown score on the best checkpoint and store them in it (`vit.deploy.calibration`)."""
         from vit.data.base import ImageDataModule
         from vit.tasks import ImageClassifier
 
@@ -257,7 +257,7 @@ class VitCLI(LightningCLI):
         if not self.trainer.is_global_zero or self.trainer.fast_dev_run or not best or \
                 type(self.model) is not ImageClassifier or not isinstance(self.datamodule, ImageDataModule):
             return
-        from vit.calibration import calibrate_checkpoint
+        from vit.deploy.calibration import calibrate_checkpoint
 
         try:
             calibrate_checkpoint(best, self.datamodule, say=self.say)

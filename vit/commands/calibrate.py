@@ -6,7 +6,7 @@
 Fits one temperature on the validation split (the NLL, LBFGS), the unknown score (class means and shared
 precision of the training split's pooled features) and its threshold (``--acceptance`` of val accepted), prints
 ECE, NLL and Brier before and after, and writes them into the checkpoint (or ``--out``). `vit fit` does the same
-at its end; this is for a checkpoint saved before, or other settings. `vit.calibration` does the work.
+at its end; this is for a checkpoint saved before, or other settings. `vit.deploy.calibration` does the work.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
         from vit.errors import UserPathError
 
         raise UserPathError(f"--ckpt: no such checkpoint file: {args.ckpt}")
-    from vit.calibration import calibrate_checkpoint
+    from vit.deploy.calibration import calibrate_checkpoint
     from vit.cli.main import build_model_and_data
 
     _, data, _ = build_model_and_data(rest, "vit calibrate")
