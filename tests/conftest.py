@@ -267,3 +267,19 @@ def no_process_group_left_behind() -> Iterator[None]:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def calibrated(fitted, tmp_path_factory) -> tuple[Path, str]:
+    """The `fitted` checkpoint, calibrated by `vit calibrate` into a copy; what it printed. Tests only read it."""
+    import io
+
+    from vit.commands import main
+
+    root = tmp_path_factory.mktemp("calibrated")
+    ckpt = root / "calibrated.ckpt"
+    shutil.copy(next((fitted / "ckpt").glob("best-*.ckpt")), ckpt)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        main(["calibrate", "--ckpt", str(ckpt), "--config", DIGITS])
+    return ckpt, printed.getvalue()

@@ -107,7 +107,7 @@ def l2(z: np.ndarray) -> np.ndarray:
 def mahalanobis(train: np.ndarray, labels: np.ndarray, relative: bool = False, shrink: float = 0.0):
     """The class-conditional score with one shared covariance (Lee et al. 2018): min over classes of the squared
     distance; ``relative``: minus the distance to one Gaussian of all training features (Ren et al. 2021);
-    ``shrink``: the covariance shrunk towards tr/D times the identity (what `vit.deploy.calibration.fit_unknown` does)."""
+    ``shrink``: the covariance shrunk towards tr/D times the identity (as `vit.deploy.calibration.fit_unknown`)."""
     means = np.stack([train[labels == c].mean(0) for c in KNOWN])
     centred = train - means[labels]
     cov = centred.T @ centred / len(train)

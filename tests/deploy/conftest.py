@@ -59,3 +59,13 @@ def agrees(got: torch.Tensor, eager: torch.Tensor, exact: bool) -> bool:
     same = (got.argmax(-1) == eager.argmax(-1)).float().mean().item()
     print(f"max |diff| {diff:.3g}, same top-1 {same:.4f}")
     return diff <= (1e-4 if exact else INT8_LOGIT_TOL) and same >= 0.99
+
+
+@pytest.fixture(scope="module")
+def hub(fitted, tmp_path_factory) -> Path:
+    """The `fitted` digits run's best checkpoint exported with --format hub."""
+    from vit.commands import main
+
+    out = tmp_path_factory.mktemp("hub") / "digits"
+    main(["export", "--ckpt", str(next((fitted / "ckpt").glob("best-*.ckpt"))), "--format", "hub", "--out", str(out)])
+    return out

@@ -54,8 +54,8 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
         from vit.errors import UserPathError
 
         raise UserPathError(f"--ckpt: no such checkpoint file: {args.ckpt}")
-    from vit.deploy.calibration import calibrate_checkpoint
     from vit.cli.main import build_model_and_data
+    from vit.deploy.calibration import calibrate_checkpoint
 
     _, data, _ = build_model_and_data(rest, "vit calibrate")
     data.prepare_data()

@@ -1,0 +1,67 @@
+"""`vit calibrate` (and `vit fit`, which ends by calibrating its best checkpoint): the stored temperature and
+unknown score, then `vit predict` on the checkpoint and on its ONNX export giving the same answers, computed apart
+with numpy from the stored numbers."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from tests.deploy.test_confidence import by_hand, images
+from vit.commands import main, run
+
+
+def test_calibrate_then_predict_answers_unknown_alike_on_checkpoint_and_onnx(calibrated, tmp_path, capsys):
+    from vit.deploy.classifier import read_classifier
+    from vit.deploy.export import export_onnx
+
+    ckpt, printed = calibrated
+    assert "temperature T = " in printed and "val ECE" in printed and f"calibrated {ckpt}" in printed
+    paths = images(tmp_path / "images")
+    probs, scores, stored = by_hand(ckpt, paths)
+    assert stored["threshold"] > 0 and stored["acceptance"] == 0.95 and stored["label"] == "unknown"
+    unknown = scores > stored["threshold"]
+    assert unknown.any() and not unknown.all()  # both sides of the threshold are exercised
+    export_onnx(read_classifier(ckpt), tmp_path / "onnx")
+    onnx = tmp_path / "onnx" / "model.onnx"
+    for model, backend in ((ckpt, "torch"), (onnx, "onnx"), (onnx, "openvino")):
+        out = tmp_path / f"{backend}.json"
+        rows = run(["predict", "--ckpt", str(model), *map(str, paths), "--out", str(out), "--top_k", "10",
+                    "--backend", backend])
+        assert [r["unknown"] for r in rows] == unknown.tolist(), backend
+        assert [r["answer"] for r in rows] == [
+            "unknown" if u else r["nearest"] for u, r in zip(unknown, rows)]
+        np.testing.assert_allclose([r["score"] for r in rows], scores, rtol=1e-4, atol=1e-4)
+        got = np.zeros_like(probs)
+        for i, r in enumerate(rows):
+            got[i, [e["class"] for e in r["top_k"]]] = [e["probability"] for e in r["top_k"]]
+        np.testing.assert_allclose(got, probs, atol=1e-5)
+        assert [r["nearest"] for r in rows] == [str(i) for i in probs.argmax(1)]
+    assert "no unknown score" not in capsys.readouterr().out
+    # the CSV: the unknown label as class_1 (no probability), the nearest class and the score in their own columns
+    main(["predict", "--ckpt", str(ckpt), *map(str, paths), "--out", str(tmp_path / "p.csv")])
+    table = list(csv.DictReader((tmp_path / "p.csv").open()))
+    for row, u, s in zip(table, unknown, scores):
+        assert (row["class_1"] == "unknown") == u and (row["prob_1"] == "") == u
+        assert float(row["unknown_score"]) == pytest.approx(s, rel=1e-4, abs=1e-4) and row["nearest"] in "0123456789"
+    # --accept_all: every image gets its class
+    rows = run(["predict", "--ckpt", str(ckpt), *map(str, paths), "--out", str(tmp_path / "a.json"), "--accept_all"])
+    assert not any(r["unknown"] for r in rows) and all(r["answer"] == r["nearest"] for r in rows)
+
+
+def test_fit_ends_by_calibrating_its_best_checkpoint(tmp_path, capsys):
+    from tests.conftest import short_digits_run
+    from vit.checkpoints.io import read_checkpoint
+
+    main(["fit", *short_digits_run(tmp_path), "--calibrate=true"])
+    last_lines = capsys.readouterr().out.strip().splitlines()[-4:]
+    best = next((tmp_path / "ckpt").glob("best-*.ckpt"))
+    assert last_lines[-1].startswith(f"calibrated {best}: vit predict and vit serve answer")
+    assert any(line.startswith("temperature T = ") for line in last_lines)
+    stored = read_checkpoint(best)["confidence"]
+    layers = stored["stats"]["layers"]  # the one block's mean patch token and the pooled features
+    assert stored["temperature"] > 0 and [layer["precision"].shape for layer in layers] == [(32, 32)] * 2
+    json.dumps({k: v for k, v in stored.items() if k != "stats"})  # the report is plain data

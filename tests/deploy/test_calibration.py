@@ -1,0 +1,141 @@
+"""Fitting the temperature, the unknown score and its threshold (`vit.deploy.calibration`) against independent
+computations (scipy, numpy, brute force), and its short messages."""
+
+from __future__ import annotations
+
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import minimize_scalar
+from scipy.special import log_softmax, softmax
+
+from tests.deploy.test_confidence import by_hand, images
+from vit.commands import run
+from vit.deploy.calibration import (
+    calibrate_checkpoint,
+    calibration_figures,
+    fit_temperature,
+    fit_unknown,
+    threshold_at,
+)
+from vit.deploy.confidence import calibrated_probabilities, decisions
+from vit.errors import UserValueError
+
+
+def overconfident(n: int = 600, classes: int = 5, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits 4x too sharp for labels drawn from their own softmax at T = 4."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(n, classes)) * 3
+    labels = np.array([rng.choice(classes, p=p) for p in softmax(logits, 1)])
+    return torch.tensor(logits * 4), torch.tensor(labels)
+
+
+def test_temperature_is_the_nll_minimum_and_changes_no_argmax():
+    logits, labels = overconfident()
+    t = fit_temperature(logits, labels)
+    nll = lambda temp: -log_softmax(logits.numpy() / temp, 1)[np.arange(len(labels)), labels.numpy()].mean()
+    expected = minimize_scalar(nll, bounds=(0.05, 50), method="bounded", options={"xatol": 1e-6}).x
+    assert t == pytest.approx(expected, rel=1e-3) and 3 < t < 5  # the T the labels were drawn at
+    probs = calibrated_probabilities(logits, SimpleNamespace(temperature=t))
+    assert torch.equal(probs.argmax(-1), logits.argmax(-1))  # top-1 never changes
+    before, after = calibration_figures(logits, labels), calibration_figures(logits, labels, t)
+    assert after["ece"] < before["ece"] / 2 and after["nll"] < before["nll"] and after["brier"] < before["brier"]
+    # ECE by hand: 15 equal-width bins of the top probability, |accuracy - confidence| weighted by the bin's share
+    top = softmax(logits.numpy() / t, 1)
+    conf, right = top.max(1), top.argmax(1) == labels.numpy()
+    bins = np.minimum((conf * 15).astype(int), 14)
+    ece = sum(abs(right[bins == b].mean() - conf[bins == b].mean()) * (bins == b).mean() for b in set(bins))
+    assert after["ece"] == pytest.approx(ece, abs=1e-4)
+
+
+def test_threshold_and_score_match_numpy():
+    rng = np.random.default_rng(1)
+    scores = torch.tensor(rng.normal(size=179))
+    threshold = threshold_at(scores, 0.95)
+    assert threshold == np.sort(scores.numpy())[int(np.ceil(0.95 * 179)) - 1]  # the 171st of 179 (>= 95%)
+    assert 0.95 <= (scores <= threshold).double().mean() < 0.95 + 1 / 179
+    with pytest.raises(UserValueError, match="acceptance must be in"):
+        threshold_at(scores, 1.5)
+    # Mahalanobis on L2-normalised features, one shared covariance, by hand
+    features, labels = rng.normal(size=(300, 8)) + np.repeat(np.eye(3, 8) * 3, 100, 0), np.repeat(np.arange(3), 100)
+    unknown = fit_unknown(torch.tensor(features), torch.tensor(labels), 3)
+    z = features / np.linalg.norm(features, axis=1, keepdims=True)
+    means = np.stack([z[labels == c].mean(0) for c in range(3)])
+    cov = np.cov(z - means[labels], rowvar=False, bias=True)
+    precision = np.linalg.inv(0.999 * cov + 0.001 * np.trace(cov) / 8 * np.eye(8))  # shrunk 0.1% towards I
+    queries = rng.normal(size=(20, 8)) * 2
+    q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    d = np.stack([np.einsum("nd,de,ne->n", q - m, precision, q - m) for m in means], 1)
+    score, nearest = unknown(torch.tensor(queries, dtype=torch.float32))
+    np.testing.assert_allclose(score.numpy(), d.min(1), rtol=1e-4, atol=1e-3)
+    assert nearest.tolist() == d.argmin(1).tolist()
+    # two layers: each distance standardised by its mean and standard deviation on val, then summed
+    other = rng.normal(size=(300, 4)) + np.repeat(np.eye(3, 4) * 2, 100, 0)
+    val = [torch.tensor(queries), torch.tensor(rng.normal(size=(20, 4)))]
+    both = fit_unknown([torch.tensor(features), torch.tensor(other)], torch.tensor(labels), 3, val=val)
+    per_layer = [layer(v.float())[0].double().numpy() for layer, v in zip(both.layers, val)]
+    np.testing.assert_allclose(per_layer[0], d.min(1), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(both.loc.numpy(), [p.mean() for p in per_layer], rtol=1e-5)
+    np.testing.assert_allclose(both.scale.numpy(), [p.std() for p in per_layer], rtol=1e-5)
+    summed = sum((p - p.mean()) / p.std() for p in per_layer)
+    np.testing.assert_allclose(both(val)[0].numpy(), summed, rtol=1e-4, atol=1e-4)
+    assert decisions(score, SimpleNamespace(threshold=float(np.median(d.min(1)))), accept_all=True) == [False] * 20
+    with pytest.raises(UserValueError, match=r"no images of class\(es\) \[2\]"):
+        fit_unknown(torch.tensor(features[:200]), torch.tensor(labels[:200]), 3)
+
+
+def test_calibrating_without_a_validation_split_says_so(fitted):
+    ckpt = next((fitted / "ckpt").glob("best-*.ckpt"))
+    with pytest.raises(UserValueError, match="has no validation split") as error:
+        calibrate_checkpoint(ckpt, SimpleNamespace(val_set=None))
+    assert "val_fraction" in str(error.value) and len(str(error.value).splitlines()) == 1
+
+
+def test_an_outlier_folder_sets_the_best_separating_threshold(fitted, tmp_path):
+    from vit.data import Digits
+    from vit.deploy.calibration import threshold_between
+
+    rng = np.random.default_rng(2)
+    inside, outside = rng.normal(size=50), rng.normal(size=30) + 1.5
+    accuracy = lambda t: ((inside <= t).mean() + (outside > t).mean()) / 2
+    best = max(np.r_[inside, outside], key=accuracy)  # by brute force over every candidate
+    assert threshold_between(torch.tensor(inside), torch.tensor(outside)) == pytest.approx(best)
+    # a threshold folder without images: a short message naming it
+    ckpt = tmp_path / "c.ckpt"
+    shutil.copy(next((fitted / "ckpt").glob("best-*.ckpt")), ckpt)
+    data = Digits(img_size=16)
+    data.setup("fit")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("no images here")
+    with pytest.raises(UserValueError, match=f"the threshold folder {tmp_path / 'empty'} holds no image files"):
+        calibrate_checkpoint(ckpt, data, outliers=tmp_path / "empty")
+    # noise and flat images as the outliers: the stored threshold is the one that separates val from them
+    folder = tmp_path / "outliers"
+    folder.mkdir()
+    for i, path in enumerate(images(tmp_path / "images")[12:]):
+        shutil.copy(path, folder / f"{i}.png")
+    confidence = calibrate_checkpoint(ckpt, data, outliers=folder, say=lambda line: None)
+    _, outlier_scores, stored = by_hand(ckpt, sorted(folder.glob("*.png")))
+    assert stored["threshold"] == confidence.calibration.threshold
+    assert (outlier_scores > stored["threshold"]).mean() >= 0.5
+
+
+def test_the_pooled_features_alone_on_request(fitted, tmp_path):
+    from vit.data import Digits
+
+    ckpt = tmp_path / "c.ckpt"
+    shutil.copy(next((fitted / "ckpt").glob("best-*.ckpt")), ckpt)
+    data = Digits(img_size=16)
+    data.setup("fit")
+    calibrate_checkpoint(ckpt, data, layers="pooled", say=lambda line: None)
+    paths = images(tmp_path / "images")
+    _, scores, stored = by_hand(ckpt, paths)
+    assert len(stored["stats"]["layers"]) == 1 and stored["stats"]["loc"].tolist() == [0.0]
+    rows = run(["predict", "--ckpt", str(ckpt), *map(str, paths), "--out", str(tmp_path / "p.json")])
+    assert [r["unknown"] for r in rows] == (scores > stored["threshold"]).tolist()
+    np.testing.assert_allclose([r["score"] for r in rows], scores, rtol=1e-4, atol=1e-4)
+    with pytest.raises(UserValueError, match="layers must be 'all' or 'pooled'"):
+        calibrate_checkpoint(ckpt, data, layers="some")

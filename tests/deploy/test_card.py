@@ -1,0 +1,86 @@
+"""The model card of `vit export --format hub` (`vit.deploy.card`): front matter that huggingface_hub validates,
+the run's own numbers read apart from vit, the base weights' license, the calibration if there is one."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import pytest
+import torch
+
+from vit.commands import main
+
+
+def test_the_model_card_states_the_checkpoints_temperature_and_threshold(calibrated, tmp_path):
+    from huggingface_hub import ModelCard
+
+    ckpt, _ = calibrated
+    main(["export", "--ckpt", str(ckpt), "--format", "hub", "--out", str(tmp_path / "hub")])
+    stored = torch.load(ckpt, map_location="cpu", weights_only=False)["confidence"]  # read apart from vit
+    text = ModelCard.load(tmp_path / "hub" / "README.md").text
+    assert f"temperature T = {stored['temperature']:.4f}" in text and "divide them by T" in text
+    assert f"above {stored['threshold']:.4g}" in text and f'"{stored["label"]}"' in text
+    assert f"validation ECE {stored['report']['before']['ece']:.4f} before" in text
+
+
+def test_card_front_matter_validates_and_its_numbers_are_the_runs(fitted, hub):
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(hub / "README.md")
+    data = card.data.to_dict()
+    assert data["library_name"] == "timm" and data["pipeline_tag"] == "image-classification"
+    assert "license" not in data and "base_model" not in data  # trained from scratch: nothing to inherit
+    rows = list(csv.DictReader((fitted / "logs" / "digits" / "version_0" / "metrics.csv").open()))
+    test_acc = float([r["test_acc"] for r in rows if r["test_acc"]][-1])
+    val_acc = float([r["val_acc"] for r in rows if r["val_acc"]][-1])  # one epoch: the best checkpoint's
+    results = {r.metric_name: r.metric_value for r in card.data.eval_results}
+    assert results["test_acc"] == test_acc and results["test_acc_top5"] > 0
+    assert f"test accuracy: {test_acc:.4f}" in card.text and "validation accuracy (epoch 0" in card.text
+    assert f"{val_acc:.4f}" in card.text
+    assert (hub / "confusion_matrix.png").is_file() and "](confusion_matrix.png)" in card.text
+    config_yaml = (fitted / "logs" / "digits" / "version_0" / "config.yaml").read_text()
+    assert config_yaml.strip() in card.text
+    assert card.text.count("not known to the run") >= 3  # intended use, limits, license, data: left to the user
+    assert "Not calibrated" in card.text  # the fitted run was not calibrated: the card claims no temperature
+    assert json.loads((hub / "config.json").read_text())["label_names"] == [str(i) for i in range(10)]
+
+
+def test_card_of_a_checkpoint_the_run_did_not_test_claims_no_test_accuracy(fitted, tmp_path):
+    from huggingface_hub import ModelCard
+
+    main(["export", "--ckpt", str(fitted / "ckpt" / "last.ckpt"), "--format", "hub", "--out", str(tmp_path)])
+    card = ModelCard.load(tmp_path / "README.md")
+    assert not card.data.eval_results and "not measured on this checkpoint" in card.text
+    assert not (tmp_path / "confusion_matrix.png").exists()
+
+
+def test_card_without_a_run_folder_says_so(fitted, tmp_path):
+
+    ckpt = tmp_path / "alone" / "best.ckpt"
+    ckpt.parent.mkdir()
+    shutil.copy(next((fitted / "ckpt").glob("best-*.ckpt")), ckpt)
+    main(["export", "--ckpt", str(ckpt), "--format", "hub", "--out", str(tmp_path / "out")])
+    text = (tmp_path / "out" / "README.md").read_text()
+    assert "No `vit fit` run folder was found" in text and "test accuracy" not in text.split("## Results")[1][:300]
+
+
+@pytest.mark.parametrize("tag", ["vit_base_patch16_224.mae", "vit_base_patch16_clip_224.metaclip_2pt5b",
+                                 "vit_small_patch16_dinov3.lvd1689m", "vit_base_patch16_siglip_224.webli"])
+def test_license_and_base_model_come_from_the_base_weights(tag):
+    from huggingface_hub import ModelCardData
+    from timm.models import get_pretrained_cfg
+
+    from vit.deploy.card import base_weights
+
+    cfg = get_pretrained_cfg(tag)
+    found = base_weights(tag)
+    assert found["base_model"] == cfg.hf_hub_id
+    if cfg.license in ("cc-by-nc-4.0", "apache-2.0"):  # Hub identifiers
+        assert found["license"] == cfg.license
+    else:  # DINOv3's own terms: the Hub's "other", named
+        assert found["license"] == "other" and found["license_name"] == cfg.license
+    data = ModelCardData(license=found["license"], base_model=found["base_model"])
+    assert data.to_dict()["license"] == found["license"]
+    assert base_weights(None) == {} and base_weights("weights/some_file.safetensors") == {}
