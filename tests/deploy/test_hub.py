@@ -10,6 +10,7 @@ import csv
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import timm
 import torch
@@ -269,6 +270,29 @@ def test_hf_hub_ckpt_predicts_as_the_checkpoint(fitted, hub, digit_pngs, tmp_pat
     a, b = (list(csv.DictReader(Path(f).read_text().splitlines())) for f in ("a.csv", "b.csv"))
     assert len(a) == len(b) == len(digit_pngs[0]) and [r["class_1"] for r in a] == [r["class_1"] for r in b]
     assert max(abs(float(x["prob_1"]) - float(y["prob_1"])) for x, y in zip(a, b, strict=True)) <= 1e-5
+
+
+def test_serve_answers_from_an_hf_hub_model_as_from_its_checkpoint(fitted, hub, digit_pngs, tmp_path, monkeypatch):
+    """`vit serve --ckpt hf-hub:owner/digits` loads through the same loader: its answers are the checkpoint's."""
+    import asyncio
+
+    from tests.serve.conftest import client_of, make_app
+    from vit.deploy import load_classifier
+    from vit.serve.core import Predictor
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    _cache_with(hub, tmp_path / "hf")
+    paths = _digits(digit_pngs, 6)
+
+    async def answers(model: str) -> list[dict]:
+        async with client_of(make_app(Predictor(load_classifier(model)))) as client:
+            return [(await client.post("/predict", content=p.read_bytes(), headers={"Content-Type": "image/png"}))
+                    .json()["top_k"][0] for p in paths]
+
+    ours = asyncio.run(answers(str(next((fitted / "ckpt").glob("best-*.ckpt")))))
+    shared = asyncio.run(answers("hf-hub:owner/digits"))
+    assert [a["name"] for a in ours] == [a["name"] for a in shared]
+    np.testing.assert_allclose([a["probability"] for a in ours], [a["probability"] for a in shared], atol=1e-5)
 
 
 @pytest.mark.parametrize("network", ["HF_HUB_OFFLINE", "unreachable"])
