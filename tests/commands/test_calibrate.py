@@ -44,8 +44,13 @@ def test_calibrate_then_predict_answers_unknown_alike_on_checkpoint_and_onnx(cal
     # the CSV: the unknown label as class_1 (no probability), the nearest class and the score in their own columns
     main(["predict", "--ckpt", str(ckpt), *map(str, paths), "--out", str(tmp_path / "p.csv")])
     table = list(csv.DictReader((tmp_path / "p.csv").open()))
+    quantiles = np.array(stored["quantiles"])  # the val scores' percentiles: rarity by numpy's interpolation
+    assert len(quantiles) == 101 and np.all(np.diff(quantiles) >= 0) and quantiles[95] <= stored["threshold"] + 1e-6
     for row, u, s in zip(table, unknown, scores):
-        assert (row["class_1"] == "unknown") == u and (row["prob_1"] == "") == u
+        assert (row["class_1"] == "unknown") == u
+        if u:  # in place of a probability: the share of val images scoring lower, >= the 95% accepted
+            assert float(row["prob_1"]) == pytest.approx(np.interp(s, quantiles, np.linspace(0, 1, 101)), abs=1e-4)
+            assert float(row["prob_1"]) >= 0.95 - 1e-6
         assert float(row["unknown_score"]) == pytest.approx(s, rel=1e-4, abs=1e-4) and row["nearest"] in "0123456789"
     # --accept_all: every image gets its class
     rows = run(["predict", "--ckpt", str(ckpt), *map(str, paths), "--out", str(tmp_path / "a.json"), "--accept_all"])

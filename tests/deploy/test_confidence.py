@@ -81,8 +81,13 @@ def test_serve_answers_as_predict_does_on_the_checkpoint_and_the_onnx(calibrated
         async with client_of(make_app(Predictor(load_classifier(model), accept_all=accept_all))) as client:
             info = (await client.get("/info")).json()
             assert info["calibration"]["threshold"] == pytest.approx(stored["threshold"])
-            return [(await client.post("/predict", content=p.read_bytes(),
-                                       headers={"Content-Type": "image/png"})).json() for p in paths]
+            records = [(await client.post("/predict", content=p.read_bytes(),
+                                          headers={"Content-Type": "image/png"})).json() for p in paths]
+            for p, r in zip(paths, records):  # the Hugging Face task's answer on POST / leads with the same answer
+                labels = (await client.post("/", content=p.read_bytes(), headers={"Content-Type": "image/png"})).json()
+                assert labels[0]["label"] == r["answer"] and len(labels) == len(r["top_k"])
+                assert labels[0]["score"] == (r["rarity"] if r["unknown"] else r["top_k"][0]["probability"])
+            return records
 
     for model in (ckpt, tmp_path / "onnx" / "model.onnx"):
         got = asyncio.run(answers(model))

@@ -38,8 +38,12 @@ SHRINKAGE = 0.001  # of the covariance towards the identity (see fit_layer; 1% c
 
 
 def fit_temperature(logits: Tensor, labels: Tensor) -> float:
-    """The T > 0 that minimises the NLL of softmax(logits / T) (LBFGS on log T, from T = 1)."""
+    """The T > 0 that minimises the NLL of softmax(logits / T) (LBFGS on log T, from T = 1). When every image is
+    classified right the NLL has no minimum (it falls as T -> 0, which wrecks the probabilities of the next
+    mistake): T stays 1."""
     logits, labels = logits.double(), labels.long()
+    if bool((logits.argmax(-1) == labels).all()):
+        return 1.0
     log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
     optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
 
@@ -179,7 +183,9 @@ def fit_confidence(classifier: Classifier, train: Dataset, val: Dataset, *, acce
     report = {"before": calibration_figures(val_logits, val_labels),
               "after": calibration_figures(val_logits, val_labels, temperature),
               "val_images": len(val_labels), "train_images": len(train_labels)}
-    return Confidence(Calibration(temperature, threshold, label, acceptance=acceptance), unknown, report)
+    quantiles = torch.quantile(val_scores.double(), torch.linspace(0, 1, 101, dtype=torch.float64)).tolist()
+    calibration = Calibration(temperature, threshold, label, acceptance=acceptance, quantiles=quantiles)
+    return Confidence(calibration, unknown, report)
 
 
 def describe(confidence: Confidence) -> list[str]:

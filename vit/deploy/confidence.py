@@ -36,13 +36,16 @@ class Calibration:
     label: str = DEFAULT_LABEL
     score: str = SCORE
     acceptance: float | None = None
+    # the val scores' 101 percentiles: an unknown answer's number is the share of val images scoring lower (`rarity`)
+    quantiles: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Calibration:
-        known = {k: values[k] for k in ("temperature", "threshold", "label", "score", "acceptance") if k in values}
+        keys = ("temperature", "threshold", "label", "score", "acceptance", "quantiles")
+        known = {k: values[k] for k in keys if k in values}
         return cls(**known)
 
 
@@ -159,6 +162,21 @@ def calibrated_probabilities(logits: Tensor, calibration: Calibration | None) ->
     """softmax(logits / T) (T = 1 without a calibration), in float32."""
     temperature = calibration.temperature if calibration is not None else 1.0
     return (logits.float() / temperature).softmax(dim=-1)
+
+
+def rarity(score: float, calibration: Calibration | None) -> float | None:
+    """The share of the validation images whose score is below ``score`` (from their percentiles, linearly
+    interpolated): the number an "unknown" answer carries in place of a class probability (at least the acceptance
+    for an image rejected by it). None for a calibration from before it was stored."""
+    if calibration is None or not calibration.quantiles:
+        return None
+    q = torch.tensor(calibration.quantiles, dtype=torch.float64)
+    below = torch.searchsorted(q, torch.tensor([float(score)], dtype=torch.float64), right=True).item()
+    if below == 0 or below == len(q):
+        return float(below == len(q))
+    lo, hi = q[below - 1].item(), q[below].item()
+    fraction = (float(score) - lo) / (hi - lo) if hi > lo else 1.0
+    return round((below - 1 + fraction) / (len(q) - 1), 6)
 
 
 def decisions(scores: Tensor | None, calibration: Calibration | None, accept_all: bool = False) -> list[bool]:

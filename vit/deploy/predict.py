@@ -76,8 +76,9 @@ def write_predictions(rows: Sequence[dict], out: str | Path) -> Path:
                      *(["nearest", "unknown_score"] if scored else []), "error"])
     for r in rows:
         entries = r["top_k"]
-        if r.get("unknown"):  # the unknown label first, without a probability; the classes follow
-            entries = [{"name": r["answer"], "probability": ""}, *entries[:k - 1]]
+        if r.get("unknown"):  # the unknown label first, with its rarity (none from an old calibration); the classes
+            rarity = r.get("rarity")
+            entries = [{"name": r["answer"], "probability": "" if rarity is None else rarity}, *entries[:k - 1]]
         cells = [v for entry in entries for v in (entry["name"], entry["probability"])]
         extra = [r.get("nearest", ""), r.get("score", "")] if scored else []
         writer.writerow([r["path"], *cells, *[""] * (2 * k - len(cells)), *extra, r["error"] or ""])

@@ -355,4 +355,8 @@ def add_predict_routes(app: FastAPI, service: Service) -> None:
             raise RequestError(422, "bad_function_to_apply", f"function_to_apply {str(function)[:40]!r} is not "
                                "served: the scores are the softmax (send 'softmax' or leave it out)")
         answer = await service.answer(data, top_k=top_k)
-        return JSONResponse([{"label": e["name"], "score": e["probability"]} for e in answer["top_k"]])
+        labels = [{"label": e["name"], "score": e["probability"]} for e in answer["top_k"]]
+        if answer.get("unknown"):  # as vit predict's CSV: the unknown label first, scored by its rarity
+            rarity = answer.get("rarity")
+            labels = [{"label": answer["answer"], "score": 0.0 if rarity is None else rarity}, *labels][:len(labels)]
+        return JSONResponse(labels)

@@ -28,13 +28,20 @@ class Record(BaseModel):
     batch_size: int = Field(description="how many requests shared this one's batch")
     timing_ms: dict[str, float] = Field(description="decode, queue, inference and total, in milliseconds")
     attention_png: str | None = Field(None, description="base64 PNG of the attention rollout (only with ?attention=1)")
+    # a calibrated model's (`vit calibrate`, docs/confidence.md)
+    answer: str | None = Field(None, description="the class, or the unknown label when the score is over the threshold")
+    unknown: bool | None = Field(None, description="whether the image was answered with the unknown label")
+    nearest: str | None = Field(None, description="the most likely class, also when the answer is unknown")
+    score: float | None = Field(None, description="the unknown score (higher: less like the training images)")
+    rarity: float | None = Field(None, description="the share of validation images with a lower unknown score")
 
 
 class Label(BaseModel):
     """One element of POST /'s answer: the Hugging Face image-classification task's output element."""
 
-    label: str = Field(description="the class name (`vit predict`'s name)")
-    score: float = Field(description="softmax probability (`vit predict`'s probability)")
+    label: str = Field(description="the class name (`vit predict`'s name), or the unknown label first")
+    score: float = Field(description="softmax probability (`vit predict`'s probability); the unknown label's: "
+                         "its rarity, the share of validation images with a lower unknown score")
 
 
 class Error(BaseModel):
