@@ -89,7 +89,7 @@ def test_threshold_and_score_match_numpy():
 
 def test_a_val_split_classified_all_right_keeps_t_at_1():
     """Every image right: the NLL falls as T -> 0 with no minimum, and a tiny T would wreck the next mistake."""
-    logits, labels = overconfident()
+    logits, _ = overconfident()
     right = logits.argmax(1)
     assert fit_temperature(logits, right) == 1.0
     wrong_once = right.clone()
@@ -98,15 +98,16 @@ def test_a_val_split_classified_all_right_keeps_t_at_1():
 
 
 def test_rarity_is_the_share_of_validation_scores_below():
-    from vit.deploy.confidence import Calibration, rarity
+    from vit.deploy.confidence import Calibration, rarities
 
     rng = np.random.default_rng(3)
     val = rng.normal(size=400)
     calibration = Calibration(quantiles=np.percentile(val, np.arange(101)).tolist())  # numpy's percentiles
-    for x in np.linspace(-2.5, 2.5, 23):
-        assert rarity(x, calibration) == pytest.approx((val < x).mean(), abs=0.011)  # within one percentile
-    assert rarity(val.min() - 1, calibration) == 0.0 and rarity(val.max() + 1, calibration) == 1.0
-    assert rarity(0.0, Calibration()) is None  # a calibration stored before it: no number, no guess
+    xs = np.linspace(-2.5, 2.5, 23)
+    for x, r in zip(xs, rarities(torch.tensor(xs), calibration)):
+        assert r == pytest.approx((val < x).mean(), abs=0.011)  # within one percentile
+    assert rarities(torch.tensor([val.min() - 1, val.max() + 1]), calibration) == [0.0, 1.0]
+    assert rarities(torch.tensor([0.0]), Calibration()) == [None]  # a calibration stored before it: no guess
 
 
 def test_calibrating_without_a_validation_split_says_so(fitted):

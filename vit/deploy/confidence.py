@@ -164,19 +164,17 @@ def calibrated_probabilities(logits: Tensor, calibration: Calibration | None) ->
     return (logits.float() / temperature).softmax(dim=-1)
 
 
-def rarity(score: float, calibration: Calibration | None) -> float | None:
-    """The share of the validation images whose score is below ``score`` (from their percentiles, linearly
+def rarities(scores: Tensor, calibration: Calibration | None) -> list[float | None]:
+    """For each score, the share of the validation images scoring below it (from their percentiles, linearly
     interpolated): the number an "unknown" answer carries in place of a class probability (at least the acceptance
     for an image rejected by it). None for a calibration from before it was stored."""
     if calibration is None or not calibration.quantiles:
-        return None
-    q = torch.tensor(calibration.quantiles, dtype=torch.float64)
-    below = torch.searchsorted(q, torch.tensor([float(score)], dtype=torch.float64), right=True).item()
-    if below == 0 or below == len(q):
-        return float(below == len(q))
-    lo, hi = q[below - 1].item(), q[below].item()
-    fraction = (float(score) - lo) / (hi - lo) if hi > lo else 1.0
-    return round((below - 1 + fraction) / (len(q) - 1), 6)
+        return [None] * len(scores)
+    q, s = torch.tensor(calibration.quantiles, dtype=torch.float64), scores.double()
+    above = torch.searchsorted(q, s, right=True).clamp(1, len(q) - 1)  # the percentile just above each score
+    low, high = q[above - 1], q[above]
+    fraction = ((s - low) / (high - low).clamp_min(1e-12)).clamp(0, 1)  # 0 below the lowest, 1 past the highest
+    return ((above - 1 + fraction) / (len(q) - 1)).round(decimals=6).tolist()
 
 
 def decisions(scores: Tensor | None, calibration: Calibration | None, accept_all: bool = False) -> list[bool]:

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from vit.deploy.classifier import Classifier, ModelInput, read_classifier
-from vit.deploy.confidence import DEFAULT_LABEL, METADATA_KEY, SCORE_OUTPUT, Calibration, decisions, rarity
+from vit.deploy.confidence import DEFAULT_LABEL, METADATA_KEY, SCORE_OUTPUT, Calibration, decisions, rarities
 from vit.deploy.cpu import has_native_bf16
 from vit.deploy.metadata import _load_proto, is_int8, onnx_metadata
 from vit.errors import MissingPackageError, UserPathError, UserValueError
@@ -164,8 +164,8 @@ def answered(classifier: Any, images: Tensor, k: int, accept_all: bool = False) 
     unknown = decisions(scores, calibration, accept_all)
     label = calibration.label if calibration is not None else DEFAULT_LABEL
     return [(e, {"answer": label if u else e[0]["name"], "unknown": u, "nearest": e[0]["name"],
-                 "score": round(float(s), 6), "rarity": rarity(s, calibration)})
-            for e, u, s in zip(entries, unknown, scores.tolist())]
+                 "score": round(float(s), 6), "rarity": r})
+            for e, u, s, r in zip(entries, unknown, scores.tolist(), rarities(scores, calibration))]
 
 
 def can_reject(classifier: Any) -> bool:
