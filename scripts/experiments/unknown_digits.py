@@ -4,7 +4,8 @@
 
 scikit-learn's digits 0-4 are written as 32x32 PNGs, split 60/20/20 (stratified, split seed 0) and `vit fit`
 trains ``--config`` (configs/scratch_small.yaml, hflip off) on them, once per training seed. The best checkpoint's
-pooled features (the ones `vit probe` reads) of train/val/test 0-4 and of all 5-9 go through each score below;
+pooled features (the ones `vit probe` reads) of train/val/test 0-4 and of all 5-9 (and of their mirrors, for TTA on
+the score) go through each score below;
 higher = more unknown. The threshold accepts 95% of val; "rejected" is the share of 5-9 above it, "acc@95" the
 accuracy on the accepted test 0-4. AUROC and FPR at 95% TPR are on test 0-4 against 5-9 (unknown = positive).
 Writes ``--work``/results.json and prints a markdown table (docs/confidence.md holds it).
@@ -87,11 +88,13 @@ def train(config: str, root: Path, run: Path, seed: int, epochs: int | None, hfl
 
 
 @torch.no_grad()
-def features(classifier, paths: list[Path]) -> dict[str, np.ndarray]:
-    """Logits, the pooled pre-logits features and every block's mean patch token, for ``paths``."""
+def features(classifier, paths: list[Path], mirror: bool = False) -> dict[str, np.ndarray]:
+    """Logits, the pooled pre-logits features and every block's mean patch token, for ``paths`` (``mirror``: of
+    their horizontal mirrors, for TTA on the score)."""
     transform = classifier.eval_transform()
     model = classifier.model
     x = torch.stack([transform(Image.open(p).convert(classifier.image_mode)) for p in paths])
+    x = x.flip(-1) if mirror else x
     blocks: list[torch.Tensor] = []
     tokens = model.tokens(x, on_block=lambda i, t: blocks.append(t[:, model.num_prefix_tokens:].mean(1)))
     pooled = model.forward_head(tokens, pre_logits=True)
@@ -161,6 +164,15 @@ def scores(f: dict[str, dict[str, np.ndarray]], labels: np.ndarray) -> dict[str,
     loc = {k: (g(l2(f["val"][k])).mean(), g(l2(f["val"][k])).std()) for k, g in shrunk.items()}
     fitted["all layers, shrunk 0.1% (vit's default)"] = lambda s: sum(
         (g(l2(s[k])) - loc[k][0]) / loc[k][1] for k, g in shrunk.items())
+    # the default plus the energy score, standardised on val alike (logits carry what the features' distance misses?)
+    energy = lambda s: -logsumexp(s["logits"], 1)
+    e_loc = (energy(f["val"]).mean(), energy(f["val"]).std())
+    fitted["default + energy"] = lambda s: fitted["all layers, shrunk 0.1% (vit's default)"](s) + \
+        (energy(s) - e_loc[0]) / e_loc[1]
+    if "mirror" in f["train"]:  # TTA on the score: the mean of the image's and its mirror's default score
+        fitted["default, TTA flip (mean with the mirror's)"] = lambda s: (
+            fitted["all layers, shrunk 0.1% (vit's default)"](s)
+            + fitted["all layers, shrunk 0.1% (vit's default)"](s["mirror"])) / 2
     fitted["Mahalanobis, L2, last 2 blocks + pooled"] = lambda s: sum(
         (g(l2(s[k])) - stats[k][0]) / stats[k][1] for k, g in per_layer.items() if k in (*layers[-2:], "pooled"))
     return {name: {split: g(s) for split, s in f.items()} for name, g in fitted.items()}
@@ -254,7 +266,8 @@ def main(argv: list[str] | None = None) -> dict:
         name = Path(args.config).stem + (f"_e{args.epochs}" if args.epochs else "")
         ckpt = train(args.config, args.work / "data", args.work / f"{name}_seed{seed}", seed, args.epochs)
         classifier = read_classifier(ckpt)
-        f = {split: features(classifier, p) for split, p in paths.items()}
+        f = {split: features(classifier, p) | {"mirror": features(classifier, p, mirror=True)}
+             for split, p in paths.items()}
         correct = f["test"]["logits"].argmax(1) == labels["test"]
         calibrated[f"digits 0-4, seed {seed}"] = calibration(f, labels)
         print(f"seed {seed}: test top-1 {correct.mean():.3f}  ({ckpt})")

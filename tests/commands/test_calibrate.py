@@ -62,10 +62,15 @@ def test_fit_ends_by_calibrating_its_best_checkpoint(tmp_path, capsys):
     from vit.checkpoints.io import read_checkpoint
 
     main(["fit", *short_digits_run(tmp_path), "--calibrate=true"])
-    last_lines = capsys.readouterr().out.strip().splitlines()[-4:]
+    lines = capsys.readouterr().out.strip().splitlines()
     best = next((tmp_path / "ckpt").glob("best-*.ckpt"))
-    assert last_lines[-1].startswith(f"calibrated {best}: vit predict and vit serve answer")
+    # calibration first, then the test report (which uses the TTA calibration chose on val)
+    done = [i for i, line in enumerate(lines) if line.startswith(f"calibrated {best}: vit predict and vit serve")]
+    tested = [i for i, line in enumerate(lines) if line.startswith(f"test accuracy of {best}: ")]
+    assert len(done) == len(tested) == 1 and done[0] < tested[0]
+    last_lines = lines[done[0] - 4:done[0] + 1]
     assert any(line.startswith("temperature T = ") for line in last_lines)
+    assert any(line.startswith("TTA flip (mirror averaged in): val top-1") for line in last_lines)
     stored = read_checkpoint(best)["confidence"]
     layers = stored["stats"]["layers"]  # the one block's mean patch token and the pooled features
     assert stored["temperature"] > 0 and [layer["precision"].shape for layer in layers] == [(32, 32)] * 2

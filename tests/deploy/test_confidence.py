@@ -28,8 +28,9 @@ def images(folder: Path) -> list[Path]:
     return paths
 
 
-def by_hand(ckpt: Path, paths: list[Path]) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Calibrated probabilities and scores from the stored numbers, with numpy on the model's pooled features."""
+def by_hand(ckpt: Path, paths: list[Path], tta: str | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Calibrated probabilities and scores from the stored numbers, with numpy on the model's pooled features; with
+    TTA (``tta``, else the stored choice) the logits are the mean of the image's and its mirror's (torch.flip)."""
     from vit.checkpoints.io import read_checkpoint
     from vit.deploy.classifier import read_classifier
 
@@ -42,6 +43,8 @@ def by_hand(ckpt: Path, paths: list[Path]) -> tuple[np.ndarray, np.ndarray, dict
         model.tokens(x, on_block=lambda i, t: blocks.append(t[:, model.num_prefix_tokens:].mean(1).double().numpy()))
         pooled = model.forward_head(model.forward_features(x), pre_logits=True).double().numpy()
         logits = model(x).double().numpy()
+        if (tta or stored.get("tta", "none")) == "flip":
+            logits = (logits + model(torch.flip(x, dims=[3])).double().numpy()) / 2
     stats, score = stored["stats"], 0.0
     read = [*blocks, pooled] if len(stats["layers"]) > 1 else [pooled]  # all layers, or --layers pooled
     assert len(stats["layers"]) == len(read)

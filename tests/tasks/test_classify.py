@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -280,3 +281,19 @@ def test_a_class_without_test_images_is_said_and_not_scored_zero(tmp_path, caplo
     assert "test_acc_class/2" not in result  # torchmetrics would say 0.0
     assert "no test images of '2'" in caplog.text
     assert math.isnan(drawn["acc"][2]) and not any(math.isnan(a) for a in drawn["acc"][:2])
+
+
+@pytest.mark.parametrize("tta", ["none", "flip"])
+def test_the_test_report_averages_the_mirror_only_when_calibration_chose_it(fitted, tta):
+    """`vit fit` sets ``test_tta`` from the calibrated checkpoint; test logits are then mean(model(x), model(flip))."""
+    from vit.tasks import ImageClassifier
+
+    task = ImageClassifier.load_from_checkpoint(next((fitted / "ckpt").glob("best-*.ckpt")), map_location="cpu").eval()
+    task.test_tta = tta
+    x, y = torch.randn(3, 1, 16, 16), torch.tensor([0, 1, 2])  # the digits recipe's images
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # self.log outside a Trainer
+        got = task._eval_step((x, y), "test")
+        plain, mirrored = task(x), task(torch.flip(x, dims=[3]))
+    torch.testing.assert_close(got, (plain + mirrored) / 2 if tta == "flip" else plain)
+    assert not torch.allclose(plain, mirrored)

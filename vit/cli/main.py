@@ -244,10 +244,10 @@ class VitCLI(LightningCLI):
 
     def after_fit(self) -> None:
         config = self._subcommand_config(self.config)
+        if config.get("calibrate"):  # first: the test report uses the TTA it chose on val
+            self.calibrate_best()
         if config.get("test_after_fit"):
             self.test_best()
-        if config.get("calibrate"):
-            self.calibrate_best()
 
     def calibrate_best(self) -> None:
         """Fit T and the unknown score on the best checkpoint and store them in it (`vit.deploy.calibration`)."""
@@ -274,6 +274,9 @@ class VitCLI(LightningCLI):
             self.say("test_after_fit: no best checkpoint was saved; testing the final weights")
             best = None
         monitor = (checkpoint.monitor if checkpoint is not None else None) or "val_acc"
+        self.model.test_tta = (read_checkpoint(best).get("confidence") or {}).get("tta", "none") if best else "none"
+        if self.model.test_tta != "none":
+            self.say(f"testing with TTA {self.model.test_tta}: calibration measured it better on val")
         no_test = no_test_reason(self.datamodule)
         if no_test:
             # Nothing held out: report val, named as such (it chose the checkpoint, so it flatters).

@@ -12,7 +12,8 @@ A file that cannot be decoded gets ``"top_k": []`` and the reason in ``"error"``
 has the columns path, class_1, prob_1, ..., class_k, prob_k, error. A calibrated checkpoint (`vit calibrate`, or the
 end of `vit fit`) or its export answers calibrated probabilities, and "unknown" for an image far from its training
 data: the record adds "answer", "unknown", "nearest" and "score"; the CSV puts the unknown label in class_1 and
-adds the columns nearest and unknown_score. ``--accept_all`` never answers unknown. Imports no Lightning.
+adds the columns nearest and unknown_score. ``--accept_all`` never answers unknown. ``--tta flip`` averages the
+logits of each image and its mirror (default: what calibration chose on val). Imports no Lightning.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--strict", action="store_true",
                         help="stop at the first file that cannot be read, writing nothing")
     add_accept_all_argument(parser)
+    add_tta_argument(parser)
     args = parser.parse_args(list(argv))
     if args.top_k < 1:
         parser.error(f"--top_k must be at least 1, got {args.top_k}")
@@ -87,6 +89,15 @@ def add_accept_all_argument(parser: argparse.ArgumentParser) -> None:
                         "otherwise answers its unknown label for images far from its training data")
 
 
+def add_tta_argument(parser: argparse.ArgumentParser) -> None:
+    """``--tta`` as `vit predict` and `vit serve` take it."""
+    parser.add_argument("--tta", default=None, choices=("none", "flip"),
+                        help="test-time augmentation: 'flip' averages the logits of each image and its mirror "
+                        "(twice the compute; it can also turn right answers wrong, e.g. on digits); 'none' does "
+                        "not (default: what `vit calibrate` chose by measuring val with and without; none for an "
+                        "uncalibrated model)")
+
+
 def rejection_note(classifier: object, path: str, accept_all: bool) -> str | None:
     """One line when the model cannot answer "unknown" (saved or exported before `vit calibrate`), else None."""
     if accept_all:
@@ -108,7 +119,7 @@ def main(argv: Sequence[str]) -> list[dict]:
     if note := rejection_note(classifier, args.ckpt, args.accept_all):
         print(note)
     rows = predict_files(classifier, found.files, args.top_k, args.batch_size, args.crop_pct, args.precision,
-                         strict=args.strict, accept_all=args.accept_all)
+                         strict=args.strict, accept_all=args.accept_all, tta=args.tta)
     out = write_predictions(rows, args.out)
     print(describe_run(f"wrote {len(rows) - len(failures(rows))} predictions to {out}", rows, out))
     check_some_readable(rows)

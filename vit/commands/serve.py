@@ -62,9 +62,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         "images far from its training data (as `vit predict --accept_all`)")
     parser.add_argument("--top_k", type=int, default=5, help="classes per answer unless asked (default: %(default)s)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (checkpoints; default: %(default)s)")
-    from vit.commands.predict import add_backend_argument  # the same engines as `vit predict --backend`
+    from vit.commands.predict import add_backend_argument, add_tta_argument  # as `vit predict` takes them
 
     add_backend_argument(parser)
+    add_tta_argument(parser)
     parser.add_argument("--threads", type=int, default=default_threads(),
                         help="CPU threads for the model (torch or onnxruntime; default: half the cores, at least 1, "
                         f"here {default_threads()}: the rest parse HTTP and decode images)")
@@ -142,7 +143,7 @@ def main(argv: Sequence[str]) -> None:
     Image.MAX_IMAGE_PIXELS = max(Image.MAX_IMAGE_PIXELS or 0, limits.max_pixels)
     model = load_classifier(args.ckpt, args.device, backend=args.backend, threads=args.threads)
     note = rejection_note(model, str(args.ckpt), args.accept_all)
-    service = Service(Predictor(model, accept_all=args.accept_all), limits)
+    service = Service(Predictor(model, accept_all=args.accept_all, tta=args.tta), limits)
     app = create_app(service, api_key=api_key, cors_origins=args.cors_origin,
                      model_path=str(args.ckpt))
     sock = bind(args.host, args.port)

@@ -6,6 +6,7 @@
     score = min over classes c of (z - mu_c)' P (z - mu_c)      (z: the pooled features, L2-normalised;
                                                                  mu_c: class means, P: the shared precision)
     answer = the unknown label when score > threshold           (threshold: where 95% of val is accepted)
+    logits = mean over views v of model(v) when tta = "flip"   (views: the image and its mirror; chosen on val)
 
 The score was chosen by measurement (scripts/experiments/unknown_digits.py, docs/confidence.md).
 """
@@ -24,12 +25,13 @@ DEFAULT_LABEL = "unknown"
 CHECKPOINT_KEY = "confidence"  # where a checkpoint holds it
 METADATA_KEY = "confidence"  # the ONNX metadata_props key (JSON of `Calibration`)
 SCORE_OUTPUT = "unknown_score"  # the ONNX output beside the logits
+TTA_CHOICES = ("none", "flip")  # test-time augmentation: the image alone, or also its horizontal mirror
 
 
 @dataclass
 class Calibration:
     """The plain numbers a runner answers with: the temperature, the threshold (None: it cannot reject), the label
-    an unknown image gets, and how the threshold was chosen (for the record)."""
+    an unknown image gets, how the threshold was chosen (for the record), and the test-time augmentation."""
 
     temperature: float = 1.0
     threshold: float | None = None
@@ -38,13 +40,14 @@ class Calibration:
     acceptance: float | None = None
     # the val scores' 101 percentiles: an unknown answer's number is the share of val images scoring lower (`rarity`)
     quantiles: list[float] | None = None
+    tta: str = "none"  # "flip" only where it measured better on val (`vit.deploy.calibration.choose_tta`)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Calibration:
-        keys = ("temperature", "threshold", "label", "score", "acceptance", "quantiles")
+        keys = ("temperature", "threshold", "label", "score", "acceptance", "quantiles", "tta")
         known = {k: values[k] for k in keys if k in values}
         return cls(**known)
 
@@ -175,6 +178,23 @@ def rarities(scores: Tensor, calibration: Calibration | None) -> list[float | No
     low, high = q[above - 1], q[above]
     fraction = ((s - low) / (high - low).clamp_min(1e-12)).clamp(0, 1)  # 0 below the lowest, 1 past the highest
     return ((above - 1 + fraction) / (len(q) - 1)).round(decimals=6).tolist()
+
+
+def tta_views(images: Tensor, tta: str) -> list[Tensor]:
+    """The views whose logits are averaged: the images (B, C, H, W), and with "flip" their mirrors too."""
+    if tta not in TTA_CHOICES:
+        raise ValueError(f"tta must be one of {', '.join(TTA_CHOICES)}, got {tta!r}")
+    return [images, images.flip(-1)] if tta == "flip" else [images]
+
+
+def tta_logits(forward: Any, images: Tensor, tta: str, logits: Tensor | None = None) -> Tensor:
+    """The mean of ``forward``'s logits over the `tta_views` of ``images`` (``logits``: the first view's, already
+    computed). The unknown score stays the plain image's: its threshold was set on plain images."""
+    views = tta_views(images, tta)
+    first = forward(views[0]) if logits is None else logits
+    if len(views) == 1:
+        return first
+    return (first.float() + sum(forward(v).float() for v in views[1:])) / len(views)
 
 
 def decisions(scores: Tensor | None, calibration: Calibration | None, accept_all: bool = False) -> list[bool]:

@@ -23,7 +23,15 @@ import torch
 from torch import Tensor
 
 from vit.deploy.classifier import Classifier, ModelInput, read_classifier
-from vit.deploy.confidence import DEFAULT_LABEL, METADATA_KEY, SCORE_OUTPUT, Calibration, decisions, rarities
+from vit.deploy.confidence import (
+    DEFAULT_LABEL,
+    METADATA_KEY,
+    SCORE_OUTPUT,
+    Calibration,
+    decisions,
+    rarities,
+    tta_logits,
+)
 from vit.deploy.cpu import has_native_bf16
 from vit.deploy.metadata import _load_proto, is_int8, onnx_metadata
 from vit.errors import MissingPackageError, UserPathError, UserValueError
@@ -149,13 +157,23 @@ def ranked(logits: Tensor, k: int, class_names: Sequence[str]) -> list[list[dict
     return [top_k_entries(p, i, class_names) for p, i in zip(values.tolist(), indices.tolist())]
 
 
-def answered(classifier: Any, images: Tensor, k: int, accept_all: bool = False) -> list[tuple[list[dict], dict]]:
+def chosen_tta(classifier: Any, tta: str | None = None) -> str:
+    """``tta`` when given (the user's override), else the one calibration stored (measured on val), else none."""
+    if tta is not None:
+        return tta
+    calibration: Calibration | None = getattr(classifier, "calibration", None)
+    return calibration.tta if calibration is not None else "none"
+
+
+def answered(classifier: Any, images: Tensor, k: int, accept_all: bool = False,
+             tta: str | None = None) -> list[tuple[list[dict], dict]]:
     """Each image's top-k entries with calibrated probabilities (softmax(logits / T)) and, for a model with an
     unknown score, its answer: ``{"answer", "unknown", "nearest", "score"}`` (else ``{}``); ``accept_all``: never
-    unknown. `vit predict` and `vit serve` answer with this."""
+    unknown; ``tta``: "none" or "flip" (None: `chosen_tta`). `vit predict` and `vit serve` answer with this."""
     # the class's own `answer` (a wrapper such as torch-bf16's hands attributes on to the fp32 model inside)
     answer = getattr(classifier, "answer", None) if hasattr(type(classifier), "answer") else None
     logits, scores = answer(images) if answer is not None else (classifier(images), None)
+    logits = tta_logits(classifier, images, chosen_tta(classifier, tta), logits)
     calibration: Calibration | None = getattr(classifier, "calibration", None)
     temperature = calibration.temperature if calibration is not None else 1.0
     entries = ranked(logits.float() / temperature, k, classifier.class_names)

@@ -28,14 +28,15 @@ from vit.progress import progress
 def predict_files(
     classifier: Classifier | OnnxClassifier, files: Sequence[Path], top_k: int = 5, batch_size: int = 64,
     crop_pct: float | None = None, precision: str = "fp32", *, strict: bool = False, num_workers: int = 0,
-    accept_all: bool = False,
+    accept_all: bool = False, tta: str | None = None,
 ) -> list[dict]:
     """One `record` per file, in the order of ``files``: the top-k classes, or the reason it could not be read.
 
     ``crop_pct=None`` uses the centre crop the model was evaluated with; ``precision="bf16"`` runs a torch
     model under autocast; ``strict`` raises `UnreadableImageError` at the first file that cannot be read.
     A calibrated model's probabilities are softmax(logits / T), and its records say whether each image is
-    unknown (`vit.deploy.inference.answered`); ``accept_all`` never answers unknown.
+    unknown (`vit.deploy.inference.answered`); ``accept_all`` never answers unknown; ``tta`` ("none", "flip"; None:
+    what calibration chose on val) averages the logits over the image and its mirror.
     """
     if precision != "fp32" and isinstance(classifier, OnnxClassifier):
         raise UserValueError(f"{classifier.path}: precision {precision!r} is for checkpoints (torch autocast); "
@@ -57,7 +58,7 @@ def predict_files(
         if batch.images is None:
             continue
         with autocast(precision, classifier.device):
-            answers = answered(classifier, batch.images.to(classifier.device), top_k, accept_all)
+            answers = answered(classifier, batch.images.to(classifier.device), top_k, accept_all, tta)
         for index, (entries, extra) in zip(batch.indices, answers):
             rows[index] = record(dataset.files[index], entries) | extra
     return rows

@@ -147,9 +147,11 @@ class Answer:
 class Predictor:
     """A loaded model and what it takes to prepare its input; `run` is called on the model thread only."""
 
-    def __init__(self, classifier: Classifier | OnnxClassifier | Any, accept_all: bool = False) -> None:
+    def __init__(self, classifier: Classifier | OnnxClassifier | Any, accept_all: bool = False,
+                 tta: str | None = None) -> None:
         self.classifier = classifier  # Any: a `vit.deploy.backends` engine
         self.accept_all = accept_all  # never answer "unknown" (--accept_all)
+        self.tta = tta  # --tta; None: the one calibration chose on val
         self.mode = classifier.image_mode  # as `vit predict` decodes
         self.transform = classifier.eval_transform()
         self.short_side = classifier.eval_short_side()  # resized to, then cropped
@@ -176,7 +178,7 @@ class Predictor:
         started = time.perf_counter()
         images = torch.stack([job.image for job in jobs]).to(self.classifier.device)  # (B, C, H, W)
         k = max(job.top_k for job in jobs)
-        answers = answered(self.classifier, images, k, self.accept_all)
+        answers = answered(self.classifier, images, k, self.accept_all, self.tta)
         inference_ms = (time.perf_counter() - started) * 1000
         return [Answer(e[:job.top_k], len(jobs), started, inference_ms,
                        self.overlay(job.image) if job.attention else None, extra)

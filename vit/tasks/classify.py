@@ -292,6 +292,8 @@ class ImageClassifier(Prepared, VisionTask):
     def _eval_step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         x, y = self.unpack(batch)
         logits = self(x)
+        if stage == "test" and getattr(self, "test_tta", "none") == "flip":  # `vit fit` sets it: what val chose
+            logits = (logits + self(x.flip(-1))) / 2
         self.log(f"{stage}_loss", self.eval_loss(logits, y), prog_bar=stage == "val", sync_dist=True)
         metrics = self.val_metrics if stage == "val" else self.test_metrics
         metrics.update(logits, y)
