@@ -15,13 +15,15 @@ from scipy.special import log_softmax, softmax
 from tests.deploy.test_confidence import by_hand, images
 from vit.commands import run
 from vit.deploy.calibration import (
+    HALF_TOLERANCE,
     calibrate_checkpoint,
     calibration_figures,
     fit_temperature,
     fit_unknown,
+    in_half,
     threshold_at,
 )
-from vit.deploy.confidence import calibrated_probabilities, decisions
+from vit.deploy.confidence import UnknownScore, calibrated_probabilities, decisions
 from vit.errors import UserValueError
 
 
@@ -162,3 +164,29 @@ def test_the_pooled_features_alone_on_request(fitted, tmp_path):
     np.testing.assert_allclose([r["score"] for r in rows], scores, rtol=1e-4, atol=1e-4)
     with pytest.raises(UserValueError, match="layers must be 'all' or 'pooled'"):
         calibrate_checkpoint(ckpt, data, layers="some")
+
+
+def test_float16_statistics_where_they_keep_every_val_answer():
+    rng = np.random.default_rng(2)
+    features, labels = rng.normal(size=(300, 8)) + np.repeat(np.eye(3, 8) * 3, 100, 0), np.repeat(np.arange(3), 100)
+    unknown = fit_unknown(torch.tensor(features), torch.tensor(labels), 3)
+    val = [torch.tensor(rng.normal(size=(200, 8)) * 2)]
+    half_score, half = in_half(unknown, val)
+    assert half
+    stored = half_score.state(half=True)["layers"][0]
+    assert stored["means"].dtype == stored["whiten"].dtype == torch.float16
+    full_bytes = sum(t.numel() * t.element_size() for t in unknown.state()["layers"][0].values())
+    assert sum(t.numel() * t.element_size() for t in stored.values()) == full_bytes // 2
+    # the distance by hand from the stored float16 numbers: P = L L'
+    m, w = stored["means"].double().numpy(), stored["whiten"].double().numpy()
+    q = val[0].numpy() / np.linalg.norm(val[0].numpy(), axis=1, keepdims=True)
+    by_numpy = np.stack([np.einsum("nd,de,ne->n", q - c, w @ w.T, q - c) for c in m], 1).min(1)
+    reloaded = UnknownScore.from_state(half_score.state(half=True))
+    np.testing.assert_allclose(reloaded(val)[0].numpy(), by_numpy, rtol=1e-4, atol=1e-4)
+    full = unknown(val)[0].double()
+    assert float((reloaded(val)[0].double() - full).abs().max()) <= HALF_TOLERANCE * float(full.std())
+    # val images whose scores all but coincide: rounding moves them by more than their spread, so float32 stays
+    tight = [torch.tensor(np.repeat(rng.normal(size=(1, 8)), 50, 0) + rng.normal(size=(50, 8)) * 1e-7)]
+    kept, half = in_half(unknown, tight)
+    assert not half and kept is unknown
+    assert unknown.state()["layers"][0]["precision"].dtype == torch.float32

@@ -39,6 +39,7 @@ from vit.progress import progress
 ACCEPTANCE = 0.95
 ECE_BINS = 15
 SHRINKAGE = 0.001  # of the covariance towards the identity (see fit_layer; 1% cost 0.004 AUROC)
+HALF_TOLERANCE = 0.01  # float16 statistics where no val score moves more than this share of their spread
 
 
 def fit_temperature(logits: Tensor, labels: Tensor) -> float:
@@ -105,6 +106,17 @@ def fit_unknown(train: Tensor | list[Tensor], labels: Tensor, num_classes: int, 
         return score
     distances = torch.stack(score.distances(val)[0])  # (layers, N)
     return UnknownScore(list(score.layers), distances.mean(1), distances.std(1, correction=0))
+
+
+def in_half(unknown: UnknownScore, val: list[Tensor]) -> tuple[UnknownScore, bool]:
+    """The score with float16 statistics (half the checkpoint bytes) where that keeps the answers on val: the same
+    images accepted at the default acceptance (each score's own threshold), and no score moved by more than
+    `HALF_TOLERANCE` of the val scores' standard deviation. Else the float32 score. Returns (score, whether half)."""
+    rounded = UnknownScore.from_state(unknown.state(half=True))
+    full, half = unknown(val)[0].double(), rounded(val)[0].double()
+    same = torch.equal(full > threshold_at(full, ACCEPTANCE), half > threshold_at(half, ACCEPTANCE))
+    keeps = same and float((full - half).abs().max()) <= HALF_TOLERANCE * float(full.std())
+    return (rounded, True) if keeps else (unknown, False)
 
 
 def threshold_at(scores: Tensor, acceptance: float) -> float:
@@ -214,6 +226,7 @@ def fit_confidence(classifier: Classifier, train: Dataset, val: Dataset, *, acce
     tta, tta_report, val_logits = measure_tta(classifier, val, val_labels, **loader)
     temperature = fit_temperature(val_logits, val_labels)
     unknown = fit_unknown(train_features, train_labels, len(classifier.class_names), val=val_features)
+    unknown, half = in_half(unknown, val_features)
     val_scores = unknown(val_features)[0]
     if outliers is None:
         threshold = threshold_at(val_scores, acceptance)
@@ -225,7 +238,7 @@ def fit_confidence(classifier: Classifier, train: Dataset, val: Dataset, *, acce
               "val_images": len(val_labels), "train_images": len(train_labels), "tta": tta_report}
     quantiles = torch.quantile(val_scores.double(), torch.linspace(0, 1, 101, dtype=torch.float64)).tolist()
     calibration = Calibration(temperature, threshold, label, acceptance=acceptance, quantiles=quantiles, tta=tta)
-    return Confidence(calibration, unknown, report)
+    return Confidence(calibration, unknown, report, half)
 
 
 def describe(confidence: Confidence) -> list[str]:
@@ -238,8 +251,11 @@ def describe(confidence: Confidence) -> list[str]:
                      f"Brier {b['brier']:.4f} -> {a['brier']:.4f} (top-1 {a['top1']:.4f}, unchanged)")
     if c.threshold is not None:
         layers = len(confidence.unknown.layers) if confidence.unknown is not None else 0
+        stats = confidence.unknown.state(confidence.half) if confidence.unknown is not None else {"layers": []}
+        kib = sum(t.numel() * t.element_size() for layer in stats["layers"] for t in layer.values()) / 1024
         lines.append(f"unknown: {c.score} score ({layers} layer(s)) above {c.threshold:.4g} answers {c.label!r} "
-                     f"({100 * c.acceptance:.0f}% of val accepted)")
+                     f"({100 * c.acceptance:.0f}% of val accepted; {'float16' if confidence.half else 'float32'} "
+                     f"statistics, {kib:.0f} KiB in the checkpoint)")
     if "tta" in r:
         a, b = r["tta"]["none"], r["tta"]["flip"]
         lines.append(f"TTA flip (mirror averaged in): val top-1 {a['top1']:.4f} -> {b['top1']:.4f}, NLL "

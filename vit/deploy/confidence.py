@@ -56,13 +56,18 @@ class LayerScore(nn.Module):
     """One layer's squared Mahalanobis distance to the nearest class mean, on L2-normalised features (B, D), under
     one shared precision. Returns (distance (B,), nearest class (B,))."""
 
-    def __init__(self, means: Tensor, precision: Tensor) -> None:
+    def __init__(self, means: Tensor, precision: Tensor | None = None, *, whiten: Tensor | None = None) -> None:
         super().__init__()
+        # P = L L': the distance is |(z - m) L|^2, a sum of squares of differences; expanding it as z'Pz - 2z'Pm +
+        # m'Pm instead loses the digits of a small distance between large terms in float32. A half-precision
+        # checkpoint stores L, not P: P's entries can pass float16's 65504 where L's (their square roots) do not.
+        if whiten is None:
+            whiten = torch.linalg.cholesky(precision.double())
+        else:
+            whiten = whiten.double()
+            precision = whiten @ whiten.T
         self.register_buffer("means", means.float())  # (C, D)
         self.register_buffer("precision", precision.float())  # (D, D), symmetric positive definite
-        # P = L L': the distance is |(z - m) L|^2, a sum of squares of differences; expanding it as z'Pz - 2z'Pm +
-        # m'Pm instead loses the digits of a small distance between large terms in float32
-        whiten = torch.linalg.cholesky(precision.double())
         self.register_buffer("whiten", whiten.float(), persistent=False)
         self.register_buffer("whitened_means", (means.double() @ whiten).float(), persistent=False)
 
@@ -96,16 +101,23 @@ class UnknownScore(nn.Module):
         score = sum((d - self.loc[i]) / self.scale[i] for i, d in enumerate(distances))
         return score, nearest
 
-    def state(self) -> dict[str, Any]:
-        layers = [{"means": layer.means.detach().cpu(), "precision": layer.precision.detach().cpu()}
-                  for layer in self.layers]
+    def state(self, half: bool = False) -> dict[str, Any]:
+        """The statistics to store: float32 means and precisions, or (``half``) float16 means and whitening
+        factors, half the bytes (`vit.deploy.calibration.in_half` decides where that keeps the answers)."""
+        if half:
+            layers = [{"means": layer.means.detach().cpu().half(), "whiten": layer.whiten.detach().cpu().half()}
+                      for layer in self.layers]
+        else:
+            layers = [{"means": layer.means.detach().cpu(), "precision": layer.precision.detach().cpu()}
+                      for layer in self.layers]
         return {"layers": layers, "loc": self.loc.detach().cpu(), "scale": self.scale.detach().cpu()}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> UnknownScore:
         if "means" in state:  # one layer, unstandardised
             return cls([LayerScore(state["means"], state["precision"])])
-        return cls([LayerScore(s["means"], s["precision"]) for s in state["layers"]], state["loc"], state["scale"])
+        layers = [LayerScore(s["means"], s.get("precision"), whiten=s.get("whiten")) for s in state["layers"]]
+        return cls(layers, state["loc"], state["scale"])
 
 
 def pooled_and_logits(model: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -149,16 +161,18 @@ class Confidence:
     calibration: Calibration
     unknown: UnknownScore | None = None
     report: dict[str, Any] | None = None  # the figures of the fit (ECE, NLL, Brier before/after, ...)
+    half: bool = False  # store the score's statistics in float16 (chosen where it keeps every val answer)
 
     def to_checkpoint(self) -> dict[str, Any]:
-        return {**self.calibration.to_dict(), "stats": self.unknown.state() if self.unknown is not None else None,
-                "report": self.report}
+        stats = self.unknown.state(self.half) if self.unknown is not None else None
+        return {**self.calibration.to_dict(), "stats": stats, "report": self.report}
 
     @classmethod
     def from_checkpoint(cls, values: dict[str, Any]) -> Confidence:
         stats = values.get("stats")
         unknown = UnknownScore.from_state(stats) if stats else None
-        return cls(Calibration.from_dict(values), unknown, values.get("report"))
+        half = bool(stats) and "whiten" in (stats.get("layers") or [{}])[0]
+        return cls(Calibration.from_dict(values), unknown, values.get("report"), half)
 
 
 def calibrated_probabilities(logits: Tensor, calibration: Calibration | None) -> Tensor:
