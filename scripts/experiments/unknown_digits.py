@@ -107,21 +107,28 @@ def l2(z: np.ndarray) -> np.ndarray:
     return z / np.linalg.norm(z, axis=1, keepdims=True)
 
 
-def mahalanobis(train: np.ndarray, labels: np.ndarray, relative: bool = False, shrink: float = 0.0):
+def mahalanobis(train: np.ndarray, labels: np.ndarray, relative: bool = False, shrink: float = 0.0,
+                per_class: float = 0.0):
     """The class-conditional score with one shared covariance (Lee et al. 2018): min over classes of the squared
     distance; ``relative``: minus the distance to one Gaussian of all training features (Ren et al. 2021);
-    ``shrink``: the covariance shrunk towards tr/D times the identity (as `vit.deploy.calibration.fit_unknown`)."""
+    ``shrink``: the covariance shrunk towards tr/D times the identity (as `vit.deploy.calibration.fit_layer`);
+    ``per_class`` > 0: each class its own covariance, shrunk by that share towards the shared one (Friedman's
+    regularised discriminant analysis, as `fit_layer(per_class=True)`)."""
     means = np.stack([train[labels == c].mean(0) for c in KNOWN])
     centred = train - means[labels]
     cov = centred.T @ centred / len(train)
     cov = (1 - shrink) * cov + shrink * np.trace(cov) / len(cov) * np.eye(len(cov))
-    precision = np.linalg.pinv(cov)
+    if per_class:
+        own = [centred[labels == c].T @ centred[labels == c] / (labels == c).sum() for c in KNOWN]
+        precisions = np.stack([np.linalg.inv((1 - per_class) * o + per_class * cov) for o in own])
+    else:
+        precisions = np.stack([np.linalg.pinv(cov)] * len(KNOWN))
     mu0 = train.mean(0)
     precision0 = np.linalg.pinv(np.cov(train - mu0, rowvar=False, bias=True))
 
     def score(z: np.ndarray) -> np.ndarray:
         d = z[:, None, :] - means[None]
-        dist = np.einsum("ncd,de,nce->nc", d, precision, d)
+        dist = np.einsum("ncd,cde,nce->nc", d, precisions, d)
         if relative:
             d0 = z - mu0
             dist = dist - np.einsum("nd,de,ne->n", d0, precision0, d0)[:, None]
@@ -162,17 +169,22 @@ def scores(f: dict[str, dict[str, np.ndarray]], labels: np.ndarray) -> dict[str,
         (g(l2(s[k])) - stats[k][0]) / stats[k][1] for k, g in per_layer.items())
     shrunk = {k: mahalanobis(l2(f["train"][k]), labels, shrink=0.001) for k in [*layers, "pooled"]}
     loc = {k: (g(l2(f["val"][k])).mean(), g(l2(f["val"][k])).std()) for k, g in shrunk.items()}
-    fitted["all layers, shrunk 0.1% (vit's default)"] = lambda s: sum(
+    fitted["every layer, shared covariance"] = lambda s: sum(
         (g(l2(s[k])) - loc[k][0]) / loc[k][1] for k, g in shrunk.items())
+    # vit's default: the same layers, each class its own covariance shrunk 10% towards the shared one
+    own = {k: mahalanobis(l2(f["train"][k]), labels, shrink=0.001, per_class=0.1) for k in [*layers, "pooled"]}
+    own_loc = {k: (g(l2(f["val"][k])).mean(), g(l2(f["val"][k])).std()) for k, g in own.items()}
+    fitted["every layer, covariance per class (vit's default)"] = lambda s: sum(
+        (g(l2(s[k])) - own_loc[k][0]) / own_loc[k][1] for k, g in own.items())
     # the default plus the energy score, standardised on val alike (logits carry what the features' distance misses?)
     energy = lambda s: -logsumexp(s["logits"], 1)
     e_loc = (energy(f["val"]).mean(), energy(f["val"]).std())
-    fitted["default + energy"] = lambda s: fitted["all layers, shrunk 0.1% (vit's default)"](s) + \
+    fitted["default + energy"] = lambda s: fitted["every layer, shared covariance"](s) + \
         (energy(s) - e_loc[0]) / e_loc[1]
     if "mirror" in f["train"]:  # TTA on the score: the mean of the image's and its mirror's default score
         fitted["default, TTA flip (mean with the mirror's)"] = lambda s: (
-            fitted["all layers, shrunk 0.1% (vit's default)"](s)
-            + fitted["all layers, shrunk 0.1% (vit's default)"](s["mirror"])) / 2
+            fitted["every layer, shared covariance"](s)
+            + fitted["every layer, shared covariance"](s["mirror"])) / 2
     fitted["Mahalanobis, L2, last 2 blocks + pooled"] = lambda s: sum(
         (g(l2(s[k])) - stats[k][0]) / stats[k][1] for k, g in per_layer.items() if k in (*layers[-2:], "pooled"))
     return {name: {split: g(s) for split, s in f.items()} for name, g in fitted.items()}
@@ -203,26 +215,11 @@ def calibration(f: dict[str, dict[str, np.ndarray]], labels: dict[str, np.ndarra
     return {"T": t, "before": calibration_figures(test, y), "after": calibration_figures(test, y, t)}
 
 
-def reliability(ax, logits: np.ndarray, labels: np.ndarray, t: float, title: str) -> None:
-    """Accuracy against confidence in 15 bins, before (T = 1) and after T, on one axis."""
-    from scipy.special import softmax
-
-    for temp, colour, name in ((1.0, "tab:red", "before"), (t, "tab:blue", f"after (T = {t:.2f})")):
-        p = softmax(logits / temp, 1)
-        conf, right = p.max(1), p.argmax(1) == labels
-        bins = np.minimum((conf * 15).astype(int), 14)
-        used = sorted(set(bins))
-        ax.plot([conf[bins == b].mean() for b in used], [right[bins == b].mean() for b in used], "o-", color=colour,
-                label=name)
-    ax.plot([0, 1], [0, 1], "k--", lw=0.8)
-    ax.set(xlabel="confidence (top probability)", ylabel="accuracy", title=title, xlim=(0, 1), ylim=(0, 1.02))
-    ax.legend(loc="upper left", fontsize=8)
-
-
-def tiles_calibration(args: argparse.Namespace) -> tuple[dict, tuple]:
-    """`vit fit` of the recipe on small_folders.py's texture tiles (12 classes), seed 0: ECE before and after T."""
+def tiles_calibration(args: argparse.Namespace, seed: int) -> tuple[dict, tuple]:
+    """`vit fit` of the recipe (its own epochs) on small_folders.py's texture tiles (12 classes): ECE before and
+    after T."""
     root = args.work / "unknowns" / "tiles"
-    ckpt = train(args.config, root, args.work / "tiles_seed0", 0, args.epochs, hflip=True)
+    ckpt = train(args.config, root, args.work / f"tiles_seed{seed}", seed, None, hflip=True)
     from vit.deploy.classifier import read_classifier
 
     classifier = read_classifier(ckpt)
@@ -276,7 +273,9 @@ def main(argv: list[str] | None = None) -> dict:
         for score, s in scores(f, labels["train"]).items():
             results.setdefault(score, {})[seed] = measure(s, correct) | {"top1": float(correct.mean())}
     if not args.no_tiles_fit:
-        calibrated["tiles (12 classes), seed 0"], tiles_test = tiles_calibration(args)
+        tiles_test = {}
+        for seed in args.seeds:
+            calibrated[f"tiles (12 classes), seed {seed}"], tiles_test[seed] = tiles_calibration(args, seed)
     (args.work / "results.json").write_text(json.dumps({"unknown": results, "calibration": calibrated}, indent=1))
     table(results)
     print("\n| folder | T | test ECE before → after | NLL before → after | Brier before → after | top-1 |")
@@ -285,21 +284,19 @@ def main(argv: list[str] | None = None) -> dict:
         b, a = c["before"], c["after"]
         print(f"| {name} | {c['T']:.2f} | {b['ece']:.4f} → {a['ece']:.4f} | {b['nll']:.3f} → {a['nll']:.3f} | "
               f"{b['brier']:.3f} → {a['brier']:.3f} | {a['top1']:.3f} |")
-    if args.figure:
-        import matplotlib
+    if args.figure:  # vit's own reliability diagram (what `vit calibrate` draws on val), here on the test split
+        from vit.deploy.calibration import reliability_bins
+        from vit.reports import reliability_figure, save_figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        shown = [("digits 0-4", digits_test, calibrated[f"digits 0-4, seed {args.seeds[0]}"]["T"])]
+        first = args.seeds[0]
+        shown = [("digits", digits_test, calibrated[f"digits 0-4, seed {first}"]["T"])]
         if not args.no_tiles_fit:
-            shown.append(("texture tiles", tiles_test, calibrated["tiles (12 classes), seed 0"]["T"]))
-        fig, axes = plt.subplots(1, len(shown), figsize=(4.5 * len(shown), 4.2), squeeze=False)
-        for ax, (title, (logits, y), t) in zip(axes[0], shown):
-            reliability(ax, logits, y, t, f"{title}: test split")
-        fig.tight_layout()
-        fig.savefig(args.figure, dpi=110)
-        print(f"wrote {args.figure}")
+            shown.append(("tiles", tiles_test[first], calibrated[f"tiles (12 classes), seed {first}"]["T"]))
+        for name, (logits, y), t in shown:
+            logits, y = torch.tensor(logits), torch.tensor(y)
+            figure = reliability_figure(reliability_bins(logits, y), reliability_bins(logits, y, t), t,
+                                        f"{name}, seed {first}: test split")
+            print(f"wrote {save_figure(figure, args.figure.with_name(f'{args.figure.stem}_{name}.png'))}")
     return results
 
 

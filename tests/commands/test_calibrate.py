@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,7 +35,9 @@ def test_calibrate_then_predict_answers_unknown_alike_on_checkpoint_and_onnx(cal
         assert [r["unknown"] for r in rows] == unknown.tolist(), backend
         assert [r["answer"] for r in rows] == [
             "unknown" if u else r["nearest"] for u, r in zip(unknown, rows)]
-        np.testing.assert_allclose([r["score"] for r in rows], scores, rtol=1e-4, atol=1e-4)
+        # numpy reads the features of another float32 forward path, and a per-class precision magnifies their last
+        # bits: a few 1e-4 on scores spread over several units
+        np.testing.assert_allclose([r["score"] for r in rows], scores, rtol=5e-4, atol=5e-4)
         got = np.zeros_like(probs)
         for i, r in enumerate(rows):
             got[i, [e["class"] for e in r["top_k"]]] = [e["probability"] for e in r["top_k"]]
@@ -51,7 +54,7 @@ def test_calibrate_then_predict_answers_unknown_alike_on_checkpoint_and_onnx(cal
         if u:  # in place of a probability: the share of val images scoring lower, >= the 95% accepted
             assert float(row["prob_1"]) == pytest.approx(np.interp(s, quantiles, np.linspace(0, 1, 101)), abs=1e-4)
             assert float(row["prob_1"]) >= 0.95 - 1e-6
-        assert float(row["unknown_score"]) == pytest.approx(s, rel=1e-4, abs=1e-4) and row["nearest"] in "0123456789"
+        assert float(row["unknown_score"]) == pytest.approx(s, rel=5e-4, abs=5e-4) and row["nearest"] in "0123456789"
     # --accept_all: every image gets its class
     rows = run(["predict", "--ckpt", str(ckpt), *map(str, paths), "--out", str(tmp_path / "a.json"), "--accept_all"])
     assert not any(r["unknown"] for r in rows) and all(r["answer"] == r["nearest"] for r in rows)
@@ -68,10 +71,16 @@ def test_fit_ends_by_calibrating_its_best_checkpoint(tmp_path, capsys):
     done = [i for i, line in enumerate(lines) if line.startswith(f"calibrated {best}: vit predict and vit serve")]
     tested = [i for i, line in enumerate(lines) if line.startswith(f"test accuracy of {best}: ")]
     assert len(done) == len(tested) == 1 and done[0] < tested[0]
-    last_lines = lines[done[0] - 4:done[0] + 1]
+    last_lines = lines[done[0] - 5:done[0] + 1]
     assert any(line.startswith("temperature T = ") for line in last_lines)
     assert any(line.startswith("TTA flip (mirror averaged in): val top-1") for line in last_lines)
+    drawn = [line.rsplit(": ", 1)[1] for line in last_lines if line.startswith("reliability diagram (val")]
+    assert len(drawn) == 1 and Path(drawn[0]).stat().st_size > 10_000 and Path(drawn[0]).parent != best.parent
     stored = read_checkpoint(best)["confidence"]
     layers = stored["stats"]["layers"]  # the one block's mean patch token and the pooled features
-    assert stored["temperature"] > 0 and [layer["precision"].shape for layer in layers] == [(32, 32)] * 2
+    # 10 classes of width 32 fit the byte budget: a covariance (stored as a float16 whitening factor or a
+    # float32 precision) per class
+    shapes = [(layer.get("whiten", layer.get("precision"))).shape for layer in layers]
+    assert stored["temperature"] > 0 and shapes == [(10, 32, 32)] * 2
+    assert stored["score"] == "mahalanobis_l2_layers_class_covariance"
     json.dumps({k: v for k, v in stored.items() if k != "stats"})  # the report is plain data

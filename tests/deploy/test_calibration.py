@@ -21,6 +21,7 @@ from vit.deploy.calibration import (
     fit_temperature,
     fit_unknown,
     in_half,
+    reliability_bins,
     threshold_at,
 )
 from vit.deploy.confidence import UnknownScore, calibrated_probabilities, decisions
@@ -143,6 +144,7 @@ def test_an_outlier_folder_sets_the_best_separating_threshold(fitted, tmp_path):
     for i, path in enumerate(images(tmp_path / "images")[12:]):
         shutil.copy(path, folder / f"{i}.png")
     confidence = calibrate_checkpoint(ckpt, data, outliers=folder, say=lambda line: None)
+    assert (tmp_path / "reliability.png").stat().st_size > 10_000  # drawn beside the checkpoint
     _, outlier_scores, stored = by_hand(ckpt, sorted(folder.glob("*.png")))
     assert stored["threshold"] == confidence.calibration.threshold
     assert (outlier_scores > stored["threshold"]).mean() >= 0.5
@@ -190,3 +192,53 @@ def test_float16_statistics_where_they_keep_every_val_answer():
     kept, half = in_half(unknown, tight)
     assert not half and kept is unknown
     assert unknown.state()["layers"][0]["precision"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.25])
+def test_reliability_bins_give_torchmetrics_ece(temperature):
+    from torchmetrics.classification import MulticlassCalibrationError
+
+    logits, labels = overconfident()
+    bins = reliability_bins(logits, labels, temperature)
+    assert sum(bins["count"]) == len(labels) and min(bins["count"]) > 0
+    ece = sum(n / len(labels) * abs(a - c) for n, a, c in zip(bins["count"], bins["accuracy"], bins["confidence"]))
+    probs = (logits / temperature).softmax(-1).float()
+    expected = float(MulticlassCalibrationError(num_classes=5, n_bins=15, norm="l1")(probs, labels))
+    assert ece == pytest.approx(expected, abs=1e-6)
+    top = probs.max(-1).values.double()
+    assert bins["confidence"][-1] == pytest.approx(top[top >= 14 / 15].mean().item())  # the last bin by hand
+
+
+def test_a_covariance_per_class_matches_numpy_and_survives_a_class_of_one():
+    rng = np.random.default_rng(3)
+    labels = np.r_[np.repeat(np.arange(3), 60), 3]  # class 3 has one image: its own covariance is 0
+    scales = np.array([0.5, 1.0, 2.0, 1.0])[labels, None]
+    features = rng.normal(size=(181, 6)) * scales + np.eye(4, 6)[labels] * 4
+    unknown = fit_unknown(torch.tensor(features), torch.tensor(labels), 4, per_class=True)
+    z = features / np.linalg.norm(features, axis=1, keepdims=True)
+    means = np.stack([z[labels == c].mean(0) for c in range(4)])
+    shared = np.cov(z - means[labels], rowvar=False, bias=True)
+    shared = 0.999 * shared + 0.001 * np.trace(shared) / 6 * np.eye(6)
+    own = [np.atleast_2d(np.cov(z[labels == c] - means[c], rowvar=False, bias=True)) if c < 3 else np.zeros((6, 6))
+           for c in range(4)]
+    precisions = [np.linalg.inv(0.9 * o + 0.1 * shared) for o in own]  # each class shrunk 10% towards the shared
+    queries = rng.normal(size=(30, 6)) * 2
+    q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    d = np.stack([np.einsum("nd,de,ne->n", q - m, p, q - m) for m, p in zip(means, precisions)], 1)
+    score, nearest = unknown(torch.tensor(queries, dtype=torch.float32))
+    np.testing.assert_allclose(score.numpy(), d.min(1), rtol=1e-4, atol=1e-3)
+    assert nearest.tolist() == d.argmin(1).tolist()
+    # stored in float16 (whitening factors per class) and read back: the same distances within float16's digits
+    reloaded = UnknownScore.from_state(unknown.state(half=True))
+    assert reloaded.layers[0].whiten.shape == (4, 6, 6)
+    np.testing.assert_allclose(reloaded(torch.tensor(queries))[0].numpy(), d.min(1), rtol=1e-2)
+
+
+@pytest.mark.parametrize("classes, fits", [(5, True), (1000, False)])
+def test_a_covariance_per_class_only_within_its_byte_budget(classes, fits):
+    from vit.deploy.calibration import per_class_fits
+
+    widths = [384] * 13  # ViT-S/16: 12 blocks and the pooled features
+    assert per_class_fits(classes, widths) is fits
+    needed = 2 * 5 * 13 * 384 * 384  # float16 bytes for 5 classes
+    assert per_class_fits(5, widths, budget=needed) and not per_class_fits(5, widths, budget=needed - 1)

@@ -50,8 +50,14 @@ def by_hand(ckpt: Path, paths: list[Path], tta: str | None = None) -> tuple[np.n
     assert len(stats["layers"]) == len(read)
     for features, layer, loc, scale in zip(read, stats["layers"], stats["loc"], stats["scale"]):
         z = features / np.linalg.norm(features, axis=1, keepdims=True)
-        means, precision = layer["means"].double().numpy(), layer["precision"].double().numpy()
-        d = np.stack([np.einsum("nd,de,ne->n", z - m, precision, z - m) for m in means], 1)
+        means = layer["means"].double().numpy()
+        if "whiten" in layer:  # float16 statistics: the whitening factor L of P = L L'
+            w = layer["whiten"].double().numpy()
+            precision = w @ np.swapaxes(w, -1, -2)
+        else:
+            precision = layer["precision"].double().numpy()
+        precisions = precision if precision.ndim == 3 else [precision] * len(means)  # per class, or shared
+        d = np.stack([np.einsum("nd,de,ne->n", z - m, p, z - m) for m, p in zip(means, precisions)], 1)
         score = score + (d.min(1) - float(loc)) / float(scale)
     return softmax(logits / stored["temperature"], 1), score, stored
 

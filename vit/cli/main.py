@@ -262,7 +262,7 @@ class VitCLI(LightningCLI):
         from vit.deploy.calibration import calibrate_checkpoint
 
         try:
-            calibrate_checkpoint(best, self.datamodule, say=self.say)
+            calibrate_checkpoint(best, self.datamodule, figure_dir=self.trainer.log_dir, say=self.say)
         except Exception as e:  # a post-hoc step: the trained checkpoint stands whatever happens here
             self.say(f"calibration skipped ({type(e).__name__}: {e}); the checkpoint is as trained. "
                      f"Retry with: vit calibrate --ckpt {best} --config CONFIG")

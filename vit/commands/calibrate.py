@@ -3,8 +3,8 @@
     vit calibrate --ckpt logs/digits/checkpoints/best-epoch=41-step=840.ckpt --config configs/digits.yaml
     vit calibrate --ckpt model.ckpt --config configs/scratch_small.yaml --data.init_args.root photos/ --acceptance 0.99
 
-Fits one temperature on the validation split (the NLL, LBFGS), the unknown score (class means and shared
-precision of the training split's pooled features) and its threshold (``--acceptance`` of val accepted), prints
+Fits one temperature on the validation split (the NLL, LBFGS), the unknown score (class means and precisions
+of the training split's features, every layer) and its threshold (``--acceptance`` of val accepted), prints
 ECE, NLL and Brier before and after, and writes them into the checkpoint (or ``--out``). `vit fit` does the same
 at its end; this is for a checkpoint saved before, or other settings. `vit.deploy.calibration` does the work.
 """
@@ -36,6 +36,10 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--layers", choices=("all", "pooled"), default="all",
                         help="the features the unknown score reads: every block's and the pooled ones (measured "
                         "best), or the pooled ones alone (a smaller checkpoint) (default: %(default)s)")
+    parser.add_argument("--covariance", choices=("auto", "class", "shared"), default="auto",
+                        help="the unknown score's covariance: one per class (measured best), one shared by the "
+                        "classes (C times smaller), or auto: per class where that adds at most 32 MiB "
+                        "(default: %(default)s)")
     parser.add_argument("--label", default=DEFAULT_LABEL, help="the answer for an unknown image (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None, help="write a calibrated copy here (default: in place)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: %(default)s)")
@@ -62,5 +66,5 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     data.setup("fit")
     confidence = calibrate_checkpoint(args.ckpt, data, acceptance=args.acceptance, label=args.label,
                                       out=args.out, device=args.device, outliers=args.outliers,
-                                      layers=args.layers)
+                                      layers=args.layers, covariance=args.covariance)
     return {**confidence.calibration.to_dict(), "report": confidence.report}

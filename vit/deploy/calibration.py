@@ -26,6 +26,8 @@ from vit.deploy.classifier import Classifier
 from vit.deploy.confidence import (
     CHECKPOINT_KEY,
     DEFAULT_LABEL,
+    SCORE,
+    SCORE_PER_CLASS,
     Calibration,
     Confidence,
     LayerScore,
@@ -39,6 +41,9 @@ from vit.progress import progress
 ACCEPTANCE = 0.95
 ECE_BINS = 15
 SHRINKAGE = 0.001  # of the covariance towards the identity (see fit_layer; 1% cost 0.004 AUROC)
+COVARIANCES = ("auto", "class", "shared")
+CLASS_SHRINKAGE = 0.1  # of each class's covariance towards the shared one (3%-30% measured alike)
+CLASS_COVARIANCE_BYTES = 32 * 2**20  # the most float16 bytes a covariance per class may add to a checkpoint
 HALF_TOLERANCE = 0.01  # float16 statistics where no val score moves more than this share of their spread
 
 
@@ -75,11 +80,31 @@ def calibration_figures(logits: Tensor, labels: Tensor, temperature: float = 1.0
             "top1": float((logits.argmax(-1) == labels).double().mean())}
 
 
-def fit_layer(features: Tensor, labels: Tensor, num_classes: int, shrinkage: float = SHRINKAGE) -> LayerScore:
-    """Class means and the shared precision of one layer's L2-normalised features: the inverse of the within-class
-    covariance shrunk towards a multiple of the identity, (1 - s) S + s tr(S)/D I, which keeps it invertible
-    with fewer images than features (a barely trained network's features span few directions). A class
-    without training images is an error."""
+def reliability_bins(logits: Tensor, labels: Tensor, temperature: float = 1.0,
+                     bins: int = ECE_BINS) -> dict[str, list[float]]:
+    """The reliability diagram's numbers for softmax(logits / T): per confidence bin (``bins`` equal widths, as the
+    ECE's), the mean top probability, the accuracy and the image count; empty bins left out."""
+    probs = (logits.double() / temperature).softmax(-1)
+    confidence, predicted = probs.max(-1)
+    right = (predicted == labels.long()).double()
+    edges = torch.linspace(0, 1, bins + 1, dtype=torch.float64)
+    which = (torch.bucketize(confidence, edges, right=True) - 1).clamp(0, bins - 1)  # as torchmetrics bins them
+    count = torch.bincount(which, minlength=bins)
+    used = count > 0
+
+    def mean(values: Tensor) -> list[float]:
+        return (torch.zeros(bins, dtype=torch.float64).index_add_(0, which, values)[used] / count[used]).tolist()
+
+    return {"confidence": mean(confidence), "accuracy": mean(right), "count": count[used].tolist()}
+
+
+def fit_layer(features: Tensor, labels: Tensor, num_classes: int, shrinkage: float = SHRINKAGE,
+              per_class: bool = False) -> LayerScore:
+    """Class means and the precision of one layer's L2-normalised features. Shared: the inverse of the within-class
+    covariance S shrunk towards a multiple of the identity, (1 - s) S + s tr(S)/D I, which keeps it invertible
+    with fewer images than features (a barely trained network's features span few directions). ``per_class``:
+    each class's own covariance shrunk by `CLASS_SHRINKAGE` towards that shared one (regularised discriminant
+    analysis, Friedman 1989), invertible even for a class of one image. A class without images is an error."""
     z = F.normalize(features.double(), dim=-1)
     counts = torch.bincount(labels.long(), minlength=num_classes)
     if (counts == 0).any():
@@ -92,16 +117,25 @@ def fit_layer(features: Tensor, labels: Tensor, num_classes: int, shrinkage: flo
     covariance = centred.T @ centred / len(z)
     identity = torch.eye(z.shape[1], dtype=torch.float64)
     covariance = (1 - shrinkage) * covariance + shrinkage * covariance.trace() / z.shape[1] * identity
+    if per_class:
+        own = torch.stack([c.T @ c / len(c) for c in (centred[labels.long() == k] for k in range(num_classes))])
+        covariance = (1 - CLASS_SHRINKAGE) * own + CLASS_SHRINKAGE * covariance  # (C, D, D)
     precision = torch.linalg.inv(covariance)
-    return LayerScore(means.float(), ((precision + precision.T) / 2).float())
+    return LayerScore(means.float(), ((precision + precision.transpose(-1, -2)) / 2).float())
+
+
+def per_class_fits(num_classes: int, widths: list[int], budget: int = CLASS_COVARIANCE_BYTES) -> bool:
+    """Whether a covariance per class keeps the statistics within ``budget`` bytes (float16, every layer): a few
+    classes on a small ViT, where it measured best; one shared covariance otherwise (C times fewer bytes)."""
+    return 2 * num_classes * sum(d * d for d in widths) <= budget
 
 
 def fit_unknown(train: Tensor | list[Tensor], labels: Tensor, num_classes: int, val: list[Tensor] | None = None,
-                shrinkage: float = SHRINKAGE) -> UnknownScore:
+                shrinkage: float = SHRINKAGE, per_class: bool = False) -> UnknownScore:
     """The unknown score of the layers' training features (one tensor: one layer), each layer's distance
     standardised by its mean and standard deviation over the ``val`` features (none for one layer)."""
     train = [train] if isinstance(train, Tensor) else train
-    score = UnknownScore([fit_layer(f, labels, num_classes, shrinkage) for f in train])
+    score = UnknownScore([fit_layer(f, labels, num_classes, shrinkage, per_class) for f in train])
     if val is None or len(train) == 1:
         return score
     distances = torch.stack(score.distances(val)[0])  # (layers, N)
@@ -208,13 +242,16 @@ def measure_tta(classifier: Classifier, val: Dataset, labels: Tensor,
 
 def fit_confidence(classifier: Classifier, train: Dataset, val: Dataset, *, acceptance: float = ACCEPTANCE,
                    label: str = DEFAULT_LABEL, outliers: str | os.PathLike | None = None,
-                   layers: str = "all", **loader: Any) -> Confidence:
+                   layers: str = "all", covariance: str = "auto", **loader: Any) -> Confidence:
     """T on val, the unknown score on train, its threshold on val (``acceptance`` of it accepted; with a folder of
     ``outliers``, the threshold that best tells val from them), with the figures before and after T. ``layers``:
     "all" (every block and the pooled features: measured best, docs/confidence.md) or "pooled" (the head's input
-    alone: one layer's statistics, for a checkpoint that must stay small)."""
+    alone: one layer's statistics, for a checkpoint that must stay small). ``covariance``: "class" (one per class:
+    measured best), "shared", or "auto" (per class where it fits `CLASS_COVARIANCE_BYTES`)."""
     if layers not in ("all", "pooled"):
         raise UserValueError(f"layers must be 'all' or 'pooled', got {layers!r}")
+    if covariance not in COVARIANCES:
+        raise UserValueError(f"covariance must be one of {', '.join(COVARIANCES)}, got {covariance!r}")
     if val is None or len(val) == 0:
         raise UserValueError("calibration needs a validation split, and this data has none: give the datamodule "
                              "one (e.g. --data.init_args.val_fraction 0.1, or a val/ folder)")
@@ -225,7 +262,10 @@ def fit_confidence(classifier: Classifier, train: Dataset, val: Dataset, *, acce
     # T is fit on the logits the runners will divide by it: the mirror averaged in when TTA is chosen
     tta, tta_report, val_logits = measure_tta(classifier, val, val_labels, **loader)
     temperature = fit_temperature(val_logits, val_labels)
-    unknown = fit_unknown(train_features, train_labels, len(classifier.class_names), val=val_features)
+    classes = len(classifier.class_names)
+    per_class = covariance == "class" or (covariance == "auto" and
+                                          per_class_fits(classes, [f.shape[1] for f in train_features]))
+    unknown = fit_unknown(train_features, train_labels, classes, val=val_features, per_class=per_class)
     unknown, half = in_half(unknown, val_features)
     val_scores = unknown(val_features)[0]
     if outliers is None:
@@ -235,9 +275,12 @@ def fit_confidence(classifier: Classifier, train: Dataset, val: Dataset, *, acce
         acceptance = float((val_scores <= threshold).double().mean())
     report = {"before": calibration_figures(val_logits, val_labels),
               "after": calibration_figures(val_logits, val_labels, temperature),
+              "reliability": {"before": reliability_bins(val_logits, val_labels),
+                              "after": reliability_bins(val_logits, val_labels, temperature)},
               "val_images": len(val_labels), "train_images": len(train_labels), "tta": tta_report}
     quantiles = torch.quantile(val_scores.double(), torch.linspace(0, 1, 101, dtype=torch.float64)).tolist()
-    calibration = Calibration(temperature, threshold, label, acceptance=acceptance, quantiles=quantiles, tta=tta)
+    calibration = Calibration(temperature, threshold, label, SCORE_PER_CLASS if per_class else SCORE,
+                              acceptance=acceptance, quantiles=quantiles, tta=tta)
     return Confidence(calibration, unknown, report, half)
 
 
@@ -275,10 +318,13 @@ def save_confidence(path: str | os.PathLike, confidence: Confidence, out: str | 
 def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: float = ACCEPTANCE,
                          label: str = DEFAULT_LABEL, out: str | os.PathLike | None = None,
                          device: str = "cpu", outliers: str | os.PathLike | None = None, layers: str = "all",
+                         covariance: str = "auto", figure_dir: str | os.PathLike | None = None,
                          say: Any = print) -> Confidence:
     """Fit T and the unknown score of the checkpoint at ``path`` on ``data``'s train and val splits (a set-up
-    `vit.data` datamodule) and store them in it (or in a copy at ``out``); prints what it found."""
+    `vit.data` datamodule) and store them in it (or in a copy at ``out``); prints what it found, and draws the
+    reliability diagram before and after T as reliability.png in ``figure_dir`` (default: beside the checkpoint)."""
     from vit.deploy.classifier import read_classifier
+    from vit.reports import reliability_figure, save_figure
 
     val = getattr(data, "val_set", None)
     if val is None or len(val) == 0:
@@ -288,9 +334,15 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
     classifier = read_classifier(path, device)
     workers = {"num_workers": getattr(data, "num_workers", 0)}
     confidence = fit_confidence(classifier, data.eval_split("train"), data.eval_split("val"), acceptance=acceptance,
-                                label=label, outliers=outliers, layers=layers, **workers)
+                                label=label, outliers=outliers, layers=layers, covariance=covariance,
+                                **workers)
     saved = save_confidence(path, confidence, out)
     for line in describe(confidence):
         say(line)
+    bins = confidence.report["reliability"]
+    figure = reliability_figure(bins["before"], bins["after"], confidence.calibration.temperature,
+                                f"{Path(saved).name}: validation split")
+    drawn = save_figure(figure, Path(figure_dir or Path(saved).parent) / "reliability.png")
+    say(f"reliability diagram (val, before and after T, images per bin beneath): {drawn}")
     say(f"calibrated {saved}: vit predict and vit serve answer with T and {label!r}; vit export carries them")
     return confidence

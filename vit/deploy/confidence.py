@@ -1,10 +1,12 @@
 """Answers that know how sure they are, as they travel with a model: a temperature for the probabilities and an
 "unknown" score with its threshold (in the checkpoint, the ONNX export's outputs and metadata, `vit predict`,
-`vit serve`). Fitting them is `vit.tasks.calibrate`'s; this is what runs at inference. Imports no Lightning.
+`vit serve`). Fitting them is `vit.deploy.calibration`'s; this is what runs at inference. Imports no Lightning.
 
     probabilities = softmax(logits / T)                        (T: one number, fit on the validation NLL)
-    score = min over classes c of (z - mu_c)' P (z - mu_c)      (z: the pooled features, L2-normalised;
-                                                                 mu_c: class means, P: the shared precision)
+    score = sum over layers l of (d_l - loc_l) / scale_l        (standardised on val)
+    d_l = min over classes c of (z - mu_c)' P_c (z - mu_c)      (z: layer l's features, L2-normalised;
+                                                                 mu_c: class means, P_c: class c's precision,
+                                                                 or one shared by the classes)
     answer = the unknown label when score > threshold           (threshold: where 95% of val is accepted)
     logits = mean over views v of model(v) when tta = "flip"   (views: the image and its mirror; chosen on val)
 
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 SCORE = "mahalanobis_l2_layers"  # Mahalanobis distances on every layer's L2-normalised features, summed
+SCORE_PER_CLASS = "mahalanobis_l2_layers_class_covariance"  # the same, each class with its own covariance
 DEFAULT_LABEL = "unknown"
 CHECKPOINT_KEY = "confidence"  # where a checkpoint holds it
 METADATA_KEY = "confidence"  # the ONNX metadata_props key (JSON of `Calibration`)
@@ -54,7 +57,8 @@ class Calibration:
 
 class LayerScore(nn.Module):
     """One layer's squared Mahalanobis distance to the nearest class mean, on L2-normalised features (B, D), under
-    one shared precision. Returns (distance (B,), nearest class (B,))."""
+    one precision shared by the classes (D, D) or one per class (C, D, D). Returns (distance (B,), nearest class
+    (B,))."""
 
     def __init__(self, means: Tensor, precision: Tensor | None = None, *, whiten: Tensor | None = None) -> None:
         super().__init__()
@@ -65,15 +69,26 @@ class LayerScore(nn.Module):
             whiten = torch.linalg.cholesky(precision.double())
         else:
             whiten = whiten.double()
-            precision = whiten @ whiten.T
+            precision = whiten @ whiten.transpose(-1, -2)
         self.register_buffer("means", means.float())  # (C, D)
-        self.register_buffer("precision", precision.float())  # (D, D), symmetric positive definite
+        self.register_buffer("precision", precision.float())  # (D, D) or (C, D, D), symmetric positive definite
         self.register_buffer("whiten", whiten.float(), persistent=False)
-        self.register_buffer("whitened_means", (means.double() @ whiten).float(), persistent=False)
+        # each class's mean in its own whitened coordinates: (C, D)
+        whitened = means.double() @ whiten if whiten.dim() == 2 else torch.einsum("cd,cde->ce", means.double(), whiten)
+        self.register_buffer("whitened_means", whitened.float(), persistent=False)
+
+    @property
+    def per_class(self) -> bool:
+        return self.whiten.dim() == 3
 
     def forward(self, features: Tensor) -> tuple[Tensor, Tensor]:
-        z = F.normalize(features.float(), dim=-1) @ self.whiten  # (B, D)
-        return (z[:, None, :] - self.whitened_means[None]).square().sum(-1).min(dim=-1)  # over (B, C)
+        z = F.normalize(features.float(), dim=-1)
+        if self.per_class:  # subtract, then whiten in each class's coordinates: (B, C, D); the same multiplies
+            # as whitening z once per class, and the difference is taken before L magnifies the rounding
+            offsets = torch.einsum("bcd,cde->bce", z[:, None, :] - self.means[None], self.whiten)
+        else:  # whiten once (B, D), then subtract each whitened mean: C times fewer multiplies
+            offsets = (z @ self.whiten)[:, None, :] - self.whitened_means[None]
+        return offsets.square().sum(-1).min(dim=-1)  # over (B, C)
 
 
 class UnknownScore(nn.Module):
