@@ -74,6 +74,7 @@ def reliability_figure(before: dict[str, list[float]], after: dict[str, list[flo
     top.set(ylabel="accuracy", title=title, xlim=(0, 1.02), ylim=(0, 1.02))
     top.legend(loc="upper left", fontsize=8)
     bottom.set(xlabel="confidence (top probability)", ylabel="images", yscale="log")
+    bottom.set_ylim(bottom=0.5)  # a bin of one image shows
     fig.tight_layout()
     return fig
 
