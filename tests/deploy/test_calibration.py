@@ -242,3 +242,17 @@ def test_a_covariance_per_class_only_within_its_byte_budget(classes, fits):
     assert per_class_fits(classes, widths) is fits
     needed = 2 * 5 * 13 * 384 * 384  # float16 bytes for 5 classes
     assert per_class_fits(5, widths, budget=needed) and not per_class_fits(5, widths, budget=needed - 1)
+
+
+@pytest.mark.parametrize("per_class", [False, True])
+def test_one_training_image_a_class_still_gives_a_score(per_class):
+    # every centred feature is 0, so the covariance is 0: the shrinkage target must not be scaled by its trace
+    features = torch.tensor(np.random.default_rng(4).normal(size=(3, 5)))
+    unknown = fit_unknown(features, torch.arange(3), 3, per_class=per_class)
+    z = features.numpy() / np.linalg.norm(features.numpy(), axis=1, keepdims=True)
+    queries = torch.tensor(np.random.default_rng(5).normal(size=(4, 5)))
+    q = queries.numpy() / np.linalg.norm(queries.numpy(), axis=1, keepdims=True)
+    # P = (0.001 I)^-1 = 1000 I (shared), or (0.1 x 0.001 I)^-1 per class: a scaled squared Euclidean distance
+    scale = 1000.0 if not per_class else 10000.0
+    expected = scale * ((q[:, None] - z[None]) ** 2).sum(-1).min(1)
+    np.testing.assert_allclose(unknown(queries)[0].numpy(), expected, rtol=1e-4)

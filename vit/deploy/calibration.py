@@ -116,7 +116,9 @@ def fit_layer(features: Tensor, labels: Tensor, num_classes: int, shrinkage: flo
     centred = z - means[labels.long()]
     covariance = centred.T @ centred / len(z)
     identity = torch.eye(z.shape[1], dtype=torch.float64)
-    covariance = (1 - shrinkage) * covariance + shrinkage * covariance.trace() / z.shape[1] * identity
+    # the identity's scale: the covariance's mean variance, or 1 where there is none (one image a class: S = 0)
+    scale = covariance.trace() / z.shape[1] if covariance.trace() > 0 else 1.0
+    covariance = (1 - shrinkage) * covariance + shrinkage * scale * identity
     if per_class:
         own = torch.stack([c.T @ c / len(c) for c in (centred[labels.long() == k] for k in range(num_classes))])
         covariance = (1 - CLASS_SHRINKAGE) * own + CLASS_SHRINKAGE * covariance  # (C, D, D)
