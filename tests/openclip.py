@@ -91,3 +91,22 @@ def write_openclip_folder(model: torch.nn.Module, cfg: dict, folder: Path, famil
         {"model_cfg": cfg, "preprocess_cfg": {"mean": list(mean), "std": list(std)}}))
     (write_siglip_tokenizer if family == "siglip" else write_clip_tokenizer)(folder)
     return folder
+
+
+def tiny_config(quick_gelu: bool = False) -> dict:
+    """An OpenCLIP config of a test's size: 32x32 images, 2 blocks a tower, CLIP's real vocabulary and context."""
+    return {"embed_dim": 24, "quick_gelu": quick_gelu,
+            "vision_cfg": {"image_size": 32, "layers": 2, "width": 64, "patch_size": 8, "head_width": 16},
+            "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 4, "layers": 2}}
+
+
+def tiny_openclip(seed: int = 0, quick_gelu: bool = False) -> tuple[torch.nn.Module, dict]:
+    """A random OpenCLIP CLIP of `tiny_config` (eval mode), and the config."""
+    from open_clip.model import CLIP
+
+    torch.manual_seed(seed)
+    cfg = tiny_config(quick_gelu)
+    model = CLIP(**cfg)
+    with torch.no_grad():
+        model.logit_scale.fill_(2.0)  # exp(2) = 7.4: probabilities that are not all one-hot
+    return model.eval(), cfg
