@@ -119,3 +119,72 @@ def test_missing_things_are_named(clip_folder, tmp_path):
     (tmp_path / "open_clip_model.safetensors").symlink_to(folder / "open_clip_model.safetensors")
     with pytest.raises(UserPathError, match="no tokenizer file"):
         load_clip(tmp_path)
+
+
+def open_clip_to_transformers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An OpenCLIP CLIP's state dict in transformers' CLIPModel names, written out here (the test checks it by
+    the two libraries' embeddings agreeing, apart from `vit`)."""
+    out = {"logit_scale": sd["logit_scale"], "text_projection.weight": sd["text_projection"].T,
+           "visual_projection.weight": sd["visual.proj"].T,
+           "text_model.embeddings.token_embedding.weight": sd["token_embedding.weight"],
+           "text_model.embeddings.position_embedding.weight": sd["positional_embedding"],
+           "vision_model.embeddings.class_embedding": sd["visual.class_embedding"],
+           "vision_model.embeddings.patch_embedding.weight": sd["visual.conv1.weight"],
+           "vision_model.embeddings.position_embedding.weight": sd["visual.positional_embedding"]}
+    norms = {"ln_final": "text_model.final_layer_norm", "visual.ln_pre": "vision_model.pre_layrnorm",
+             "visual.ln_post": "vision_model.post_layernorm"}
+    layer = {"ln_1": "layer_norm1", "ln_2": "layer_norm2", "attn.out_proj": "self_attn.out_proj",
+             "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
+    for key, value in sd.items():
+        stem, _, kind = key.rpartition(".")
+        if stem in norms:
+            out[f"{norms[stem]}.{kind}"] = value
+        elif ".resblocks." in key:
+            tower, rest = key.split(".resblocks.")
+            prefix = "vision_model" if tower.startswith("visual") else "text_model"
+            i, name = rest.split(".", 1)
+            base = f"{prefix}.encoder.layers.{i}"
+            if name.startswith("attn.in_proj_"):
+                for part, chunk in zip("qkv", value.chunk(3)):
+                    out[f"{base}.self_attn.{part}_proj.{name.rsplit('_', 1)[1]}"] = chunk
+            else:
+                stem, _, kind = name.rpartition(".")
+                out[f"{base}.{layer[stem]}.{kind}"] = value
+    return out
+
+
+def test_transformers_format_load_equals_open_clip_format_load(tmp_path):
+    """One random QuickGELU CLIP written as an OpenCLIP folder and as transformers' CLIPModel files: both load to
+    the same embeddings and scale."""
+    from transformers import CLIPConfig, CLIPModel
+
+    from tests.openclip import tiny_openclip
+
+    theirs, cfg = tiny_openclip(quick_gelu=True)
+    with torch.no_grad():  # norms and biases away from 1 and 0, so a mix-up shows
+        for key, value in theirs.state_dict().items():
+            if key.endswith("bias") or "ln_" in key:
+                value.add_(0.1 * torch.randn_like(value))
+    t, v = cfg["text_cfg"], cfg["vision_cfg"]
+    hf = CLIPModel(CLIPConfig(projection_dim=cfg["embed_dim"], text_config=dict(
+        vocab_size=t["vocab_size"], hidden_size=t["width"], intermediate_size=4 * t["width"],
+        num_hidden_layers=t["layers"], num_attention_heads=t["heads"], max_position_embeddings=t["context_length"],
+        hidden_act="quick_gelu", bos_token_id=49406, eos_token_id=49407), vision_config=dict(
+        hidden_size=v["width"], intermediate_size=4 * v["width"], num_hidden_layers=v["layers"],
+        num_attention_heads=v["width"] // v["head_width"], image_size=v["image_size"], patch_size=v["patch_size"],
+        hidden_act="quick_gelu"))).eval()
+    hf.load_state_dict(open_clip_to_transformers(theirs.state_dict()), strict=True)
+    hf.save_pretrained(tmp_path / "hf")
+    write_clip_tokenizer(tmp_path / "hf")
+    write_openclip_folder(theirs, cfg, tmp_path / "oc")
+    a, b = load_clip(tmp_path / "hf").model, load_clip(tmp_path / "oc").model
+    ids = texts_ids(49408, 77)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        # the two libraries agree on the converted weights: the conversion above is right
+        assert torch.allclose(features(hf.get_text_features(input_ids=ids)), theirs.encode_text(ids), atol=1e-4)
+        assert torch.allclose(features(hf.get_image_features(pixel_values=images)), theirs.encode_image(images),
+                              atol=1e-4)
+        assert torch.allclose(a.encode_text(ids), b.encode_text(ids), atol=1e-4, rtol=0)
+        assert torch.allclose(a.encode_image(images), b.encode_image(images), atol=1e-4, rtol=0)
+        assert torch.allclose(a.logit_scale, b.logit_scale)
