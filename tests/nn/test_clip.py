@@ -52,6 +52,21 @@ def test_embeddings_equal_open_clips(name):
         assert torch.allclose(ours(images, ids), image_logits, atol=1e-3, rtol=0)
 
 
+@pytest.mark.slow
+def test_full_depth_vit_b_32_equals_open_clip():
+    """ViT-B-32 at its real 12 blocks a tower (random weights): rounding does not grow past the bar with depth."""
+    model, cfg = openclip_model("ViT-B-32", layers=12)
+    ours = ours_from(model, cfg)
+    assert len(ours.visual.blocks) == len(ours.text.blocks) == 12
+    images = torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    ids = text_ids(49408, 77, eot=True)
+    with torch.no_grad():
+        image = (ours.encode_image(images) - model.encode_image(images)).abs().max().item()
+        text = (ours.encode_text(ids) - model.encode_text(ids)).abs().max().item()
+    print(f"ViT-B-32, 12 blocks a tower: max |diff| image {image:.2e}, text {text:.2e}")
+    assert image <= 1e-4 and text <= 1e-4
+
+
 def test_the_causal_mask_and_eot_pooling_matter():
     """A text tower without the causal mask, or pooled elsewhere, gives other embeddings (the test above can fail)."""
     model, cfg = openclip_model("ViT-B-32")
