@@ -202,8 +202,11 @@ def read_table(
     path: Path, *, path_column: str | None = None, label_column: str | None = None,
     label_columns: Sequence[str] | None = None, separator: str | None = None, classes: Sequence[str] | None = None,
     multi_label: bool | None = None, split_column: str | None = "split", check_files: bool = True,
+    root: Path | None = None,
 ) -> LabelTable:
-    """Read and check a labels table (see the module's docstring); bad rows are listed in ``.bad``, not raised."""
+    """Read and check a labels table (see the module's docstring); bad rows are listed in ``.bad``, not raised.
+    A relative path that leads out of ``root`` (the table's folder by default) is a bad row; absolute paths are
+    taken as they are."""
     header, records = _records(path)
     pi = _column(header, path_column, PATH_COLUMNS, "path_column", path)
     if pi is None:
@@ -221,7 +224,7 @@ def read_table(
         path_cells.append(cells[pi])
         label_cells.append(cells[label_idx[0]] if not per_class else [cells[i] for i in label_idx])
         split_cells.append(cells[si] if si is not None else None)
-    paths = _resolve_paths(path.parent, path_cells, lines, bad, check_files)
+    paths = _resolve_paths(path.parent, root or path.parent, path_cells, lines, bad, check_files)
     if per_class:
         names = [header[i] for i in label_idx]
         if classes is not None and list(classes) != names:
@@ -234,16 +237,20 @@ def read_table(
         names, table_labels = _cell_labels(label_cells, sep, classes, lines, bad)
         targets = None
         how = f"labels in column {header[label_idx[0]]!r}" + (f", separated by {sep!r}" if sep else "")
-        several = any(len(x) > 1 for x in table_labels if x is not None)
+        several = any(len(x) != 1 for x in table_labels if x is not None)  # (a JSONL [] is no label at all)
         if multi_label is False and several:
             for i, x in enumerate(table_labels):
-                if x is not None and len(x) > 1 and i not in bad:
-                    bad[i] = BadRow(lines[i], "malformed", f"{len(x)} labels, and data.multi_label is false")
+                if x is not None and len(x) != 1 and i not in bad:
+                    bad[i] = (BadRow(lines[i], "empty label", "an empty list of labels") if not x else
+                              BadRow(lines[i], "malformed", f"{len(x)} labels, and data.multi_label is false"))
         elif multi_label or several:
             targets = _multi_hot(table_labels, len(names))
     splits = _splits(split_cells, lines, bad) if si is not None else None
     _check_duplicates(paths, table_labels if targets is None else targets, splits, lines, bad)
     keep = [i for i in range(len(lines)) if i not in bad and paths[i] is not None]
+    # one order whatever the table's: by class then path, as ImageFolder lists a class-folder tree (the seeded split
+    # then takes the same images), or by path for multi-label rows
+    keep.sort(key=(lambda i: (table_labels[i][0], paths[i])) if targets is None else paths.__getitem__)
     repeated = len(lines) - len(keep) - len(bad)
     return LabelTable(
         path, names, [paths[i] for i in keep],
@@ -252,12 +259,12 @@ def read_table(
         sorted(bad.values(), key=lambda b: b.line), repeated, how)
 
 
-def _resolve_paths(folder: Path, cells: Sequence[object], lines: Sequence[int], bad: dict[int, BadRow],
+def _resolve_paths(folder: Path, root: Path, cells: Sequence[object], lines: Sequence[int], bad: dict[int, BadRow],
                    check_files: bool) -> list[str | None]:
     """Each row's image path, joined to the table's ``folder`` unless absolute, as `os.path.join` writes it (so a
     table listing a class-folder tree names the files as `ImageFolder` does); None for a bad row. Missing files are
     found from one listing per folder."""
-    base = str(folder)
+    base, inside = str(folder), os.path.normpath(os.path.abspath(root)) + "/"
     listings: dict[str, set[str]] = {}
     paths: list[str | None] = []
     for i, cell in enumerate(cells):
@@ -271,11 +278,13 @@ def _resolve_paths(folder: Path, cells: Sequence[object], lines: Sequence[int], 
             text = text.replace("\\", "/")
         if "//" in text or "/." in "/" + text:
             text = os.path.normpath(text)
-        if text == ".." or text.startswith("../"):
-            bad.setdefault(i, BadRow(lines[i], "outside root", f"{text} leaves the table's folder {base}"))
-            paths.append(None)
-            continue
         full = os.path.join(base, text)
+        if ".." in text and not os.path.isabs(text):
+            full = os.path.normpath(full)
+            if not (os.path.abspath(full) + "/").startswith(inside):
+                bad.setdefault(i, BadRow(lines[i], "outside root", f"{cell.strip()} leads out of {root}"))
+                paths.append(None)
+                continue
         paths.append(full)
         if check_files:
             parent, name = os.path.split(full)

@@ -132,7 +132,7 @@ class LabelsFile(ImageFolder):
             require_folder(self.root)
             path = find_table(self.root, self.table)
             start = time.perf_counter()
-            table = read_table(path, check_files=self.check_images or not self.skip_bad_images, **self.read_options)
+            table = read_table(path, check_files=True, root=self.root, **self.read_options)
             total = len(table.paths) + len(table.bad) + table.repeated
             kind = f"multi-label, {len(table.class_names)} classes" if table.multi_label else "single-label"
             rank_zero_info(f"read {path}: {total:,} rows in {time.perf_counter() - start:.1f} s ({table.how}; {kind})"
