@@ -121,15 +121,13 @@ def _records(path: Path) -> tuple[list[str], Iterator[tuple[int, list | None]]]:
         with handle:
             while True:
                 try:
-                    cells = next(reader)
-                except StopIteration:
+                    for cells in reader:
+                        if len(cells) == width:
+                            yield reader.line_num, cells
+                        elif any(cells):  # a blank line is no row
+                            yield reader.line_num, None
                     return
-                except csv.Error:
-                    yield reader.line_num, None
-                    continue
-                if len(cells) == width:
-                    yield reader.line_num, cells
-                elif any(cells):  # a blank line is no row
+                except csv.Error:  # (a NUL byte, an unclosed quote at the end): that line, and read on
                     yield reader.line_num, None
     return header, rows()
 
@@ -250,7 +248,9 @@ def read_table(
     keep = [i for i in range(len(lines)) if i not in bad and paths[i] is not None]
     # one order whatever the table's: by class then path, as ImageFolder lists a class-folder tree (the seeded split
     # then takes the same images), or by path for multi-label rows
-    keep.sort(key=(lambda i: (table_labels[i][0], paths[i])) if targets is None else paths.__getitem__)
+    keep.sort(key=paths.__getitem__)
+    if targets is None:  # then by class, stably: np's stable argsort beats a sort on (class, path) tuples
+        keep = np.asarray(keep)[np.argsort([table_labels[i][0] for i in keep], kind="stable")].tolist()
     repeated = len(lines) - len(keep) - len(bad)
     return LabelTable(
         path, names, [paths[i] for i in keep],
@@ -265,21 +265,21 @@ def _resolve_paths(folder: Path, root: Path, cells: Sequence[object], lines: Seq
     table listing a class-folder tree names the files as `ImageFolder` does); None for a bad row. Missing files are
     found from one listing per folder."""
     base, inside = str(folder), os.path.normpath(os.path.abspath(root)) + "/"
+    prefix = base if base.endswith("/") else base + "/"  # os.path.join(base, p) for a relative p, at a string's cost
     listings: dict[str, set[str]] = {}
     paths: list[str | None] = []
     for i, cell in enumerate(cells):
         text = cell.strip() if isinstance(cell, str) else ""
         if not text:
-            if i not in bad:
-                bad[i] = BadRow(lines[i], "malformed", "no image path")
+            bad.setdefault(i, BadRow(lines[i], "malformed", "no image path"))
             paths.append(None)
             continue
         if "\\" in text and os.sep == "/":  # a table written on Windows
             text = text.replace("\\", "/")
-        if "//" in text or "/." in "/" + text:
+        if text[0] == "." or "/." in text or "//" in text:
             text = os.path.normpath(text)
-        full = os.path.join(base, text)
-        if ".." in text and not os.path.isabs(text):
+        full = text if text[0] == "/" else prefix + text
+        if ".." in text and text[0] != "/":
             full = os.path.normpath(full)
             if not (os.path.abspath(full) + "/").startswith(inside):
                 bad.setdefault(i, BadRow(lines[i], "outside root", f"{cell.strip()} leads out of {root}"))
@@ -287,31 +287,41 @@ def _resolve_paths(folder: Path, root: Path, cells: Sequence[object], lines: Seq
                 continue
         paths.append(full)
         if check_files:
-            parent, name = os.path.split(full)
+            parent, _, name = full.rpartition("/")
             names = listings.get(parent)
             if names is None:
-                try:
-                    names = listings[parent] = set(os.listdir(parent))
-                except OSError:
-                    names = listings[parent] = set()
+                names = listings[parent] = _listing(parent)
             if name not in names:
                 bad.setdefault(i, BadRow(lines[i], "missing file", full))
     return paths
 
 
+def _listing(folder: str) -> set[str]:
+    """The names in ``folder`` (none when it is missing): one call per folder, where a stat per row would be slow."""
+    try:
+        return set(os.listdir(folder or "/"))
+    except OSError:
+        return set()
+
+
 def _cell_labels(cells: Sequence[object], separator: str, classes: Sequence[str] | None, lines: Sequence[int],
                  bad: dict[int, BadRow]) -> tuple[list[str], list[list[int] | None]]:
     """The class names (``classes``, else every name seen, sorted) and each row's class indices (None: bad)."""
-    names = [_cell_names(c, separator) for c in cells]
+    parsed: dict[str, list[str] | None] = {}  # a table of a million rows holds a few thousand distinct cells
+    names = [(parsed[c] if c in parsed else parsed.setdefault(c, _cell_names(c, separator)))
+             if isinstance(c, str) else _cell_names(c, separator) for c in cells]
     class_names = list(classes) if classes is not None else sorted({n for row in names if row for n in row})
     index = {name: i for i, name in enumerate(class_names)}
     rows: list[list[int] | None] = []
+    found_for: dict[int, list[int | None]] = {}  # by the parsed list's identity: one lookup per distinct cell
     for i, row in enumerate(names):
         if row is None:
             bad.setdefault(i, BadRow(lines[i], "empty label", "the label cell is empty"))
             rows.append(None)
             continue
-        found = [index.get(n) for n in row]
+        found = found_for.get(id(row))
+        if found is None:
+            found = found_for[id(row)] = [index.get(n) for n in row]
         if None in found:
             unknown = [n for n, k in zip(row, found) if k is None]
             bad.setdefault(i, BadRow(lines[i], "unknown class", f"{unknown[0]!r} is not in data.classes"))
