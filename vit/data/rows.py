@@ -192,8 +192,8 @@ def _separator(cells: Sequence[object], separator: str | None) -> str:
     """The separator given, else the first of `SEPARATORS` that occurs in a cell ("" for none)."""
     if separator is not None:
         return separator
-    texts = [c for c in cells if isinstance(c, str)]
-    return next((s for s in SEPARATORS if any(s in c for c in texts)), "")
+    texts = "\n".join({c for c in cells if isinstance(c, str)})  # a few thousand distinct cells, at most
+    return next((s for s in SEPARATORS if s in texts), "")
 
 
 def read_table(
@@ -245,7 +245,7 @@ def read_table(
             targets = _multi_hot(table_labels, len(names))
     splits = _splits(split_cells, lines, bad) if si is not None else None
     _check_duplicates(paths, table_labels if targets is None else targets, splits, lines, bad)
-    keep = [i for i in range(len(lines)) if i not in bad and paths[i] is not None]
+    keep = [i for i, p in enumerate(paths) if p is not None and i not in bad]
     # one order whatever the table's: by class then path, as ImageFolder lists a class-folder tree (the seeded split
     # then takes the same images), or by path for multi-label rows
     keep.sort(key=paths.__getitem__)
@@ -266,34 +266,42 @@ def _resolve_paths(folder: Path, root: Path, cells: Sequence[object], lines: Seq
     found from one listing per folder."""
     base, inside = str(folder), os.path.normpath(os.path.abspath(root)) + "/"
     prefix = base if base.endswith("/") else base + "/"  # os.path.join(base, p) for a relative p, at a string's cost
-    listings: dict[str, set[str]] = {}
-    paths: list[str | None] = []
-    for i, cell in enumerate(cells):
-        text = cell.strip() if isinstance(cell, str) else ""
-        if not text:
-            bad.setdefault(i, BadRow(lines[i], "malformed", "no image path"))
-            paths.append(None)
-            continue
-        if "\\" in text and os.sep == "/":  # a table written on Windows
-            text = text.replace("\\", "/")
-        if text[0] == "." or "/." in text or "//" in text:
-            text = os.path.normpath(text)
-        full = text if text[0] == "/" else prefix + text
-        if ".." in text and text[0] != "/":
-            full = os.path.normpath(full)
-            if not (os.path.abspath(full) + "/").startswith(inside):
-                bad.setdefault(i, BadRow(lines[i], "outside root", f"{cell.strip()} leads out of {root}"))
-                paths.append(None)
-                continue
-        paths.append(full)
-        if check_files:
-            parent, _, name = full.rpartition("/")
-            names = listings.get(parent)
-            if names is None:
-                names = listings[parent] = _listing(parent)
-            if name not in names:
-                bad.setdefault(i, BadRow(lines[i], "missing file", full))
+    texts = [c.strip() if isinstance(c, str) else "" for c in cells]
+    paths: list[str | None] = [prefix + t for t in texts]  # the common case, in one pass; odd rows redone below
+    blob = "\n" + "\n".join(texts) + "\n"
+    if any(mark in blob for mark in ("\\", "/.", "//", "\n.", "\n/", "\n\n")):
+        for i, text in enumerate(texts):
+            if not text or text[0] in "./" or "\\" in text or "/." in text or "//" in text:
+                paths[i] = _odd_path(text, prefix, inside, root, lines[i], i, bad)
+    if check_files:
+        parents = {p.rpartition("/")[0] for p in paths if p is not None}
+        existing = {f"{parent}/{name}" for parent in parents for name in _listing(parent)}
+        for i in [i for i, p in enumerate(paths) if p is not None and p not in existing]:
+            bad.setdefault(i, BadRow(lines[i], "missing file", paths[i]))
     return paths
+
+
+def _odd_path(text: str, prefix: str, inside: str, root: Path, line: int, i: int, bad: dict[int, BadRow]
+              ) -> str | None:
+    """The path of a row that needs care: empty, absolute, with ``.`` or ``..`` parts, ``//`` or Windows' ``\\``;
+    None (and a bad row) when it is empty or leads out of ``root``."""
+    if not text:
+        bad.setdefault(i, BadRow(line, "malformed", "no image path"))
+        return None
+    given = text
+    if "\\" in text and os.sep == "/":  # a table written on Windows
+        text = text.replace("\\", "/")
+    if text[0] == "." or "/." in text or "//" in text:
+        text = os.path.normpath(text)
+    if text[0] == "/":
+        return text
+    full = prefix + text
+    if ".." in text:
+        full = os.path.normpath(full)
+        if not (os.path.abspath(full) + "/").startswith(inside):
+            bad.setdefault(i, BadRow(line, "outside root", f"{given} leads out of {root}"))
+            return None
+    return full
 
 
 def _listing(folder: str) -> set[str]:
@@ -369,6 +377,9 @@ def _check_duplicates(paths: list[str | None], labels: Sequence | np.ndarray, sp
                       lines: Sequence[int], bad: dict[int, BadRow]) -> None:
     """A path listed again with the same labels (and split) is kept once (its repeat's path set to None); with
     other labels, or in another split, both rows are bad."""
+    listed = [p for p in paths if p is not None]
+    if len(set(listed)) == len(listed):  # no path twice: nothing to compare (the common case, in one pass)
+        return
     first: dict[str, int] = {}
     for i, path in enumerate(paths):
         if path is None or i in bad:
