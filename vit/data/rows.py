@@ -20,6 +20,7 @@ import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -342,9 +343,9 @@ def _cell_labels(cells: Sequence[object], separator: str, classes: Sequence[str]
 def _multi_hot(rows: Sequence[list[int] | None], num_classes: int) -> np.ndarray:
     """(N, C) int8 targets: 1 for each row's labels, 0 elsewhere (a cell lists what applies; the rest does not)."""
     targets = np.zeros((len(rows), num_classes), dtype=np.int8)
-    for i, row in enumerate(rows):
-        if row:
-            targets[i, row] = 1
+    lengths = np.fromiter((len(row) if row else 0 for row in rows), dtype=np.int64, count=len(rows))
+    columns = np.fromiter(chain.from_iterable(row for row in rows if row), dtype=np.int64, count=int(lengths.sum()))
+    targets[np.repeat(np.arange(len(rows)), lengths), columns] = 1
     return targets
 
 
