@@ -3,6 +3,8 @@
 Sechidis, Tsoumakas and Vlahavas, "On the Stratification of Multi-Label Data" (ECML PKDD 2011), Algorithm 1: the
 rarest label still to place goes first, each of its images to the part that wants most of that label (ties: the
 part that wants most images, then the seed), and every label the image carries counts against that part's wants.
+A label's images are placed at once: water-filling the parts' wants gives each part the count the one-by-one rule
+gives it (up to its ties), in blocks of the seed's order, and every label they carry is counted in one bincount.
 Single-label data keeps `vit.data.io.stratified_split`, which this reduces to in spirit, not bit for bit.
 """
 
