@@ -246,18 +246,24 @@ def read_table(
             targets = _multi_hot(table_labels, len(names))
     splits = _splits(split_cells, lines, bad) if si is not None else None
     _check_duplicates(paths, table_labels if targets is None else targets, splits, lines, bad)
-    keep = [i for i, p in enumerate(paths) if p is not None and i not in bad]
-    # one order whatever the table's: by class then path, as ImageFolder lists a class-folder tree (the seeded split
-    # then takes the same images), or by path for multi-label rows
-    keep.sort(key=paths.__getitem__)
-    if targets is None:  # then by class, stably: np's stable argsort beats a sort on (class, path) tuples
-        keep = np.asarray(keep)[np.argsort([table_labels[i][0] for i in keep], kind="stable")].tolist()
+    keep = _in_order([i for i, p in enumerate(paths) if p is not None and i not in bad], paths,
+                     table_labels if targets is None else None)
     repeated = len(lines) - len(keep) - len(bad)
     return LabelTable(
         path, names, [paths[i] for i in keep],
         None if targets is not None else [table_labels[i][0] for i in keep],
         None if targets is None else targets[keep], None if splits is None else [splits[i] for i in keep],
         sorted(bad.values(), key=lambda b: b.line), repeated, how)
+
+
+def _in_order(keep: list[int], paths: Sequence[str | None], labels: Sequence | None) -> list[int]:
+    """The rows ``keep`` in one order whatever the table's: by class then path, as ImageFolder lists a class-folder
+    tree (so the seeded split takes the same images), or by path for multi-label rows (``labels`` None)."""
+    keep = sorted(keep, key=paths.__getitem__)
+    if labels is None:
+        return keep
+    # then by class, stably: numpy's stable argsort beats a sort on (class, path) tuples
+    return np.asarray(keep, dtype=np.int64)[np.argsort([labels[i][0] for i in keep], kind="stable")].tolist()
 
 
 def _resolve_paths(folder: Path, root: Path, cells: Sequence[object], lines: Sequence[int], bad: dict[int, BadRow],
