@@ -151,14 +151,14 @@ def test_a_repeated_row_with_the_same_labels_is_kept_once(tmp_path):
     assert table.bad == [] and table.repeated == 2 and len(table.paths) == 2
 
 
-def test_the_bad_rows_report_is_a_count_per_kind_and_at_most_nine_lines(tmp_path):
+def test_the_bad_rows_report_is_a_count_per_kind_and_at_most_eight_lines(tmp_path):
     files = images(tmp_path, 2)
     rows = [[files[0], "a"], [files[1], "b"]] + [[f"images/gone{i}.png", "a"] for i in range(20)] + [[files[0], ""]]
     table = read_table(write_csv(tmp_path / "t.csv", [["file_name", "label"], *rows]))
     report = describe_bad_rows(table.path, table.bad, 23)
     assert report.splitlines()[0].endswith("21 of 23 rows are bad (20 missing file, 1 empty label):")
-    assert len(report.splitlines()) == 9 and report.splitlines()[1].startswith("  line 4: missing file:")
-    assert report.splitlines()[-1] == "  ... and 14 more"
+    assert len(report.splitlines()) == 8 and report.splitlines()[1].startswith("  line 4: missing file:")
+    assert report.splitlines()[-1] == "  ... and 15 more"
 
 
 def test_the_table_of_a_root_hf_metadata_first_else_the_option_named(tmp_path):

@@ -234,3 +234,18 @@ def test_under_ddp_every_rank_reads_the_same_rows_into_the_same_splits(tmp_path)
         assert {name: [tuple(s) for s in samples] for name, samples in seen["splits"].items()} == {
             name: getattr(alone, f"{name}_set").samples for name in ("train", "val", "test")}
         assert seen["targets"] == alone.train_set.labels.tolist()
+
+
+def test_vit_fit_on_a_table_of_bad_rows_or_imagefolder_on_a_flat_folder_is_a_short_message(tmp_path, monkeypatch,
+                                                                                             capsys):
+    from tests.test_errors import SCRATCH, user_error
+
+    monkeypatch.chdir(tmp_path)
+    flat(tmp_path / "flat", ["cat", "dog"] * 5)
+    with (tmp_path / "flat/labels.csv").open("a") as f:  # more bad rows than the report lists one by one
+        f.write("".join(f"images/gone{i}.png,cat\n" for i in range(12)) + "images/0.png,\n")
+    err = user_error(["fit", "--config", SCRATCH, "--data", "vit.data.LabelsFile", "--data.init_args.root",
+                      "flat/labels.csv"], capsys)  # (user_error: exit 1, at most 10 lines, no traceback)
+    assert "13 of 23 rows are bad (12 missing file, 1 empty label):" in err and "  ... and 7 more" in err
+    err = user_error(["fit", "--config", SCRATCH, "--data.init_args.root", "flat"], capsys)
+    assert "flat holds a labels table, labels.csv, and no class folders: read it with --data vit.data.LabelsFile" in err

@@ -39,7 +39,7 @@ UNKNOWN = -1
 # hash as 1/0/-1, so the numbers' keys serve them too.
 CELL_VALUES = {"1": 1, "0": 0, "": UNKNOWN, "-1": UNKNOWN, "1.0": 1, "0.0": 0, "-1.0": UNKNOWN, "true": 1,
                "false": 0, "True": 1, "False": 0, 1: 1, 0: 0, -1: UNKNOWN, None: UNKNOWN}
-SHOWN = 7  # bad rows listed by line; the report stays within 10 lines
+SHOWN = 6  # bad rows listed by line: with the count, "... and N more" and the fix, 9 lines
 
 
 @dataclass

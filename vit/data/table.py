@@ -134,10 +134,10 @@ class LabelsFile(ImageFolder):
             start = time.perf_counter()
             table = read_table(path, check_files=True, root=self.root, **self.read_options)
             total = len(table.paths) + len(table.bad) + table.repeated
+            self._tolerate_bad_rows(table, total)  # (before the log line: an error stays within its ten lines)
             kind = f"multi-label, {len(table.class_names)} classes" if table.multi_label else "single-label"
             rank_zero_info(f"read {path}: {total:,} rows in {time.perf_counter() - start:.1f} s ({table.how}; {kind})"
                            + (f"; {table.repeated:,} repeated rows kept once" if table.repeated else ""))
-            self._tolerate_bad_rows(table, total)
             if not table.paths:
                 raise UserValueError(f"{path}: no usable rows, so nothing to train on: every row is bad or the "
                                      "table lists no image")
