@@ -82,3 +82,50 @@ class RecordSources(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         with open(f"sources.{trainer.global_rank}", "a") as f:
             f.writelines(text + "\n" for text in batch["source_text"])
+
+
+def quadrant_images(n: int, seed: int = 0, unknown: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` 1-channel 8x8 images whose labels are their bright quadrants (4 classes, 1 to 3 of them each) and
+    (n, 4) float targets; a share ``unknown`` of the targets is -1 (the image is as its label says)."""
+    g = torch.Generator().manual_seed(seed)
+    targets = torch.zeros(n, 4)
+    for i in range(n):
+        k = int(torch.randint(1, 4, (), generator=g))
+        targets[i, torch.randperm(4, generator=g)[:k]] = 1.0
+    images = torch.randn(n, 1, 8, 8, generator=g) * 0.3
+    for c, (y, x) in enumerate([(0, 0), (0, 4), (4, 0), (4, 4)]):
+        images[:, 0, y:y + 4, x:x + 4] += targets[:, c, None, None] * 2.0
+    hidden = torch.rand(n, 4, generator=g) < unknown
+    return images, targets.masked_fill(hidden, -1.0)
+
+
+class QuadrantLabels(LightningDataModule):
+    """A multi-label DataModule in memory (`quadrant_images`): what a labels file's DataModule offers the task."""
+
+    class_names = ("top_left", "top_right", "bottom_left", "bottom_right")
+    num_classes = 4
+    multi_label = True
+    in_chans = 1
+    img_size = 8
+
+    def __init__(self, n_train: int = 256, n_val: int = 65, n_test: int = 67, batch_size: int = 32,
+                 unknown: float = 0.0) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        self.sets = {split: TensorDataset(*quadrant_images(n, seed, unknown if split == "train" else 0.0))
+                     for split, n, seed in (("train", n_train, 0), ("val", n_val, 1), ("test", n_test, 2))}
+        self.test_set = self.sets["test"]
+
+    def class_counts(self, split: str = "train") -> list[list[int]]:
+        """(positives, known labels) per class."""
+        targets = self.sets[split].tensors[1]
+        return [(targets == 1).sum(0).tolist(), (targets >= 0).sum(0).tolist()]
+
+    def train_dataloader(self):
+        return DataLoader(self.sets["train"], batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(self.sets["val"], batch_size=self.batch_size)
+
+    def test_dataloader(self):
+        return DataLoader(self.sets["test"], batch_size=self.batch_size)

@@ -62,7 +62,7 @@ from vit.preprocessing import DATA_KEYS, PREPROCESSING_KEYS, pretrained_preproce
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
 # skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.
 LINKED_FROM_DATA: tuple[str, ...] = (
-    "num_classes", "class_names", "img_size", "in_chans", *PREPROCESSING_KEYS, "tokenizers",
+    "num_classes", "class_names", "multi_label", "img_size", "in_chans", *PREPROCESSING_KEYS, "tokenizers",
 )
 
 
