@@ -283,3 +283,31 @@ def calibrated(fitted, tmp_path_factory) -> tuple[Path, str]:
     with contextlib.redirect_stdout(printed):
         main(["calibrate", "--ckpt", str(ckpt), "--config", DIGITS])
     return ckpt, printed.getvalue()
+
+
+def fit_quadrant_labels(root: Path) -> None:
+    """A tiny multi-label classifier fitted in seconds on `tests.dummies.QuadrantLabels`, saved as
+    ``root/model.ckpt`` (its thresholds chosen on val), with the test images as PNGs under ``root/images``."""
+    from lightning.pytorch import seed_everything
+
+    from tests.dummies import QuadrantLabels, quadrant_pixels
+    from tests.helpers import quick_trainer, tiny_classifier
+
+    seed_everything(0)
+    data = QuadrantLabels()
+    model = tiny_classifier(num_classes=4, class_names=list(data.class_names), multi_label=True, img_size=8,
+                            in_chans=1, optim={"lr": 3e-3, "warmup_epochs": 0})
+    trainer = quick_trainer(root, max_epochs=3)
+    trainer.fit(model, datamodule=data)
+    trainer.save_checkpoint(root / "model.ckpt")
+    (root / "images").mkdir()
+    pixels, targets = quadrant_pixels(len(data.sets["test"]), seed=2)
+    for i, image in enumerate(pixels):
+        Image.fromarray(image[0].numpy()).save(root / "images" / f"{i:03d}.png")
+    torch.save(targets, root / "targets.pt")
+
+
+@pytest.fixture(scope="session")
+def quadrant_run(tmp_path_factory) -> Path:
+    """The folder of `fit_quadrant_labels`: model.ckpt, images/*.png and their targets.pt."""
+    return built_once(tmp_path_factory, "quadrant_run", fit_quadrant_labels)

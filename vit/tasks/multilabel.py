@@ -112,6 +112,7 @@ class LabelScores(Metric):
         """Note how a DistributedSampler split the dataset (anything else: nothing to undo)."""
         distributed = isinstance(sampler, DistributedSampler) and sampler.num_replicas > 1 and not sampler.shuffle
         self.shares = (len(sampler.dataset), sampler.num_replicas) if distributed else None
+        self._computed = None  # torchmetrics caches what compute gave
 
     def update(self, probs: Tensor, targets: Tensor) -> None:
         self.probs.append(probs.detach().float())
