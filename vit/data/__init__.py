@@ -17,6 +17,7 @@ _DATAMODULES = {
     "CIFAR": "vit.data.cifar",
     "ImageFolder": "vit.data.folder",
     "ImageNet": "vit.data.folder",
+    "LabelsFile": "vit.data.table",
     "ImageShards": "vit.data.stream",
     "UnlabelledFolder": "vit.data.unlabelled",
     "TranslationDataModule": "vit.data.translation",

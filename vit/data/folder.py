@@ -38,6 +38,7 @@ from vit.data.io import (
     scan_class_folders,
     stratified_split,
 )
+from vit.data.rows import HF_TABLES, tables_in
 from vit.errors import UserError, UserPathError, UserValueError
 from vit.preprocessing import eval_short_side
 
@@ -80,7 +81,11 @@ class ImageFiles(Dataset):
         self.failures = torch.zeros(len(self.samples), dtype=torch.int32).share_memory_()  # per file
         self.same_class: dict[int, list[int]] = defaultdict(list)
         for index, (_, label) in enumerate(self.samples):
-            self.same_class[label].append(index)
+            self.same_class[self.group(label)].append(index)
+
+    def group(self, label: Any) -> Any:
+        """Which images may stand in for an undecodable one of ``label``: those of its class."""
+        return label
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -110,11 +115,11 @@ class ImageFiles(Dataset):
                     f"{self.max_bad_fraction:g}).\nIts header is fine: only decoding finds this. `vit audit` with "
                     "the same --config and --data.init_args.root lists every such file."
                 ) from e
-            img = self._replacement(index)
+            img, label = self._replacement(index)
         return (self.transform(img) if self.transform else img), label
 
-    def _replacement(self, index: int) -> Any:
-        """The next decodable image of ``index``'s class; counts every file that failed."""
+    def _replacement(self, index: int) -> tuple[Any, Any]:
+        """The next decodable image of ``index``'s class, and its label; counts every file that failed."""
         self.failures[index] += 1
         bad_files = int((self.failures > 0).sum())
         if bad_files > self.tolerated():
@@ -125,12 +130,12 @@ class ImageFiles(Dataset):
                 f"first: {', '.join(files[:5])}\n`vit audit` with the same --config and --data.init_args.root "
                 "lists every file that fails to decode: remove or fix them, or raise data.max_bad_fraction."
             )
-        group = self.same_class[self.samples[index][1]]
+        group = self.same_class[self.group(self.samples[index][1])]
         start = group.index(index)
         for other in group[start + 1:] + group[:start]:
             if not self.failures[other]:
                 try:
-                    return load_image(self.samples[other][0], short_side=self.short_side)
+                    return load_image(self.samples[other][0], short_side=self.short_side), self.samples[other][1]
                 except OSError:
                     self.failures[other] += 1
         raise UndecodableImageError(f"no image of the class of {self.samples[index][0]} can be decoded; `vit audit` "
@@ -239,6 +244,10 @@ class ImageFolder(ImageDataModule):
         require_folder(self.root)
         self._split_folders = has_split_folders(self.root)
         if not self._split_folders:
+            if table := table_without_classes(self.root):
+                raise UserValueError(f"{self.root} holds a labels table, {table}, and no class folders: read it with "
+                                     f"--data vit.data.LabelsFile --data.init_args.root {self.root}"
+                                     + ("" if table in HF_TABLES else f" --data.init_args.table {table}"))
             class_names = class_folders(self.root)
             require_two_classes(self.root, class_names)
             return class_names
@@ -313,8 +322,7 @@ class ImageFolder(ImageDataModule):
             raise UserValueError(f"{self.root}: no image is left to validate on ({why}); add images, or give a "
                                  f"{self.root}/val/<class>/<images> folder")
         train_tf, eval_tf = self.train_transform(), self.eval_transform()
-        make = lambda samples, tf, **kwargs: ImageFiles(samples, tf, replace_bad=self.skip_bad_images,
-                                                        max_bad_fraction=self.max_bad_fraction, **kwargs)
+        make = self.dataset
         short_side = self.eval_short_side()
         self.train_set = make(splits["train"], train_tf)
         self.val_set = make(splits["val"], eval_tf, short_side=short_side)
@@ -323,6 +331,11 @@ class ImageFolder(ImageDataModule):
         rank_zero_info(f"{self.root}: {len(self.train_set)} train, {len(self.val_set)} val, {test} images, "
                        f"{self.num_classes} classes")
         self._report_class_counts()
+
+    def dataset(self, samples: list[tuple[str, Any]], transform: Callable, **kwargs: Any) -> ImageFiles:
+        """One split of ``samples`` (setup's), reading files as this DataModule's options say."""
+        return ImageFiles(samples, transform, replace_bad=self.skip_bad_images, max_bad_fraction=self.max_bad_fraction,
+                          **kwargs)
 
     def eval_short_side(self) -> int:
         """What the evaluation transform resizes the short side to: a large JPEG decodes at that scale, as
@@ -345,6 +358,11 @@ class ImageFolder(ImageDataModule):
     def _report_class_counts(self) -> None:
         """Print the training images per class, and warn when the classes are far from balanced."""
         counts = self.class_counts("train")
+        if 0 in counts:  # (all its files bad, or its only rows held out): nothing to learn it from
+            missing = [name for name, n in zip(self.class_names, counts) if n == 0]
+            raise UserValueError(f"{self.root}: no training image of class {', '.join(map(repr, missing[:5]))}"
+                                 + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+                                 + ": add images of it to train, or leave it out of the data")
         shown = list(zip(self.class_names, counts))
         if len(shown) > 40:  # ImageNet-sized: the extremes say enough
             shown = sorted(shown, key=lambda c: c[1])
@@ -367,6 +385,18 @@ class ImageFolder(ImageDataModule):
         counts = torch.tensor(self.class_counts("train"), dtype=torch.float64)
         weights = (1.0 / counts)[torch.as_tensor(self.train_set.labels)]
         return WeightedRandomSampler(weights, num_samples=len(weights), replacement=True)
+
+
+def table_without_classes(root: Path) -> str | None:
+    """The labels table (CSV, TSV, JSONL) of a ``root`` with fewer than two class folders (``images/`` beside a
+    ``labels.csv``), HF's metadata.csv first; None otherwise."""
+    tables = tables_in(root)
+    if not tables:
+        return None
+    with os.scandir(root) as entries:
+        if sum(1 for e in entries if e.is_dir() and not e.name.startswith(".")) >= 2:
+            return None
+    return next((t for t in HF_TABLES if t in tables), tables[0])
 
 
 def check_headers(paths: Sequence[str], short_side: int | None = None) -> list[tuple[str, str]]:

@@ -1,0 +1,199 @@
+"""LabelsFile (vit.data.table): a labels table as a DataModule. The same run as the class folders it lists, bit for
+bit; multi-label items with unknowns; splits; bad rows reported at setup in a few lines; the table found where users
+put it."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch import seed_everything
+
+from tests.formats import write_class_folders
+from tests.helpers import quick_trainer, random_images, tiny_classifier
+from vit.data import ImageFolder, LabelsFile
+from vit.errors import UserError, UserValueError
+
+OPTS = dict(img_size=8, batch_size=8, num_workers=0)
+
+
+def write_csv(path: Path, rows: list[list[object]]) -> Path:
+    with path.open("w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    return path
+
+
+def flat(root: Path, labels: list[str], table: str = "labels.csv", column: str = "label") -> list[str]:
+    """root/images/<i>.png, one per label, listed in root/``table``; returns the table's paths."""
+    files = [f"images/{p.name}" for p in random_images(root / "images", len(labels), mode="RGB")]
+    write_csv(root / table, [["file_name", column], *zip(files, labels)])
+    return files
+
+
+def fit_and_test(data, root: Path) -> tuple[dict, list[dict]]:
+    seed_everything(0)
+    model = tiny_classifier(num_classes=3, in_chans=3, img_size=8)
+    trainer = quick_trainer(root, max_epochs=2, deterministic=True)
+    trainer.fit(model, datamodule=data)
+    return model.state_dict(), trainer.test(model, datamodule=data, verbose=False)
+
+
+def test_a_csv_listing_class_folders_in_any_order_gives_the_same_run_bit_for_bit(tmp_path):
+    files = write_class_folders(tmp_path / "tree", ["cat", "dog", "owl"], per_class=12, size=12)
+    rows = [[str(f.relative_to(tmp_path / "tree")), f.parent.name] for f in files]
+    random.Random(0).shuffle(rows)
+    write_csv(tmp_path / "tree" / "labels.csv", [["path", "label"], *rows])
+    folder, table = ImageFolder(str(tmp_path / "tree"), **OPTS), LabelsFile(str(tmp_path / "tree/labels.csv"), **OPTS)
+    assert table.class_names == folder.class_names == ["cat", "dog", "owl"]
+    weights_folder, test_folder = fit_and_test(folder, tmp_path / "a")
+    weights_table, test_table = fit_and_test(table, tmp_path / "b")
+    for split in ("train", "val", "test"):  # the same images, in the same order
+        assert getattr(table, f"{split}_set").samples == getattr(folder, f"{split}_set").samples
+    assert weights_folder.keys() == weights_table.keys()
+    assert all(torch.equal(weights_folder[k], weights_table[k]) for k in weights_folder)
+    assert test_folder == test_table and "test_acc" in test_folder[0]
+    seed_everything(1)  # the check can tell runs apart: another seed moves the weights
+    other = tiny_classifier(num_classes=3, in_chans=3, img_size=8)
+    quick_trainer(tmp_path / "c", max_epochs=2).fit(other, datamodule=LabelsFile(str(tmp_path / "tree/labels.csv"),
+                                                                                 **{**OPTS, "seed": 1}))
+    assert not all(torch.equal(weights_folder[k], v) for k, v in other.state_dict().items())
+
+
+def test_a_flat_folder_beside_labels_csv_is_named_by_imagefolder_in_one_line_and_read_by_labelsfile(tmp_path):
+    flat(tmp_path, ["cat", "dog"] * 5)
+    with pytest.raises(UserValueError) as error:
+        _ = ImageFolder(str(tmp_path), **OPTS).class_names
+    assert str(error.value).count("\n") == 0
+    assert str(error.value).endswith(f"--data vit.data.LabelsFile --data.init_args.root {tmp_path} "
+                                     "--data.init_args.table labels.csv")
+    with pytest.raises(UserError, match=r"name its table with --data\.init_args\.table labels\.csv"):
+        _ = LabelsFile(str(tmp_path), **OPTS).class_names
+    data = LabelsFile(str(tmp_path), table="labels.csv", **OPTS)
+    data.setup("fit")
+    assert data.class_names == ["cat", "dog"] and not data.multi_label
+    image, label = data.train_set[0]
+    assert image.dtype == torch.uint8 and image.shape == (3, 8, 8) and isinstance(label, int)
+
+
+def test_hf_metadata_csv_is_found_without_options_and_imagefolder_points_to_it(tmp_path):
+    flat(tmp_path, ["cat", "dog"] * 5, table="metadata.csv")
+    with pytest.raises(UserValueError, match=r"metadata.csv, and no class folders: .*root \S+$"):
+        _ = ImageFolder(str(tmp_path), **OPTS).class_names
+    data = LabelsFile(str(tmp_path), **OPTS)
+    data.setup("fit")
+    # per class of 5: val and test take one each (at least one from a class of two or more)
+    assert (len(data.train_set), len(data.val_set), len(data.test_set)) == (6, 2, 2)
+
+
+def multi(root: Path) -> LabelsFile:
+    rows = [["file_name", "a", "b", "c"]]
+    for i, f in enumerate(p.name for p in random_images(root, 30, mode="RGB")):
+        rows.append([f, "1" if i % 2 else "0", "" if i % 5 == 0 else str(i % 3 % 2), "-1" if i == 7 else "1"])
+    write_csv(root / "metadata.csv", rows)
+    return LabelsFile(str(root), **OPTS)
+
+
+def test_multi_label_items_are_float_targets_with_unknowns_as_minus_one(tmp_path):
+    data = multi(tmp_path)
+    assert data.multi_label and data.class_names == ["a", "b", "c"]
+    data.setup("fit")
+    for split in (data.train_set, data.val_set, data.test_set):
+        for k, (path, _) in enumerate(split.samples):
+            i = int(Path(path).stem)  # the table's row: its targets as written above
+            target = split[k][1]
+            assert target.dtype == torch.float32
+            assert target.tolist() == [i % 2, -1 if i % 5 == 0 else i % 3 % 2, -1 if i == 7 else 1]
+    _, targets = next(iter(data.val_dataloader()))
+    assert targets.shape == (len(data.val_set), 3) and targets.dtype == torch.float32
+    train_targets = data.train_set.labels
+    assert data.class_counts("train") == (train_targets > 0).sum(0).tolist()
+    with pytest.raises(UserValueError, match="balanced_sampling"):
+        LabelsFile(str(tmp_path), balanced_sampling=True, **OPTS).train_sampler()
+
+
+def test_an_undecodable_multi_label_image_is_replaced_by_another_with_its_own_labels(tmp_path):
+    data = multi(tmp_path)
+    data.skip_bad_images = True
+    data.setup("fit")
+    targets = data.train_set.labels
+    k = next(k for k in range(len(targets) - 1) if not torch.equal(targets[k], targets[k + 1]))
+    (path, row), (_, other_row) = data.train_set.samples[k:k + 2]  # the next image stands in for it
+    Path(path).write_bytes(Path(path).read_bytes()[:60])  # the header survives, the pixels do not
+    _, target = data.eval_split("train")[k]
+    assert target.tolist() == data.train_set.targets[other_row].tolist() != data.train_set.targets[row].tolist()
+
+
+def test_a_split_column_gives_the_splits_and_without_val_rows_val_is_held_out_of_train(tmp_path):
+    files = [p.name for p in random_images(tmp_path, 20, mode="RGB")]
+    splits = ["train"] * 14 + ["validation"] * 3 + ["test"] * 3
+    write_csv(tmp_path / "metadata.csv", [["file_name", "label", "split"],
+                                          *[[f, "ab"[i % 2], s] for i, (f, s) in enumerate(zip(files, splits))]])
+    data = LabelsFile(str(tmp_path), **OPTS)
+    data.setup("fit")
+    names = lambda d: sorted(Path(p).name for p, _ in d.samples)
+    assert names(data.val_set) == sorted(files[14:17]) and names(data.test_set) == sorted(files[17:])
+    write_csv(tmp_path / "metadata.csv", [["file_name", "label", "split"],
+                                          *[[f, "ab"[i % 2], "train"] for i, f in enumerate(files)]])
+    data = LabelsFile(str(tmp_path), val_fraction=0.2, **OPTS)
+    data.setup("fit")
+    assert len(data.val_set) == 4 and data.test_set is data.val_set
+    assert sorted(label for _, label in data.val_set.samples) == [0, 0, 1, 1]
+
+
+BAD_ROWS = {  # a bad row appended as line 13, after 10 good rows (lines 2-11) and a repeat of line 4
+    "missing file": "images/gone.png,cat",
+    "unknown class": "images/0.png,zebra",
+    "empty label": "images/0.png,",
+    "conflicting duplicate": "images/0.png,dog",
+    "outside root": "../elsewhere.png,cat",
+    "malformed": "images/1.png,cat,extra",
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_ROWS))
+def test_each_bad_row_is_an_error_at_setup_naming_its_line_in_at_most_ten_lines(tmp_path, kind, caplog):
+    root = tmp_path / "root"
+    flat(root, ["cat", "dog"] * 5)
+    (tmp_path / "elsewhere.png").write_bytes((root / "images/0.png").read_bytes())
+    with (root / "labels.csv").open("a") as f:
+        f.write("images/2.png,cat\n" + BAD_ROWS[kind] + "\n")  # line 12 repeats line 4 exactly: kept once
+    options = dict(table="labels.csv", classes=["cat", "dog"], **OPTS)
+    with pytest.raises(UserValueError) as error:
+        LabelsFile(str(root), **options).setup("fit")
+    message = str(error.value)
+    assert len(message.splitlines()) <= 10 and "Traceback" not in message
+    assert f"line 13: {kind}:" in message and f"of 12 rows are bad ({'2' if kind == 'conflicting duplicate' else 1} "\
+        f"{kind})" in message and message.endswith("set data.skip_bad_rows: true to train without them.")
+    skipped = LabelsFile(str(root), skip_bad_rows=True, **options)
+    with caplog.at_level(logging.WARNING):
+        skipped.setup("fit")
+    assert f"line 13: {kind}" in caplog.text
+    kept = sum(len(s.samples) for s in (skipped.train_set, skipped.val_set, skipped.test_set))
+    assert kept == (9 if kind == "conflicting duplicate" else 10)
+    files_only = LabelsFile(str(root), skip_bad_images=True, **options)  # skip_bad_images covers files alone
+    if kind == "missing file":
+        files_only.setup("fit")
+    else:
+        with pytest.raises(UserValueError, match=f"line 13: {kind}"):
+            files_only.setup("fit")
+
+
+def test_no_usable_rows_and_a_class_without_a_training_image_are_errors_that_say_so(tmp_path):
+    write_csv(tmp_path / "metadata.csv", [["file_name", "label"], ["gone.png", "a"]])
+    with pytest.raises(UserValueError, match="no usable rows"):
+        _ = LabelsFile(str(tmp_path), skip_bad_rows=True, **OPTS).class_names
+    files = [p.name for p in random_images(tmp_path, 6, mode="RGB")]
+    write_csv(tmp_path / "metadata.csv", [["file_name", "label", "split"], *[[f, "a", "train"] for f in files[:4]],
+                                          [files[4], "b", "val"], [files[5], "a", "val"]])
+    with pytest.raises(UserValueError, match="no training image of class 'b'"):
+        LabelsFile(str(tmp_path), **OPTS).setup("fit")
+    rows = [[files[0], "a;b"], [files[1], "a"], [files[2], "a;c"], *[[f, "a"] for f in files[3:]]]
+    write_csv(tmp_path / "metadata.csv", [["file_name", "tags"], *rows])
+    data = LabelsFile(str(tmp_path), **OPTS)  # b and c have one image each: the split keeps it for training
+    data.setup("fit")
+    assert min(data.class_counts("train")) == 1 and np.all(data.train_set.labels.sum(0).numpy() >= 1)
