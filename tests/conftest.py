@@ -297,7 +297,7 @@ def fit_quadrant_labels(root: Path) -> None:
     data = QuadrantLabels()
     model = tiny_classifier(num_classes=4, class_names=list(data.class_names), multi_label=True, img_size=8,
                             in_chans=1, optim={"lr": 3e-3, "warmup_epochs": 0})
-    trainer = quick_trainer(root, max_epochs=3)
+    trainer = quick_trainer(root, max_epochs=12)
     trainer.fit(model, datamodule=data)
     trainer.save_checkpoint(root / "model.ckpt")
     (root / "images").mkdir()

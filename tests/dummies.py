@@ -123,10 +123,11 @@ class QuadrantLabels(LightningDataModule):
                      for split, n, seed in (("train", n_train, 0), ("val", n_val, 1), ("test", n_test, 2))}
         self.test_set = self.sets["test"]
 
-    def class_counts(self, split: str = "train") -> list[list[int]]:
-        """(positives, known labels) per class."""
-        targets = self.sets[split].tensors[1]
-        return [(targets == 1).sum(0).tolist(), (targets >= 0).sum(0).tolist()]
+    @property
+    def train_set(self) -> TensorDataset:
+        """The training split, with ``labels`` (N, C) as a labels file's DataModule has them."""
+        self.sets["train"].labels = self.sets["train"].tensors[1]
+        return self.sets["train"]
 
     def train_dataloader(self):
         return DataLoader(self.sets["train"], batch_size=self.batch_size, shuffle=True)

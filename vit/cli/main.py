@@ -286,6 +286,7 @@ class VitCLI(LightningCLI):
         value = results[0].get(key) if results else None
         if value is not None:
             name = "accuracy" if key.endswith("_acc") else key.removeprefix(f"{split}_").replace("_", " ")
+            name = "macro mAP" if name == "map" else name  # a multi-label run's (configs/multilabel_cpu.yaml)
             accuracy = results[0].get(f"{split}_acc")  # what a classifier's user reads, whatever chose the checkpoint
             also = f" (accuracy {accuracy:.4f})" if accuracy is not None and name != "accuracy" else ""
             note = f" (no test split is held out: {no_test}; val chose this checkpoint, so this figure " \

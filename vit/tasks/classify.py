@@ -215,7 +215,7 @@ class ImageClassifier(Prepared, VisionTask):
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.head.class_weighting:
-            counts = torch.tensor(self.trainer.datamodule.class_counts("train"), dtype=torch.float32)  # (2, C) multi
+            counts = self.head.training_counts(self.trainer.datamodule)
             weights = self.head.class_weights(counts, self.class_names)
             self.configure_losses(weights.to(self.device))
             rank_zero_info("class weights: " + ", ".join(f"{n} {w:.2f}" for n, w in zip(self.class_names, weights)))

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MultilabelF1Score
@@ -60,6 +61,10 @@ class ClassificationHead:
     def class_weights(self, counts: Tensor, class_names: Sequence[str]) -> Tensor | None:
         """The loss weight of each class from its training-image counts, or None to weigh them alike."""
         return None
+
+    def training_counts(self, datamodule: Any) -> Tensor:
+        """What `class_weights` counts: the training images of each class (the DataModule's ``class_counts``)."""
+        return torch.tensor(datamodule.class_counts("train"), dtype=torch.float32)
 
     def predict(self, logits: Tensor) -> Tensor:
         """What the classifier answers for logits (B, num_classes): class probabilities."""
@@ -217,6 +222,12 @@ class MultiLabelHead(ClassificationHead):
             missing = [name for name, n in zip(class_names, positives.tolist()) if n == 0]
             raise UserValueError(f"class_weighting: labels without a positive training image: {missing}")
         return ((known - positives) / positives).clamp(max=self.max_pos_weight)
+
+    def training_counts(self, datamodule: Any) -> Tensor:
+        """(2, C): each class's positives and known labels in the training split (its dataset's ``labels``, the
+        (N, C) targets)."""
+        labels = torch.as_tensor(datamodule.train_set.labels)
+        return torch.stack([(labels == 1).sum(0), (labels >= 0).sum(0)]).float()
 
     def predict(self, logits: Tensor) -> Tensor:
         """A sigmoid per class."""
