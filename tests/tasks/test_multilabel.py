@@ -128,3 +128,41 @@ def test_positive_weights_are_negatives_over_positives_capped():
     assert MultiLabelHead().class_weights(counts, ["a", "b", "c"]) is None
     with pytest.raises(UserValueError, match="'b'"):
         MultiLabelHead(class_weighting=True).class_weights(torch.tensor([[1.0, 0.0], [5.0, 5.0]]), ["a", "b"])
+
+
+@pytest.mark.slow
+def test_vit_test_on_two_ddp_processes_reports_the_mAP_of_one(quadrant_run, tmp_path):
+    """`vit test` of one multi-label checkpoint, on one process and on two (gloo on CPU): the same test macro mAP,
+    the one sklearn gives on the 67 test images. 67 is odd: the DistributedSampler repeats an image to even the
+    shards, and counting it twice would change the figure (checked), so the padding must be dropped."""
+    import re
+    import subprocess
+    import sys
+
+    from sklearn.metrics import average_precision_score
+
+    from tests.conftest import free_port, subprocess_env
+    from tests.dummies import QuadrantLabels
+    from vit.deploy.classifier import read_classifier
+
+    images, targets = QuadrantLabels().sets["test"].tensors
+    with torch.no_grad():
+        probs = torch.sigmoid(read_classifier(quadrant_run / "model.ckpt").model(images)).numpy()
+    expected = average_precision_score(targets.numpy(), probs, average="macro")
+    padded = average_precision_score(np.r_[targets.numpy(), targets.numpy()[:1]], np.r_[probs, probs[:1]])
+    assert len(images) % 2 == 1 and abs(padded - expected) > 1e-5
+
+    def reported(devices: int) -> float:
+        cmd = [sys.executable, "-m", "vit", "test", "--model=vit.tasks.ImageClassifier",
+               "--model.model=vit_digits_patch2_8", "--model.model_kwargs={depth: 2, embed_dim: 32, num_heads: 2}",
+               "--data=tests.dummies.QuadrantLabels", f"--ckpt_path={quadrant_run / 'model.ckpt'}",
+               "--trainer.accelerator=cpu", f"--trainer.devices={devices}", "--trainer.logger=false",
+               f"--trainer.strategy={'ddp' if devices > 1 else 'auto'}", "--trainer.enable_progress_bar=false"]
+        env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return float(re.search(r"test_map\s*│\s*([\d.]+)", done.stdout).group(1))
+
+    one, two = reported(1), reported(2)
+    assert one == pytest.approx(expected, abs=1e-5)
+    assert two == pytest.approx(expected, abs=1e-5)
