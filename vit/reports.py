@@ -174,7 +174,7 @@ def class_ap_figure(probs: Tensor, targets: Tensor, ap: Tensor, class_names: Seq
     curves.set_xlim(0, 1.02)
     curves.set_ylim(0, 1.05)
     curves.set_title(f"precision-recall of the {worst} worst classes")
-    curves.legend(fontsize=8, loc="lower left")
+    curves.legend(fontsize=8, loc="best")
     fig.tight_layout()
     return fig
 
