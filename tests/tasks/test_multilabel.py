@@ -166,3 +166,15 @@ def test_vit_test_on_two_ddp_processes_reports_the_mAP_of_one(quadrant_run, tmp_
     one, two = reported(1), reported(2)
     assert one == pytest.approx(expected, abs=1e-5)
     assert two == pytest.approx(expected, abs=1e-5)
+
+
+def test_positive_weights_count_the_known_labels_of_the_training_split():
+    """Unknown labels are neither positives nor negatives in the counts the weights come from."""
+    from tests.dummies import QuadrantLabels
+
+    data = QuadrantLabels(unknown=0.25)
+    targets = data.sets["train"].tensors[1]
+    counts = MultiLabelHead().training_counts(data)
+    assert counts.tolist() == [[float((targets[:, c] == 1).sum()) for c in range(4)],
+                               [float((targets[:, c] != -1).sum()) for c in range(4)]]
+    assert (counts[1] < len(targets)).all()
