@@ -106,3 +106,34 @@ def test_findings_never_count_a_label_list_the_report_distrusts_or_a_skipped_che
                           ({"flagged": 4, "trusted": True}, True)):
         result = findings({**summary, "label_issues": labels})
         assert result["label_issues"] is found and result["duplicates"] is True and not result["leakage"]
+
+
+def test_an_audit_of_a_multi_label_table_checks_files_duplicates_and_leakage_and_says_the_label_check_does_not_apply(
+        tmp_path):
+    from vit.data import LabelsFile
+
+    root = tmp_path / "tagged"
+    planted = planted_folder(root)  # the same tiles, now listed in a table with tags and their split folders
+    rows = [["file_name", "tags", "split"]]
+    for path in sorted(root.rglob("*.*")):
+        split, kind = path.relative_to(root).parts[:2]
+        tags = {"astronaut": "person;outdoor", "coffee": "cup", "camera": "person;indoor"}[kind]
+        rows.append([str(path.relative_to(root)), tags, split])
+    rows.append(["train/coffee/gone.png", "cup", "train"])  # a missing file
+    rows[[r[0] for r in rows].index(str(Path(planted["exact"]).relative_to(root)))][1] = "cup"  # another label set
+    with (root / "metadata.csv").open("w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    data = LabelsFile(str(root), num_workers=0, img_size=32)
+    summary = run_audit(None, data, AuditOptions(num_workers=1)).summary
+    assert summary["multi_label"] and summary["inventory"]["classes"] == ["cup", "indoor", "outdoor", "person"]
+    per_class = summary["inventory"]["images_per_class"]["train"]  # images that have each tag, counted by hand:
+    # cup: coffee's 9 + near + empty + the relabelled copy; indoor: camera's 1 (its copy sits in astronaut/);
+    # outdoor: astronaut's 9 + the camera copy; person: those 10 + camera's 1
+    assert per_class == [9 + 3, 1, 9 + 1, 10 + 1]
+    assert summary["leakage"] == {"test": {"train": {"exact": 1, "near": 1}}}
+    assert summary["label_conflicts"] == 2  # the copy relabelled "cup"; the camera tile among astronaut's tags
+    assert summary["label_issues"]["skipped"].startswith("not run: confident learning assumes one label per image")
+    assert summary["bad_rows"] == [{"line": len(rows), "kind": "missing file", "detail": str(root /
+                                                                                           "train/coffee/gone.png")}]
+    assert any(b["problem"] == f"missing (line {len(rows)} of the table)" for b in summary["inventory"]["bad_files"])
+    assert findings(summary)["bad_files"] and not findings(summary)["label_issues"]

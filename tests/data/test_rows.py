@@ -170,3 +170,12 @@ def test_the_table_of_a_root_hf_metadata_first_else_the_option_named(tmp_path):
     assert find_table(tmp_path, "labels.csv") == tmp_path / "labels.csv"
     with pytest.raises(UserPathError, match="labels table not found"):
         find_table(tmp_path, "other.csv")
+
+
+def test_absolute_paths_are_taken_as_they_are_and_windows_separators_read_as_slashes(tmp_path):
+    files = images(tmp_path / "data", 3)
+    elsewhere = tmp_path / "data" / files[2]
+    write_csv(tmp_path / "data" / "t.csv", [["file_name", "label"], [files[0].replace("/", "\\"), "a"],
+                                            [f"images//{Path(files[1]).name}", "b"], [str(elsewhere), "a"]])
+    table = read_table(tmp_path / "data" / "t.csv", root=tmp_path / "data" / "images")  # the third is absolute
+    assert table.bad == [] and sorted(table.paths) == sorted(str(tmp_path / "data" / f) for f in files)

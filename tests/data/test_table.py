@@ -197,3 +197,40 @@ def test_no_usable_rows_and_a_class_without_a_training_image_are_errors_that_say
     data = LabelsFile(str(tmp_path), **OPTS)  # b and c have one image each: the split keeps it for training
     data.setup("fit")
     assert min(data.class_counts("train")) == 1 and np.all(data.train_set.labels.sum(0).numpy() >= 1)
+
+
+def split_on_a_rank(rank: int, world: int, port: int, root: str, out: str) -> None:
+    """One DDP rank (gloo on localhost): a multi-label LabelsFile set up; writes its splits to out/rank<rank>.json."""
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        data = LabelsFile(root, **OPTS)
+        data.setup("fit")
+        splits = {name: getattr(data, f"{name}_set").samples for name in ("train", "val", "test")}
+        targets = data.train_set.labels.tolist()
+    finally:
+        dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"splits": splits, "targets": targets}))
+
+
+@pytest.mark.slow
+def test_under_ddp_every_rank_reads_the_same_rows_into_the_same_splits(tmp_path):
+    import json
+
+    import torch.multiprocessing as mp
+
+    from tests.conftest import free_port
+
+    multi(tmp_path / "data")
+    alone = LabelsFile(str(tmp_path / "data"), **OPTS)
+    alone.setup("fit")
+    mp.start_processes(split_on_a_rank, args=(2, free_port(), str(tmp_path / "data"), str(tmp_path)), nprocs=2,
+                       start_method="fork")  # forked: no re-import of torch per rank
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for seen in ranks:
+        assert {name: [tuple(s) for s in samples] for name, samples in seen["splits"].items()} == {
+            name: getattr(alone, f"{name}_set").samples for name in ("train", "val", "test")}
+        assert seen["targets"] == alone.train_set.labels.tolist()

@@ -13,6 +13,7 @@ import html
 import io
 import json
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,10 @@ def summary_sentences(summary: dict[str, Any]) -> list[str]:
                     said.append(f"{n} {split} image{'s have' if n != 1 else ' has'} {article} {kind} copy in {other}")
     if summary["inventory"]["bad_files"]:
         said.append(plural(len(summary["inventory"]["bad_files"]), "file cannot", "files cannot") + " be read")
+    if summary.get("bad_rows"):
+        kinds = Counter(r["kind"] for r in summary["bad_rows"])
+        said.append(plural(len(summary["bad_rows"]), "row", "rows") + " of the labels table left out ("
+                    + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common()) + "; lines in summary.json)")
     if summary["label_conflicts"]:
         said.append(plural(summary["label_conflicts"], "pair of identical images carries",
                            "pairs of identical images carry") + " different labels")

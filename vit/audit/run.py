@@ -89,13 +89,14 @@ def audited_splits(data: Any) -> list[str]:
     return ["train", "val"] + ([] if no_test_reason(data) else ["test"])
 
 
-def scan(data: Any, num_workers: int | None, cache_dir: Path | None
+def scan(data: Any, num_workers: int | None, cache_dir: Path | None, labels_of: dict[str, list[int]] | None = None,
          ) -> tuple[list[ImageRecord], dict[str, Any], dict[str, str]]:
-    """Every split's records, the splits' evaluation datasets, and where each split's records came from."""
+    """Every split's records, the splits' evaluation datasets, and where each split's records came from; each item's
+    label is its class, or its index in ``labels_of`` (multi-label data's label sets)."""
     records, datasets, how = [], {}, {}
     for split in audited_splits(data):
         dataset = datasets[split] = data.eval_split(split)
-        labels = [int(y) for y in dataset.labels]
+        labels = labels_of[split] if labels_of else [int(y) for y in dataset.labels]
         on_disk = len(dataset) > 0 and os.path.isfile(dataset.item_name(0))  # in-memory images: not worth a process
         workers = (len(os.sched_getaffinity(0)) if num_workers is None else num_workers) if on_disk else 1
         found, how[split] = cached_scan_split(dataset, split, labels, workers, cache_dir=cache_dir)
@@ -188,6 +189,46 @@ def charts(inv: dict[str, Any], aspect: list[float]) -> dict[str, bytes]:
     return drawn
 
 
+# ---- multi-label data: label sets, not classes ------------------------------------------------------------------
+MULTI_LABEL_SKIP = ("not run: confident learning assumes one label per image, and this data is multi-label (several "
+                    "per image); duplicates are compared by their whole label sets instead")
+
+
+def label_sets(data: Any, class_names: Sequence[str]) -> tuple[dict[str, list[int]], list[str]]:
+    """Each item's label set written out ("red;cotton", an unknown label as "?wool", none as "-") as an index into
+    their sorted list, per split: what a pair of identical images must agree on."""
+    written = {}
+    for split in audited_splits(data):
+        rows = data.eval_split(split).labels.tolist()  # (N, C): 1, 0, -1 unknown
+        written[split] = [";".join([n for n, t in zip(class_names, row) if t > 0]
+                                   + [f"?{n}" for n, t in zip(class_names, row) if t < 0]) or "-" for row in rows]
+    names = sorted({w for ws in written.values() for w in ws})
+    index = {name: i for i, name in enumerate(names)}
+    return {split: [index[w] for w in ws] for split, ws in written.items()}, names
+
+
+def positives(datasets: dict[str, Any], class_names: Sequence[str]) -> dict[str, Any]:
+    """The inventory's per-class entries for multi-label data: images that have each label, per split."""
+    from vit.audit.inventory import SMALL_CLASS
+
+    counts = {split: (d.labels > 0).sum(0).tolist() for split, d in datasets.items()}
+    base = counts.get("train", [])
+    largest = max(base, default=0)
+    return {"classes": list(class_names), "images_per_class": counts,
+            "small_classes": [{"class": class_names[c], "images": n, "largest": largest}
+                              for c, n in enumerate(base) if n < SMALL_CLASS * largest]}
+
+
+def table_rows(data: Any, inv: dict[str, Any]) -> list[dict[str, Any]]:
+    """A labels table's bad rows (`vit.data.LabelsFile`), left out for the audit: missing files join the bad
+    files; all are listed by line."""
+    read = getattr(data, "read", None)
+    bad = read().bad if callable(read) else []
+    inv["bad_files"] += [{"path": b.detail, "split": "table", "problem": f"missing (line {b.line} of the table)"}
+                         for b in bad if b.kind == "missing file"]
+    return [{"line": b.line, "kind": b.kind, "detail": b.detail} for b in bad]
+
+
 def run_audit(module: Any, data: Any, options: AuditOptions, *, labels_skipped: str | None = None,
               started: float | None = None) -> Audit:
     """Audit ``data`` (set up here), the label check on ``module``'s features unless ``options.labels`` is False
@@ -197,20 +238,27 @@ def run_audit(module: Any, data: Any, options: AuditOptions, *, labels_skipped: 
     started = time.perf_counter() if started is None else started
     if isinstance(data, ImageFolder):
         data.check_images = False  # bad files are a finding here, not a reason to stop
+    if hasattr(data, "skip_bad_rows"):
+        data.skip_bad_rows = True  # and so are a labels table's bad rows
     data.prepare_data()
     data.setup("fit")
     class_names = list(data.class_names)
-    records, datasets, scanned_how = scan(data, options.num_workers, options.cache_dir)
+    multi = bool(getattr(data, "multi_label", False))
+    labels_of, names = label_sets(data, class_names) if multi else (None, class_names)
+    records, datasets, scanned_how = scan(data, options.num_workers, options.cache_dir, labels_of)
     scanned = time.perf_counter()
 
-    inv = inventory(records, class_names)
+    inv = inventory(records, names)
     aspect = inv.pop("aspect_ratios")
     inv["aspect_ratio_range"] = [min(aspect), float(np.median(aspect)), max(aspect)] if aspect else []
-    pairs, found = duplicates(records, datasets, class_names, options)
+    if multi:
+        inv.update(positives(datasets, class_names))
+        labels_skipped = labels_skipped or MULTI_LABEL_SKIP
+    pairs, found = duplicates(records, datasets, names, options)
     summary: dict[str, Any] = {
         "data": str(getattr(data, "root", type(data).__name__)), "inventory": inv, "duplicates": found,
         "leakage": leakage(pairs), "label_conflicts": len(label_conflicts(pairs)), "label_issues": None,
-        "scan": scanned_how,
+        "scan": scanned_how, "bad_rows": table_rows(data, inv), "multi_label": multi,
     }
     issues: list[dict[str, Any]] = []
     if labels_skipped:

@@ -20,6 +20,7 @@ import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -121,15 +122,13 @@ def _records(path: Path) -> tuple[list[str], Iterator[tuple[int, list | None]]]:
         with handle:
             while True:
                 try:
-                    cells = next(reader)
-                except StopIteration:
+                    for cells in reader:
+                        if len(cells) == width:
+                            yield reader.line_num, cells
+                        elif any(cells):  # a blank line is no row
+                            yield reader.line_num, None
                     return
-                except csv.Error:
-                    yield reader.line_num, None
-                    continue
-                if len(cells) == width:
-                    yield reader.line_num, cells
-                elif any(cells):  # a blank line is no row
+                except csv.Error:  # (a NUL byte, an unclosed quote at the end): that line, and read on
                     yield reader.line_num, None
     return header, rows()
 
@@ -194,8 +193,8 @@ def _separator(cells: Sequence[object], separator: str | None) -> str:
     """The separator given, else the first of `SEPARATORS` that occurs in a cell ("" for none)."""
     if separator is not None:
         return separator
-    texts = [c for c in cells if isinstance(c, str)]
-    return next((s for s in SEPARATORS if any(s in c for c in texts)), "")
+    texts = "\n".join({c for c in cells if isinstance(c, str)})  # a few thousand distinct cells, at most
+    return next((s for s in SEPARATORS if s in texts), "")
 
 
 def read_table(
@@ -247,10 +246,12 @@ def read_table(
             targets = _multi_hot(table_labels, len(names))
     splits = _splits(split_cells, lines, bad) if si is not None else None
     _check_duplicates(paths, table_labels if targets is None else targets, splits, lines, bad)
-    keep = [i for i in range(len(lines)) if i not in bad and paths[i] is not None]
+    keep = [i for i, p in enumerate(paths) if p is not None and i not in bad]
     # one order whatever the table's: by class then path, as ImageFolder lists a class-folder tree (the seeded split
     # then takes the same images), or by path for multi-label rows
-    keep.sort(key=(lambda i: (table_labels[i][0], paths[i])) if targets is None else paths.__getitem__)
+    keep.sort(key=paths.__getitem__)
+    if targets is None:  # then by class, stably: np's stable argsort beats a sort on (class, path) tuples
+        keep = np.asarray(keep)[np.argsort([table_labels[i][0] for i in keep], kind="stable")].tolist()
     repeated = len(lines) - len(keep) - len(bad)
     return LabelTable(
         path, names, [paths[i] for i in keep],
@@ -265,53 +266,71 @@ def _resolve_paths(folder: Path, root: Path, cells: Sequence[object], lines: Seq
     table listing a class-folder tree names the files as `ImageFolder` does); None for a bad row. Missing files are
     found from one listing per folder."""
     base, inside = str(folder), os.path.normpath(os.path.abspath(root)) + "/"
-    listings: dict[str, set[str]] = {}
-    paths: list[str | None] = []
-    for i, cell in enumerate(cells):
-        text = cell.strip() if isinstance(cell, str) else ""
-        if not text:
-            if i not in bad:
-                bad[i] = BadRow(lines[i], "malformed", "no image path")
-            paths.append(None)
-            continue
-        if "\\" in text and os.sep == "/":  # a table written on Windows
-            text = text.replace("\\", "/")
-        if "//" in text or "/." in "/" + text:
-            text = os.path.normpath(text)
-        full = os.path.join(base, text)
-        if ".." in text and not os.path.isabs(text):
-            full = os.path.normpath(full)
-            if not (os.path.abspath(full) + "/").startswith(inside):
-                bad.setdefault(i, BadRow(lines[i], "outside root", f"{cell.strip()} leads out of {root}"))
-                paths.append(None)
-                continue
-        paths.append(full)
-        if check_files:
-            parent, name = os.path.split(full)
-            names = listings.get(parent)
-            if names is None:
-                try:
-                    names = listings[parent] = set(os.listdir(parent))
-                except OSError:
-                    names = listings[parent] = set()
-            if name not in names:
-                bad.setdefault(i, BadRow(lines[i], "missing file", full))
+    prefix = base if base.endswith("/") else base + "/"  # os.path.join(base, p) for a relative p, at a string's cost
+    texts = [c.strip() if isinstance(c, str) else "" for c in cells]
+    paths: list[str | None] = [prefix + t for t in texts]  # the common case, in one pass; odd rows redone below
+    blob = "\n" + "\n".join(texts) + "\n"
+    if any(mark in blob for mark in ("\\", "/.", "//", "\n.", "\n/", "\n\n")):
+        for i, text in enumerate(texts):
+            if not text or text[0] in "./" or "\\" in text or "/." in text or "//" in text:
+                paths[i] = _odd_path(text, prefix, inside, root, lines[i], i, bad)
+    if check_files:
+        parents = {p.rpartition("/")[0] for p in paths if p is not None}
+        existing = {f"{parent}/{name}" for parent in parents for name in _listing(parent)}
+        for i in [i for i, p in enumerate(paths) if p is not None and p not in existing]:
+            bad.setdefault(i, BadRow(lines[i], "missing file", paths[i]))
     return paths
+
+
+def _odd_path(text: str, prefix: str, inside: str, root: Path, line: int, i: int, bad: dict[int, BadRow]
+              ) -> str | None:
+    """The path of a row that needs care: empty, absolute, with ``.`` or ``..`` parts, ``//`` or Windows' ``\\``;
+    None (and a bad row) when it is empty or leads out of ``root``."""
+    if not text:
+        bad.setdefault(i, BadRow(line, "malformed", "no image path"))
+        return None
+    given = text
+    if "\\" in text and os.sep == "/":  # a table written on Windows
+        text = text.replace("\\", "/")
+    if text[0] == "." or "/." in text or "//" in text:
+        text = os.path.normpath(text)
+    if text[0] == "/":
+        return text
+    full = prefix + text
+    if ".." in text:
+        full = os.path.normpath(full)
+        if not (os.path.abspath(full) + "/").startswith(inside):
+            bad.setdefault(i, BadRow(line, "outside root", f"{given} leads out of {root}"))
+            return None
+    return full
+
+
+def _listing(folder: str) -> set[str]:
+    """The names in ``folder`` (none when it is missing): one call per folder, where a stat per row would be slow."""
+    try:
+        return set(os.listdir(folder or "/"))
+    except OSError:
+        return set()
 
 
 def _cell_labels(cells: Sequence[object], separator: str, classes: Sequence[str] | None, lines: Sequence[int],
                  bad: dict[int, BadRow]) -> tuple[list[str], list[list[int] | None]]:
     """The class names (``classes``, else every name seen, sorted) and each row's class indices (None: bad)."""
-    names = [_cell_names(c, separator) for c in cells]
+    parsed: dict[str, list[str] | None] = {}  # a table of a million rows holds a few thousand distinct cells
+    names = [(parsed[c] if c in parsed else parsed.setdefault(c, _cell_names(c, separator)))
+             if isinstance(c, str) else _cell_names(c, separator) for c in cells]
     class_names = list(classes) if classes is not None else sorted({n for row in names if row for n in row})
     index = {name: i for i, name in enumerate(class_names)}
     rows: list[list[int] | None] = []
+    found_for: dict[int, list[int | None]] = {}  # by the parsed list's identity: one lookup per distinct cell
     for i, row in enumerate(names):
         if row is None:
             bad.setdefault(i, BadRow(lines[i], "empty label", "the label cell is empty"))
             rows.append(None)
             continue
-        found = [index.get(n) for n in row]
+        found = found_for.get(id(row))
+        if found is None:
+            found = found_for[id(row)] = [index.get(n) for n in row]
         if None in found:
             unknown = [n for n, k in zip(row, found) if k is None]
             bad.setdefault(i, BadRow(lines[i], "unknown class", f"{unknown[0]!r} is not in data.classes"))
@@ -324,9 +343,9 @@ def _cell_labels(cells: Sequence[object], separator: str, classes: Sequence[str]
 def _multi_hot(rows: Sequence[list[int] | None], num_classes: int) -> np.ndarray:
     """(N, C) int8 targets: 1 for each row's labels, 0 elsewhere (a cell lists what applies; the rest does not)."""
     targets = np.zeros((len(rows), num_classes), dtype=np.int8)
-    for i, row in enumerate(rows):
-        if row:
-            targets[i, row] = 1
+    lengths = np.fromiter((len(row) if row else 0 for row in rows), dtype=np.int64, count=len(rows))
+    columns = np.fromiter(chain.from_iterable(row for row in rows if row), dtype=np.int64, count=int(lengths.sum()))
+    targets[np.repeat(np.arange(len(rows)), lengths), columns] = 1
     return targets
 
 
@@ -359,6 +378,9 @@ def _check_duplicates(paths: list[str | None], labels: Sequence | np.ndarray, sp
                       lines: Sequence[int], bad: dict[int, BadRow]) -> None:
     """A path listed again with the same labels (and split) is kept once (its repeat's path set to None); with
     other labels, or in another split, both rows are bad."""
+    listed = [p for p in paths if p is not None]
+    if len(set(listed)) == len(listed):  # no path twice: nothing to compare (the common case, in one pass)
+        return
     first: dict[str, int] = {}
     for i, path in enumerate(paths):
         if path is None or i in bad:
