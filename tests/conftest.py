@@ -283,3 +283,31 @@ def calibrated(fitted, tmp_path_factory) -> tuple[Path, str]:
     with contextlib.redirect_stdout(printed):
         main(["calibrate", "--ckpt", str(ckpt), "--config", DIGITS])
     return ckpt, printed.getvalue()
+
+
+def fit_quadrant_labels(root: Path) -> None:
+    """A tiny multi-label classifier fitted by `vit fit` in seconds on `tests.dummies.QuadrantLabels`, its best
+    checkpoint (by val macro mAP, with the thresholds chosen on val) copied to ``root/model.ckpt``, and the test
+    images as PNGs under ``root/images``."""
+    from tests.dummies import quadrant_pixels
+    from vit.commands import main
+
+    main(["fit", "--model=vit.tasks.ImageClassifier", "--model.model=vit_digits_patch2_8",
+          "--model.model_kwargs={depth: 2, embed_dim: 32, num_heads: 2}",
+          "--model.optim={lr: 0.003, warmup_epochs: 0}", "--data=tests.dummies.QuadrantLabels",
+          "--seed_everything=0", "--trainer.max_epochs=12", "--trainer.accelerator=cpu", "--trainer.logger=false",
+          "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+          f"--trainer.default_root_dir={root}", f"--checkpoint.dirpath={root / 'ckpt'}", "--checkpoint.monitor=val_map",
+          "--test_after_fit=false"])
+    shutil.copy(next((root / "ckpt").glob("best-*.ckpt")), root / "model.ckpt")
+    (root / "images").mkdir()
+    pixels, targets = quadrant_pixels(67, seed=2)  # QuadrantLabels' test split
+    for i, image in enumerate(pixels):
+        Image.fromarray(image[0].numpy()).save(root / "images" / f"{i:03d}.png")
+    torch.save(targets, root / "targets.pt")
+
+
+@pytest.fixture(scope="session")
+def quadrant_run(tmp_path_factory) -> Path:
+    """The folder of `fit_quadrant_labels`: model.ckpt, images/*.png and their targets.pt."""
+    return built_once(tmp_path_factory, "quadrant_run", fit_quadrant_labels)

@@ -194,3 +194,24 @@ def test_the_cpu_fine_tuning_recipe_runs_as_written(tmp_path, capsys):
     assert "test accuracy of" in capsys.readouterr().out
     print(f"folder_cpu.yaml: 90 images, 5 epochs and the test in {seconds:.0f} s")
     assert seconds < 600
+
+
+@pytest.mark.parametrize("name", ["multilabel_cpu", "finetune/multilabel_cpu"])
+def test_the_multilabel_recipes_run_as_written(name, tmp_path, capsys):
+    """A multi-label recipe on a folder of digit composites beside a metadata.csv (`file_name,labels,split`), with
+    only the root (and the fine-tuning recipe's weights file), shrunk and shortened: the multi-label head from the
+    data, the best checkpoint by val macro mAP with its thresholds, and the test macro mAP printed."""
+    from tests import load_script
+    from vit.tasks.heads import MultiLabelHead
+
+    root = load_script("multilabel_digits").write_composites(tmp_path / "data", {"train": 160, "val": 40, "test": 40})
+    config = CONFIGS / f"{name}.yaml"
+    run = cli(["fit", "--config", str(config), f"--data.init_args.root={root}",
+               f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=2", "--data.init_args.num_workers=0",
+               f"--model.init_args.model_kwargs={shrunk(recipe(config))}", *pretrained_file(recipe(config), tmp_path)])
+    assert isinstance(run.model.head, MultiLabelHead) and run.datamodule.multi_label
+    assert run.best_checkpoint.monitor == "val_map"
+    saved = torch.load(run.best_checkpoint.best_model_path, weights_only=False)["vit"]
+    assert saved["multi_label"] is True and len(saved["thresholds"]) == 10
+    assert load_classifier(run.best_checkpoint.best_model_path).thresholds == saved["thresholds"]
+    assert "test macro mAP of" in capsys.readouterr().out

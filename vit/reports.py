@@ -162,6 +162,72 @@ def error_grid_figure(images: Sequence[np.ndarray], overlays: Sequence[np.ndarra
     return fig
 
 
+def precision_recall(scores: np.ndarray, positive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(recall, precision) at each cut of ``scores`` (highest first), for boolean ``positive``."""
+    order = np.argsort(-scores, kind="stable")
+    tp = np.cumsum(positive[order])
+    return tp / max(1, positive.sum()), tp / np.arange(1, len(scores) + 1)
+
+
+def class_ap_figure(probs: Tensor, targets: Tensor, ap: Tensor, class_names: Sequence[str],
+                    worst: int = 4) -> Figure:
+    """Per-class average precision as bars (worst first), beside the precision-recall curves of the ``worst``
+    classes; ``targets`` are 1/0/-1 (unknown, left out)."""
+    ap_np = ap.cpu().numpy()
+    order = [int(i) for i in np.argsort(np.nan_to_num(ap_np, nan=2.0), kind="stable")]
+    n = len(class_names)
+    fig = Figure(figsize=(min(18.0, max(9.0, 0.3 * n + 6)), 3.8))
+    bars, curves = fig.subplots(1, 2, width_ratios=[max(1.0, n / 12), 1.0])
+    bars.bar(range(n), np.nan_to_num(ap_np[order]), color="tab:blue")
+    if n <= 60:
+        bars.set_xticks(range(n), [class_names[i] for i in order], rotation=90 if n > 12 else 0)
+    bars.set_ylim(0, 1.05)
+    bars.set_ylabel("average precision")
+    bars.set_title(f"test AP per class (macro mAP {np.nanmean(ap_np):.3f})")
+    p, t = probs.cpu().numpy(), targets.cpu().numpy()
+    for c in [i for i in order if ap_np[i] == ap_np[i]][:worst]:
+        known = t[:, c] >= 0
+        recall, precision = precision_recall(p[known, c], t[known, c] == 1)
+        curves.plot(recall, precision, label=f"{class_names[c]} (AP {ap_np[c]:.2f})")
+    curves.set_xlabel("recall")
+    curves.set_ylabel("precision")
+    curves.set_xlim(0, 1.02)
+    curves.set_ylim(0, 1.05)
+    curves.set_title(f"precision-recall of the {worst} worst classes")
+    curves.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def cooccurrence_figure(targets: Tensor, class_names: Sequence[str]) -> Figure:
+    """How often each pair of labels applies to the same image (the diagonal: each label's images)."""
+    positive = (targets == 1).float()
+    counts = (positive.T @ positive).cpu()  # (C, C)
+    fig = confusion_matrix_figure(counts, class_names)
+    ax = fig.axes[0]
+    ax.set_xlabel("label")
+    ax.set_ylabel("label")
+    ax.set_title(f"label co-occurrence ({len(targets)} images; diagonal: images with the label)")
+    return fig
+
+
+def label_errors_figure(images: Sequence[np.ndarray], captions: Sequence[str]) -> Figure:
+    """Each class's worst false positive and false negative, captioned, six to a row."""
+    per_row = 6
+    rows = max(1, -(-len(images) // per_row))
+    fig = Figure(figsize=(per_row * 2.0, rows * 2.6 + 0.4))
+    axes = fig.subplots(rows, per_row, squeeze=False)
+    for k, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if k < len(images):
+            ax.imshow(images[k], interpolation="nearest")
+            ax.set_title(captions[k], fontsize=7, loc="left")
+    fig.suptitle("per class: the most confident false positive (FP) and the lowest-scored false negative (FN)",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def reconstruction_figure(images: Tensor, reconstructions: Tensor, mask: Tensor, patch_size: Sequence[int],
                           mean: Sequence[float], std: Sequence[float], *, title: str) -> Figure:
     """MAE at work, one column per image: the original, the masked input the encoder saw (hidden patches grey)

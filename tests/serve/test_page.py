@@ -116,3 +116,49 @@ def test_the_page_in_chromium(live_url, digit_pngs, tmp_path):
     hosts = {urlsplit(url).hostname for url in requested if urlsplit(url).scheme in ("http", "https", "ws", "wss")}
     assert requested and hosts <= LOOPBACK, f"the page reached beyond this machine: {sorted(hosts - LOOPBACK)}"
     assert all(urlsplit(u).scheme in ("http", "blob", "data") for u in requested), requested
+
+
+def test_a_multi_label_answer_shows_its_labels_as_chips(quadrant_run, tmp_path):
+    """The page of a multi-label model: one chip per label of the API's answer, with its probability; a
+    single-label answer (the test above) has no chips."""
+    import playwright.sync_api as playwright_api
+    import uvicorn
+
+    from vit.commands.serve import bind
+    from vit.deploy import load_classifier
+    from vit.serve.core import Predictor
+
+    if not Path(CHROMIUM).is_file():
+        why = f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set VIT_CHROMIUM)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(make_app(Predictor(load_classifier(quadrant_run / "model.ckpt"))),
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    while not server.started:
+        threading.Event().wait(0.05)
+    try:
+        images = sorted((quadrant_run / "images").glob("*.png"))
+        answers = {p: httpx.post(f"{url}/predict", files={"file": (p.name, p.read_bytes())}).json()["labels"]
+                   for p in images[:10]}
+        several = next(p for p, labels in answers.items() if len(labels) > 1)
+        with playwright_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 900, "height": 640})
+            page.goto(url)
+            page.wait_for_function("document.getElementById('model-info').textContent.includes('classes')")
+            page.set_input_files("[data-testid=file-input]", str(several))
+            page.wait_for_selector("[data-testid=label-chip]")
+            chips = [c.inner_text() for c in page.query_selector_all("[data-testid=label-chip]")]
+            assert chips == [f"{e['name']}{e['probability'] * 100:.1f}%" for e in answers[several]]
+            page.screenshot(path=str(tmp_path / "chips.png"), full_page=True)
+            if os.environ.get("VIT_SERVE_SCREENSHOT"):
+                page.screenshot(path=os.environ["VIT_SERVE_SCREENSHOT"], full_page=True)
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -62,7 +62,7 @@ from vit.preprocessing import DATA_KEYS, PREPROCESSING_KEYS, pretrained_preproce
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
 # skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.
 LINKED_FROM_DATA: tuple[str, ...] = (
-    "num_classes", "class_names", "img_size", "in_chans", *PREPROCESSING_KEYS, "tokenizers",
+    "num_classes", "class_names", "multi_label", "img_size", "in_chans", *PREPROCESSING_KEYS, "tokenizers",
 )
 
 
@@ -289,6 +289,7 @@ class VitCLI(LightningCLI):
         value = results[0].get(key) if results else None
         if value is not None:
             name = "accuracy" if key.endswith("_acc") else key.removeprefix(f"{split}_").replace("_", " ")
+            name = "macro mAP" if name == "map" else name  # a multi-label run's (configs/multilabel_cpu.yaml)
             accuracy = results[0].get(f"{split}_acc")  # what a classifier's user reads, whatever chose the checkpoint
             also = f" (accuracy {accuracy:.4f})" if accuracy is not None and name != "accuracy" else ""
             note = f" (no test split is held out: {no_test}; val chose this checkpoint, so this figure " \

@@ -32,7 +32,7 @@ from vit.deploy.classifier import Classifier, ModelInput
 from vit.deploy.confidence import SCORE_OUTPUT
 from vit.deploy.cpu import describe_cpu, has_amx_bf16, has_native_bf16, has_vnni, reduce_range_for
 from vit.deploy.inference import ONNX_SUFFIX, OnnxClassifier, exported_calibration, torch_or_onnx
-from vit.deploy.metadata import is_int8, onnx_metadata
+from vit.deploy.metadata import exported_thresholds, is_int8, onnx_metadata
 from vit.errors import MissingPackageError, UserValueError
 from vit.nn.attention import MultiHeadAttention
 
@@ -180,6 +180,7 @@ class OpenVinoClassifier(ModelInput):
         core = openvino.Core()
         self.compiled = core.compile_model(core.read_model(model=data), "CPU", config)
         self.calibration = exported_calibration({p.key: p.value for p in proto.metadata_props})
+        self.thresholds = exported_thresholds({p.key: p.value for p in proto.metadata_props}, self.path)
         self.has_score = SCORE_OUTPUT in {name for output in self.compiled.outputs for name in output.get_names()}
         self.can_reject = self.has_score and self.calibration is not None and self.calibration.threshold is not None
 

@@ -92,6 +92,7 @@ class Classifier(ModelInput, nn.Module):
         self.input_size = (img_size, img_size) if img_size is not None else None  # a convnet's: it has no img_size
         self.timm_args = timm_args  # a convnet's timm.create_model arguments (None for our ViTs, which hold a config)
         self.confidence: Confidence | None = None  # the temperature and unknown score `vit calibrate` fit
+        self.thresholds: list[float] | None = None  # a multi-label model's cut per class (chosen on val)
 
     @property
     def img_size(self) -> tuple[int, int]:
@@ -173,6 +174,7 @@ def read_hub_classifier(source: str | os.PathLike, device: str | torch.device = 
     names = config.get("label_names") or [str(i) for i in range(n)]
     classifier = Classifier(model, model_name=config["architecture"], class_names=names, img_size=img_size,
                             **asdict(Preprocessing.from_dict(cfg)))
+    classifier.thresholds = config.get("thresholds") if config.get("multi_label") else None
     return classifier.to(device).eval()
 
 
@@ -195,6 +197,8 @@ def read_classifier(path: str | os.PathLike, device: str | torch.device = "cpu")
     model.load_state_dict(evaluated_weights(checkpoint["state_dict"], meta["ema"]))
     classifier = Classifier(model, model_name=meta["model_name"], class_names=meta["class_names"],
                             img_size=meta.get("img_size"), timm_args=timm_args, **asdict(Preprocessing.from_dict(meta)))
+    if meta.get("multi_label"):
+        classifier.thresholds = [float(t) for t in meta["thresholds"]]
     if checkpoint.get(CHECKPOINT_KEY):
         classifier.confidence = Confidence.from_checkpoint(checkpoint[CHECKPOINT_KEY])
     return classifier.to(device).eval()

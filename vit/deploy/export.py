@@ -29,7 +29,7 @@ import torch
 
 from vit.deploy.classifier import Classifier
 from vit.deploy.confidence import METADATA_KEY, SCORE_OUTPUT, Answering
-from vit.deploy.metadata import set_metadata
+from vit.deploy.metadata import label_metadata, set_metadata
 from vit.errors import MissingPackageError, UserValueError
 from vit.files import save_atomic
 from vit.nn.configs import MODEL_CONFIGS, ViTConfig, named_config
@@ -109,7 +109,7 @@ def onnx_bytes(classifier: Classifier, opset: int = OPSET) -> bytes:
         )
     proto = program.model_proto
     calibration = {METADATA_KEY: classifier.calibration.to_dict()} if classifier.calibration is not None else {}
-    set_metadata(proto, classifier.card() | calibration)
+    set_metadata(proto, classifier.card() | calibration | label_metadata(classifier.thresholds))
     return proto.SerializeToString()
 
 
@@ -253,6 +253,8 @@ def timm_config(classifier: Classifier) -> dict[str, Any]:
         **pool,
         "label_names": list(classifier.class_names),
     }
+    if classifier.thresholds is not None:  # a multi-label model: a sigmoid per class, cut at these
+        config.update(multi_label=True, thresholds=list(classifier.thresholds))
     if model_args:
         config["model_args"] = model_args
     config["pretrained_cfg"] = {  # timm's names; `vit.preprocessing` reads it back from a hub folder

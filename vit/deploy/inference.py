@@ -33,7 +33,7 @@ from vit.deploy.confidence import (
     tta_logits,
 )
 from vit.deploy.cpu import has_native_bf16
-from vit.deploy.metadata import _load_proto, is_int8, onnx_metadata
+from vit.deploy.metadata import _load_proto, exported_thresholds, is_int8, onnx_metadata
 from vit.errors import MissingPackageError, UserPathError, UserValueError
 
 PRECISIONS = ("fp32", "bf16")
@@ -93,6 +93,7 @@ class OnnxClassifier(ModelInput):
         self.set_card(onnx_metadata(self.session.get_modelmeta().custom_metadata_map, path))
         self.input_name = self.session.get_inputs()[0].name
         self.calibration = exported_calibration(self.session.get_modelmeta().custom_metadata_map)
+        self.thresholds = exported_thresholds(self.session.get_modelmeta().custom_metadata_map, path)
         self.has_score = SCORE_OUTPUT in [o.name for o in self.session.get_outputs()]
         self.can_reject = self.has_score and self.calibration is not None and self.calibration.threshold is not None
 
@@ -157,6 +158,21 @@ def ranked(logits: Tensor, k: int, class_names: Sequence[str]) -> list[list[dict
     return [top_k_entries(p, i, class_names) for p, i in zip(values.tolist(), indices.tolist())]
 
 
+def label_answers(logits: Tensor, thresholds: Sequence[float], k: int, class_names: Sequence[str]
+                  ) -> list[tuple[list[dict], dict]]:
+    """A multi-label model's answers: each image's top-k by sigmoid probability, and ``{"labels": [...]}``, every
+    class whose probability is at or over its threshold, most likely first (none is fine)."""
+    probs = logits.float().sigmoid()  # (B, C)
+    over = probs >= torch.tensor(thresholds, dtype=probs.dtype, device=probs.device)
+    values, indices = probs.topk(k, dim=-1)
+    answers = []
+    for row, said, top, top_i in zip(probs.tolist(), over.tolist(), values.tolist(), indices.tolist()):
+        labels = sorted((i for i, yes in enumerate(said) if yes), key=lambda i: -row[i])
+        answers.append((top_k_entries(top, top_i, class_names),
+                        {"labels": top_k_entries([row[i] for i in labels], labels, class_names)}))
+    return answers
+
+
 def chosen_tta(classifier: Any, tta: str | None = None) -> str:
     """``tta`` when given (the user's override), else the one calibration stored (measured on val), else none."""
     if tta is not None:
@@ -169,11 +185,14 @@ def answered(classifier: Any, images: Tensor, k: int, accept_all: bool = False,
              tta: str | None = None) -> list[tuple[list[dict], dict]]:
     """Each image's top-k entries with calibrated probabilities (softmax(logits / T)) and, for a model with an
     unknown score, its answer: ``{"answer", "unknown", "nearest", "score"}`` (else ``{}``); ``accept_all``: never
-    unknown; ``tta``: "none" or "flip" (None: `chosen_tta`). `vit predict` and `vit serve` answer with this."""
+    unknown; ``tta``: "none" or "flip" (None: `chosen_tta`). A multi-label model (``thresholds``) answers
+    `label_answers`. `vit predict` and `vit serve` answer with this."""
     # the class's own `answer` (a wrapper such as torch-bf16's hands attributes on to the fp32 model inside)
     answer = getattr(classifier, "answer", None) if hasattr(type(classifier), "answer") else None
     logits, scores = answer(images) if answer is not None else (classifier(images), None)
     logits = tta_logits(classifier, images, chosen_tta(classifier, tta), logits)
+    if (thresholds := getattr(classifier, "thresholds", None)) is not None:
+        return label_answers(logits, thresholds, k, classifier.class_names)
     calibration: Calibration | None = getattr(classifier, "calibration", None)
     temperature = calibration.temperature if calibration is not None else 1.0
     entries = ranked(logits.float() / temperature, k, classifier.class_names)

@@ -17,6 +17,24 @@ from vit.errors import UserValueError
 
 # What `vit predict model.onnx` reads back from the metadata (JSON strings): the input card.
 METADATA_KEYS = CARD_KEYS
+# A multi-label model's: {"thresholds": [one per class]}; absent for a single-label one
+LABELS_KEY = "multi_label"
+
+
+def label_metadata(thresholds: list[float] | None) -> dict[str, Any]:
+    """What a multi-label model adds to its export's metadata (nothing for a single-label one)."""
+    return {} if thresholds is None else {LABELS_KEY: {"thresholds": [float(t) for t in thresholds]}}
+
+
+def exported_thresholds(meta: dict[str, str], path: str | os.PathLike) -> list[float] | None:
+    """The per-class thresholds an export's metadata carries; None for a single-label model."""
+    if LABELS_KEY not in meta:
+        return None
+    try:
+        return [float(t) for t in json.loads(meta[LABELS_KEY])["thresholds"]]
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise UserValueError(f"{path}: the metadata's {LABELS_KEY!r} is not {{\"thresholds\": [...]}} ({e}); "
+                             "export the model again with `vit export`") from e
 
 
 def set_metadata(proto: Any, values: dict[str, Any]) -> None:

@@ -34,6 +34,9 @@ class Record(BaseModel):
     nearest: str | None = Field(None, description="the most likely class, also when the answer is unknown")
     score: float | None = Field(None, description="the unknown score (higher: less like the training images)")
     rarity: float | None = Field(None, description="the share of validation images with a lower unknown score")
+    # a multi-label model's (docs/multilabel.md); its top_k are then sigmoid probabilities
+    labels: list[Entry] | None = Field(None, description="every class at or over its threshold (chosen on val), "
+                                       "most likely first")
 
 
 class Label(BaseModel):

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from vit.checkpoints.meta import META_KEY
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vit.errors import UserValueError
 from vit.preprocessing import Prepared, Preprocessing
@@ -28,8 +29,9 @@ from vit.reports import save_confusion_matrix
 from vit.tasks.backbones import backbone_named
 from vit.tasks.base import VisionTask, from_config
 from vit.tasks.finetune import Frozen, apply_freezing, check_strategy, frozen_parts, unfreeze_epoch
-from vit.tasks.heads import ClassificationHead, SingleLabelHead
+from vit.tasks.heads import ClassificationHead, SingleLabelHead, head_for
 from vit.tasks.mistakes import ConfidentMistakes, log_figures, save_error_report
+from vit.tasks.multilabel import LabelEvaluation, save_label_report
 from vit.tasks.optim import (
     Optimization,
     adamw,
@@ -106,6 +108,8 @@ class ImageClassifier(Prepared, VisionTask):
         compile: ``torch.compile`` the trained model (in place: checkpoints keep the same state-dict keys).
             Off by default: the first steps pay the compile, and on CPUs the gain is small; measure first.
         class_names: names of the classes, stored in the checkpoint (linked from the datamodule).
+        multi_label: whether an image has several labels (linked from the datamodule): the default head becomes
+            `vit.tasks.heads.MultiLabelHead`; ``None`` follows the head.
         mean, std: normalisation the data used, stored in the checkpoint (linked from the datamodule);
             ``None``: ImageNet's for 3 channels, 0.5 otherwise.
         crop_pct: evaluation centre-crop fraction the data used, stored in the checkpoint (linked).
@@ -132,6 +136,7 @@ class ImageClassifier(Prepared, VisionTask):
         grad_checkpointing: bool = False,
         compile: bool = False,
         class_names: list[str] | None = None,
+        multi_label: bool | None = None,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         crop_pct: float = 1.0,
@@ -154,7 +159,8 @@ class ImageClassifier(Prepared, VisionTask):
         initialised (Lightning's ``configure_model`` hook, below, loads the pretrained weights)."""
         hp = self.hparams
         self.backbone = backbone_named(hp.backbone)
-        self.head: ClassificationHead = from_config(hp.head, ClassificationHead, SingleLabelHead())
+        self.head: ClassificationHead = head_for(from_config(hp.head, ClassificationHead, SingleLabelHead()),
+                                                 hp.multi_label)
         self.optim: Optimization = from_config(hp.optim, Optimization, Optimization())
         self.model: nn.Module = self.build_network()
         self.roles = self.backbone.roles(self.model)  # stem, tokens, blocks, pool, head: `vit.nn.roles`
@@ -209,7 +215,7 @@ class ImageClassifier(Prepared, VisionTask):
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.head.class_weighting:
-            counts = torch.tensor(self.trainer.datamodule.class_counts("train"), dtype=torch.float32)
+            counts = self.head.training_counts(self.trainer.datamodule)
             weights = self.head.class_weights(counts, self.class_names)
             self.configure_losses(weights.to(self.device))
             rank_zero_info("class weights: " + ", ".join(f"{n} {w:.2f}" for n, w in zip(self.class_names, weights)))
@@ -225,6 +231,8 @@ class ImageClassifier(Prepared, VisionTask):
         self.test_class_acc = MulticlassAccuracy(n, average=None)
         self.test_confusion = MulticlassConfusionMatrix(n)
         self.test_mistakes = ConfidentMistakes(16)  # errors.png: the most confident mistakes, with rollout
+        # several labels: every image's scores, synced once per epoch; the thresholds chosen on val
+        self.label_eval = LabelEvaluation(n, self.head.min_positives) if self.head.multi_label else None
 
     # --- what prediction needs -------------------------------------------------------------
     @property
@@ -244,7 +252,7 @@ class ImageClassifier(Prepared, VisionTask):
             x, y = self.mixup(x, y)  # soft targets: no training accuracy
         loss, logits = self.loss_and_logits(x, y)
         if self.mixup is None:
-            self.train_metrics.update(logits, y)
+            self.train_metrics.update(*self.head.metric_inputs(logits, y))
             self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         self.check_loss(loss)
         self.log("train_loss", loss, prog_bar=True)
@@ -295,6 +303,9 @@ class ImageClassifier(Prepared, VisionTask):
         if stage == "test" and getattr(self, "test_tta", "none") == "flip":  # `vit fit` sets it: what val chose
             logits = (logits + self(x.flip(-1))) / 2
         self.log(f"{stage}_loss", self.eval_loss(logits, y), prog_bar=stage == "val", sync_dist=True)
+        if self.label_eval is not None:
+            self.label_eval.update(stage, x, logits, y)
+            return logits
         metrics = self.val_metrics if stage == "val" else self.test_metrics
         metrics.update(logits, y)
         self.log_dict(metrics, prog_bar=True)
@@ -305,12 +316,30 @@ class ImageClassifier(Prepared, VisionTask):
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         logits = self._eval_step(batch, "test")
+        if self.label_eval is not None:
+            return
         x, y = self.unpack(batch)
         self.test_class_acc.update(logits, y)
         self.test_confusion.update(logits, y)
         self.test_mistakes.update(x, logits, y)
 
+    # --- several labels: every image's scores, once (`vit.tasks.multilabel`) ---------------------
+    def on_validation_epoch_start(self) -> None:
+        if self.label_eval is not None:
+            self.label_eval.start("val", self.trainer.val_dataloaders)
+
+    def on_test_epoch_start(self) -> None:
+        if self.label_eval is not None:
+            self.label_eval.start("test", self.trainer.test_dataloaders)
+
+    def on_validation_epoch_end(self) -> None:
+        if self.label_eval is not None:  # the thresholds of the val epoch a checkpoint is saved after
+            values, _, _ = self.label_eval.end("val", choose=not self.trainer.sanity_checking)
+            self.log_dict(values, prog_bar=True, sync_dist=True)  # already global: averaging equal values
+
     def on_test_epoch_end(self) -> None:
+        if self.label_eval is not None:
+            return self.end_label_test()
         confusion = self.test_confusion.compute().cpu()  # already global: torchmetrics syncs ranks on compute
         # A class without test images has no accuracy (torchmetrics says 0.0): NaN, left out and said.
         per_class = self.test_class_acc.compute().cpu().masked_fill(confusion.sum(1) == 0, float("nan"))
@@ -331,6 +360,19 @@ class ImageClassifier(Prepared, VisionTask):
             rank_zero_info(f"confusion matrix, per-class accuracy and most confident mistakes saved to {path.parent} "
                            "(confusion_matrix.png, class_accuracy.png, errors.png)")
         self.test_mistakes.reset()
+
+    def end_label_test(self) -> None:
+        """The multi-label test report: mAP, F1, exact-set accuracy, Hamming loss, per-class AP, and figures."""
+        values, probs, targets = self.label_eval.end("test", choose=False)
+        self.log_dict(values, sync_dist=True)
+        out_dir = self.trainer.log_dir
+        if out_dir is not None and self.trainer.is_global_zero:
+            figures = save_label_report(probs, targets, self.label_eval.thresholds, self.label_eval.mistakes,
+                                        self.class_names, self.mean, self.std, out_dir)
+            log_figures(self.trainer.loggers, figures, self.global_step)
+            rank_zero_info(f"per-class AP, label co-occurrence and each class's worst false positive and negative "
+                           f"saved to {out_dir} ({', '.join(name + '.png' for name in figures)})")
+        self.label_eval.mistakes.reset()
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
         """The head's answer (class probabilities (B, num_classes)); the batch is images or (images, anything)."""
@@ -381,7 +423,13 @@ class ImageClassifier(Prepared, VisionTask):
             **self.preprocessing.to_dict(),  # mean, std, crop_pct, interpolation
             "ema": self.model_ema is not None,
             **self.backbone.meta(self.hparams.img_size),
+            **({"multi_label": True, "thresholds": self.label_eval.thresholds.tolist()} if self.label_eval else {}),
         }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        if self.label_eval is not None and "thresholds" in checkpoint[META_KEY]:
+            self.label_eval.thresholds = torch.tensor(checkpoint[META_KEY]["thresholds"], dtype=torch.float32)
 
 
 def ema_copy(model: nn.Module, decay: float | None) -> nn.Module | None:

@@ -7,7 +7,11 @@ A head is picked in the task's config (``model.init_args.head``) by its class, a
     head:
       class_path: my_package.MyHead             # another kind of label: a subclass of ClassificationHead
 
-A new kind of label (several labels per image, say) is a new subclass with its own loss, metrics and answer; the
+    head:
+      class_path: vit.tasks.heads.MultiLabelHead  # several labels per image (picked for multi-label data)
+      init_args: {loss: asl}
+
+A new kind of label is a new subclass with its own loss, metrics and answer; the
 task does not change. A head is a frozen dataclass of settings: it builds what it needs (losses, metrics, mixup)
 for a number of classes, and holds no state of its own.
 """
@@ -16,14 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 from torchmetrics import MetricCollection
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.classification import MulticlassAccuracy, MultilabelF1Score
 
 from vit.errors import UserValueError
-from vit.tasks.losses import SoftTargetCrossEntropy
+from vit.tasks.losses import MaskedAsymmetricLoss, MaskedBCEWithLogits, SoftTargetCrossEntropy
+from vit.tasks.multilabel import MultiLabelMixup
 
 # (images, labels) -> (images, targets): an augmentation that mixes labels along with images (mixup, cutmix)
 TargetMixer = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -33,6 +39,7 @@ class ClassificationHead:
     """What a classifier's logits mean. Subclasses are frozen dataclasses of their settings."""
 
     picked_by_class: ClassVar[bool] = True  # a config names the class (`vit.tasks.base.as_config`)
+    multi_label: ClassVar[bool] = False  # several labels per image: targets (B, C) of 1/0/-1 (`MultiLabelHead`)
     class_weighting: bool = False  # whether the task should count each class's training images (`class_weights`)
 
     def train_loss(self, num_classes: int, class_weights: Tensor | None = None) -> nn.Module:
@@ -55,9 +62,17 @@ class ClassificationHead:
         """The loss weight of each class from its training-image counts, or None to weigh them alike."""
         return None
 
+    def training_counts(self, datamodule: Any) -> Tensor:
+        """What `class_weights` counts: the training images of each class (the DataModule's ``class_counts``)."""
+        return torch.tensor(datamodule.class_counts("train"), dtype=torch.float32)
+
     def predict(self, logits: Tensor) -> Tensor:
         """What the classifier answers for logits (B, num_classes): class probabilities."""
         raise NotImplementedError
+
+    def metric_inputs(self, logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """What the training metrics are updated with: (logits, labels) as they are."""
+        return logits, targets
 
 
 @dataclass(frozen=True)
@@ -134,6 +149,109 @@ class SingleLabelHead(ClassificationHead):
         return logits.softmax(dim=-1)
 
 
+@dataclass(frozen=True)
+class MultiLabelHead(ClassificationHead):
+    """Several labels per image (targets (B, C): 1, 0, or -1 for unknown): a sigmoid per class, binary
+    cross-entropy (or timm's asymmetric loss) over the known labels, macro mAP, and per-class thresholds chosen on
+    val (`vit.tasks.multilabel`). The classifier picks it when its data is multi-label (``multi_label: true``).
+
+    Args:
+        loss: "bce" (binary cross-entropy with logits, the mean over the known labels) or "asl" (timm's
+            ``AsymmetricLossMultiLabel``: easy negatives count less, for many labels with few positives each).
+        asl_gamma_neg, asl_gamma_pos, asl_clip: the asymmetric loss's focusing and negative shift (timm's defaults).
+        label_smoothing: each label is its own yes/no question: a target 1 becomes 1 - s/2 and a 0 becomes s/2
+            (not the single-label s/C spread over the classes). Off by default.
+        mixup_alpha, cutmix_alpha, mixup_prob, mixup_switch_prob: as `SingleLabelHead`'s; the targets are mixed as
+            the images are (lam x own + (1 - lam) x other), and a label unknown in either image stays unknown.
+        class_weighting: weigh each class's positives by its negatives / positives in the training split
+            (``pos_weight``), at most ``max_pos_weight``, for rare labels.
+        max_pos_weight: the cap of those weights.
+        min_positives: a class with fewer known positives in val keeps the threshold 0.5 (too rare to tune).
+    """
+
+    multi_label: ClassVar[bool] = True
+    loss: str = "bce"
+    asl_gamma_neg: float = 4.0
+    asl_gamma_pos: float = 1.0
+    asl_clip: float = 0.05
+    label_smoothing: float = 0.0
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    mixup_prob: float = 1.0
+    mixup_switch_prob: float = 0.5
+    class_weighting: bool = False
+    max_pos_weight: float = 100.0
+    min_positives: int = 5
+
+    def __post_init__(self) -> None:
+        if self.loss not in ("bce", "asl"):
+            raise UserValueError(f"head.init_args.loss must be 'bce' or 'asl', got {self.loss!r}")
+        if not 0 <= self.label_smoothing < 1:
+            raise UserValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+    def train_loss(self, num_classes: int, class_weights: Tensor | None = None) -> nn.Module:
+        """BCE or ASL over the known labels, with ``class_weights`` as each class's positive weight."""
+        if self.loss == "asl":
+            return MaskedAsymmetricLoss(self.asl_gamma_neg, self.asl_gamma_pos, self.asl_clip, class_weights,
+                                        self.label_smoothing)
+        return MaskedBCEWithLogits(class_weights, self.label_smoothing)
+
+    def eval_loss(self, num_classes: int) -> nn.Module:
+        """Plain BCE over the known labels."""
+        return MaskedBCEWithLogits()
+
+    def mixer(self, num_classes: int) -> TargetMixer | None:
+        """`MultiLabelMixup` when mixup or cutmix is on."""
+        if self.mixup_alpha <= 0 and self.cutmix_alpha <= 0:
+            return None
+        return MultiLabelMixup(self.mixup_alpha, self.cutmix_alpha, self.mixup_prob, self.mixup_switch_prob)
+
+    def metrics(self, num_classes: int) -> tuple[MetricCollection, MetricCollection]:
+        """Training: micro F1 at 0.5. Validation and test: computed on every image at once
+        (`vit.tasks.multilabel.LabelScores`), so none here."""
+        f1 = MultilabelF1Score(num_classes, average="micro", ignore_index=-1)
+        return MetricCollection({"f1": f1}), MetricCollection({})
+
+    def class_weights(self, counts: Tensor, class_names: Sequence[str]) -> Tensor | None:
+        """With ``class_weighting``: negatives / positives per class (``counts``: (2, C), positives and known
+        labels), capped at ``max_pos_weight``."""
+        if not self.class_weighting:
+            return None
+        positives, known = counts
+        if (positives == 0).any():
+            missing = [name for name, n in zip(class_names, positives.tolist()) if n == 0]
+            raise UserValueError(f"class_weighting: labels without a positive training image: {missing}")
+        return ((known - positives) / positives).clamp(max=self.max_pos_weight)
+
+    def training_counts(self, datamodule: Any) -> Tensor:
+        """(2, C): each class's positives and known labels in the training split (its dataset's ``labels``, the
+        (N, C) targets)."""
+        labels = torch.as_tensor(datamodule.train_set.labels)
+        return torch.stack([(labels == 1).sum(0), (labels >= 0).sum(0)]).float()
+
+    def predict(self, logits: Tensor) -> Tensor:
+        """A sigmoid per class."""
+        return logits.sigmoid()
+
+    def metric_inputs(self, logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """Probabilities (torchmetrics would take logits in [0, 1] for probabilities) and integer labels."""
+        return logits.detach().sigmoid(), targets.long()
+
+
+def head_for(head: ClassificationHead, multi_label: bool | None) -> ClassificationHead:
+    """The head for data that is multi-label or not (``None``: as the head says): the default single-label head
+    becomes the default `MultiLabelHead`; a head set for the other kind of data is an error that says so."""
+    if multi_label is None or multi_label == head.multi_label:
+        return head
+    if multi_label and head == SingleLabelHead():
+        return MultiLabelHead()
+    if multi_label:
+        raise UserValueError(f"the data has several labels per image, but the head is {head}: set "
+                             "model.init_args.head.class_path: vit.tasks.heads.MultiLabelHead (it takes "
+                             "label_smoothing, mixup and class_weighting too)")
+    raise UserValueError(f"the head is {type(head).__name__}, for several labels per image, but the data has one "
+                         "label per image: drop model.init_args.head, or give a multi-label labels file")
+
 
 class EvenMixup:
     """timm's ``Mixup`` on a batch of any size: it pairs each image with its mirror in the batch, so an odd batch
@@ -148,4 +266,4 @@ class EvenMixup:
         return self.mixup(images, labels)
 
 
-__all__ = ["ClassificationHead", "EvenMixup", "SingleLabelHead", "TargetMixer"]
+__all__ = ["ClassificationHead", "EvenMixup", "MultiLabelHead", "SingleLabelHead", "TargetMixer", "head_for"]

@@ -1,7 +1,10 @@
-"""Losses of the image classifier beyond torch's own."""
+"""Losses of the image classifier beyond torch's own: soft-target cross-entropy (mixup), and the multi-label losses
+that leave unknown labels (-1) out."""
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -22,3 +25,48 @@ class SoftTargetCrossEntropy(nn.Module):
             return losses.sum(dim=-1).mean()
         weighted = losses * self.class_weights
         return weighted.sum() / (targets * self.class_weights).sum()
+
+
+def smoothed(targets: Tensor, smoothing: float) -> Tensor:
+    """Multi-label smoothing: each label is its own yes/no question, so a target t becomes t(1 - s) + s/2 (1 ->
+    1 - s/2, 0 -> s/2), as timm's ``AsymmetricLossMultiLabel(smoothing=s)`` does; unknown (-1) stays unknown."""
+    if not smoothing:
+        return targets
+    return torch.where(targets < 0, targets, targets * (1 - smoothing) + smoothing / 2)
+
+
+class MaskedBCEWithLogits(nn.Module):
+    """Binary cross-entropy of each label, averaged over the known ones: a target of -1 (unknown) adds nothing to
+    the loss nor to the count it is divided by. ``pos_weight`` (C,) weighs each class's positives (rare labels)."""
+
+    def __init__(self, pos_weight: Tensor | None = None, smoothing: float = 0.0) -> None:
+        super().__init__()
+        self.smoothing = smoothing
+        self.register_buffer("pos_weight", pos_weight, persistent=False)
+
+    def forward(self, logits: Tensor, targets: Tensor) -> Tensor:
+        known = (targets >= 0).to(logits.dtype)  # (B, C)
+        y = smoothed(targets, self.smoothing).clamp(min=0)
+        losses = F.binary_cross_entropy_with_logits(logits, y.to(logits.dtype), pos_weight=self.pos_weight,
+                                                    reduction="none")
+        return (losses * known).sum() / known.sum().clamp(min=1)
+
+
+class MaskedAsymmetricLoss(nn.Module):
+    """timm's ``AsymmetricLossMultiLabel`` (Ridnik et al., 2021: easy negatives down-weighted by (p)^gamma_neg and
+    shifted by ``clip``), with unknown labels (-1) masked out; summed over the labels, averaged over the images,
+    as timm's ``batchmean``."""
+
+    def __init__(self, gamma_neg: float = 4.0, gamma_pos: float = 1.0, clip: float = 0.05,
+                 pos_weight: Tensor | None = None, smoothing: float = 0.0) -> None:
+        super().__init__()
+        from timm.loss import AsymmetricLossMultiLabel
+
+        self.smoothing = smoothing
+        self.asl = AsymmetricLossMultiLabel(gamma_neg=gamma_neg, gamma_pos=gamma_pos, clip=clip, reduction="none",
+                                            pos_weight=pos_weight)
+
+    def forward(self, logits: Tensor, targets: Tensor) -> Tensor:
+        known = (targets >= 0).to(logits.dtype)
+        y = smoothed(targets, self.smoothing).clamp(min=0)  # smoothed here, where the mask is known
+        return (self.asl(logits, y) * known).sum() / len(logits)
