@@ -154,14 +154,17 @@ class EncoderBlock(nn.Module):
         num_queries: int | None = None,
         return_attention: bool = False,
         rope: Rotary | None = None,
+        is_causal: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Update the tokens ``x`` (B, N, C); with ``return_attention`` also give the weights (B, H, n, N).
 
         ``num_queries=n`` updates and returns only the first n tokens while they still attend to
         all N: a ViT's last block needs nothing but the cls token. ``rope``: rotary positions (DINOv3).
+        ``is_causal``: each token sees only those before it (CLIP's text tower), SDPA's flag on the fused path.
         """
         h, weights = self.self_attention(self.norm1(x), num_queries, key_padding_mask=key_padding_mask,
-                                         attn_mask=attn_mask, rope=rope, return_attention=return_attention)
+                                         attn_mask=attn_mask, rope=rope, return_attention=return_attention,
+                                         is_causal=is_causal)
         x = x[:, :num_queries] + self.drop_path1(self.ls1(h))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return (x, weights) if return_attention else x
@@ -179,10 +182,11 @@ class PostNormEncoderBlock(EncoderBlock):
         num_queries: int | None = None,
         return_attention: bool = False,
         rope: Rotary | None = None,
+        is_causal: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """As `EncoderBlock.forward`, post-norm."""
         h, weights = self.self_attention(x, num_queries, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
-                                         rope=rope, return_attention=return_attention)
+                                         rope=rope, return_attention=return_attention, is_causal=is_causal)
         x = self.norm1(x[:, :num_queries] + self.drop_path1(self.ls1(h)))
         x = self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
         return (x, weights) if return_attention else x

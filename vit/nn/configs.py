@@ -70,6 +70,11 @@ class ViTConfig(ModelConfig):
     global_pool: str = "token"
     final_norm: bool = True
     fc_norm: bool | None = None  # norm after pooling instead of before; None: on for "avg" (timm's rule)
+    # CLIP/SigLIP image embedding before the head (`vit.nn.clip`): a bias-free projection into the joint
+    # image-text space (`proj.weight`, 0: none), then with `normalize_embedding` unit length, so a head of
+    # text embeddings scores cosines (a zero-shot classifier, `vit zeroshot`). Not in timm.
+    proj_dim: int = 0
+    normalize_embedding: bool = False
     # --- training and input ---
     drop_rate: float = 0.0
     pos_drop_rate: float = 0.0
@@ -93,6 +98,8 @@ class ViTConfig(ModelConfig):
             raise ValueError(f"pos_embed must be 'learn' or 'none', got {self.pos_embed!r}")
         if self.rope not in (None, "dinov3"):
             raise ValueError(f"rope must be None or 'dinov3', got {self.rope!r}")
+        if self.proj_dim < 0:
+            raise ValueError(f"proj_dim must be 0 (no projection) or a width, got {self.proj_dim}")
         if self.depth < 1:
             raise ValueError(f"depth must be at least 1, got {self.depth}")
         if self.distilled and (self.global_pool != "token" or not self.class_token):

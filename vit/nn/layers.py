@@ -40,6 +40,25 @@ class AttentionPool(MultiHeadAttention):
         return (out, weights) if return_attention else out
 
 
+class EmbeddingProjection(nn.Module):
+    """CLIP's image projection into the joint space (bias-free, ``weight`` (out, in); none: ``out_dim`` 0), then,
+    with ``normalize``, unit length: (B, D) -> (B, out_dim or D)."""
+
+    def __init__(self, in_dim: int, out_dim: int, *, normalize: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_dim, in_dim)) if out_dim else None
+        if self.weight is not None:
+            nn.init.normal_(self.weight, std=in_dim**-0.5)
+        self.normalize = normalize
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x if self.weight is None else F.linear(x, self.weight)
+        return F.normalize(x, dim=-1) if self.normalize else x
+
+    def extra_repr(self) -> str:
+        return f"normalize={self.normalize}"
+
+
 def _pair(x: int | Sequence[int]) -> tuple[int, int]:
     return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
 

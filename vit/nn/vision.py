@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from vit.errors import UserValueError
 from vit.nn.blocks import ACTIVATIONS, EncoderBlock
 from vit.nn.configs import MODEL_CONFIGS, ViTConfig, list_models, named_config
-from vit.nn.layers import AttentionPool, PatchEmbed, ShiftedPatchEmbed
+from vit.nn.layers import AttentionPool, EmbeddingProjection, PatchEmbed, ShiftedPatchEmbed
 from vit.nn.roles import ParamRoles
 from vit.nn.rope import DinoV3Rope
 
@@ -112,7 +112,7 @@ class VisionTransformer(nn.Module):
         c = self.config = (config or ViTConfig()).replace(**options)
         self.num_classes, self.global_pool = c.num_classes, c.global_pool
         self.embed_dim = self.num_features = c.embed_dim
-        self.head_hidden_size = c.embed_dim * (2 if c.global_pool == "token_avg" else 1)  # what the head reads
+        self.head_hidden_size = c.proj_dim or c.embed_dim * (2 if c.global_pool == "token_avg" else 1)  # head's input
         self.dynamic_img_size, self.no_embed_class = c.dynamic_img_size, c.no_embed_class
         self.shifted_patches, self.locality_attention = c.shifted_patches, c.locality_attention
         self.num_prefix_tokens = c.num_prefix_tokens
@@ -142,6 +142,8 @@ class VisionTransformer(nn.Module):
                                         act_layer=ACTIVATIONS[c.act_layer]) if c.global_pool == "map" else None)
         self.fc_norm = layer_norm() if c.final_norm and c.use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(c.drop_rate)
+        self.proj = (EmbeddingProjection(c.embed_dim, c.proj_dim, normalize=c.normalize_embedding)
+                     if c.proj_dim or c.normalize_embedding else nn.Identity())  # CLIP's joint space (vit.nn.clip)
         self.head = nn.Linear(self.head_hidden_size, c.num_classes) if c.num_classes > 0 else nn.Identity()
         self.init_weights()
 
@@ -179,7 +181,7 @@ class VisionTransformer(nn.Module):
         tokens = tuple(t for t in self.TOKENS if getattr(self, t, None) is not None)
         blocks = tuple((f"blocks.{i}",) for i in range(len(self.blocks)))
         return ParamRoles(stem=("patch_embed", "norm_pre"), tokens=tokens, blocks=blocks,
-                          pool=("norm", "attn_pool", "fc_norm"), head=("head", "head_dist"), no_decay=tokens)
+                          pool=("norm", "attn_pool", "fc_norm", "proj"), head=("head", "head_dist"), no_decay=tokens)
 
     def no_weight_decay(self) -> set[str]:
         return set(self.TOKENS)  # timm's set: every token's name, whether this model has it or not
@@ -318,7 +320,7 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Pool the tokens and classify."""
-        x = self.head_drop(self.fc_norm(self.pool(x)))
+        x = self.proj(self.head_drop(self.fc_norm(self.pool(x))))
         return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor) -> Tensor:
