@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from vit.checkpoints.average import TRAINING_ONLY
 from vit.checkpoints.io import read_checkpoint
 from vit.checkpoints.meta import META_KEY, expect_task
 from vit.data.captions import ALPHABET, CharCaptions
@@ -181,4 +183,34 @@ def zeroshot_classifier(clip: CLIP, tokenizer: Any, class_names: Sequence[str],
     return clip.classifier(class_embeddings(clip, tokenizer, class_names, templates))
 
 
-__all__ = ["LOSSES", "ContrastiveTask", "class_embeddings", "load_contrastive", "zeroshot_classifier"]
+def load_text_model(source: str | os.PathLike) -> tuple[CLIP, Any]:
+    """Both towers and the tokenizer of ``source``: a `ContrastiveTask` checkpoint, or anything `load_clip` reads
+    (an OpenCLIP/OpenAI/transformers file, a hub tag, an OpenCLIP folder)."""
+    if Path(source).is_file() and Path(source).suffix == ".ckpt":
+        return load_contrastive(source)
+    from vit.checkpoints.clip import load_clip
+
+    loaded = load_clip(source)
+    return loaded.model, loaded.tokenizer
+
+
+def zeroshot_start(model: VisionTransformer, source: str | os.PathLike, class_names: Sequence[str],
+                   templates: str | None = None) -> None:
+    """Load into ``model`` the image tower of ``source`` with a head of ``class_names``' text embeddings
+    (``templates``: a named set or a file, `vit.data.clip_text.read_templates`; None: the family's): LP-FT's
+    start, `head_init: zeroshot`. ``model`` must be the image tower's architecture, said in one line if not."""
+    from vit.data.clip_text import read_templates
+
+    clip, tokenizer = load_text_model(source)
+    built = zeroshot_classifier(clip, tokenizer, class_names, read_templates(templates, clip.family))
+    want, have = built.config.to_dict(), model.config.to_dict()
+    differ = [k for k in want if k not in TRAINING_ONLY and want[k] != have.get(k)]
+    if differ:
+        shown = ", ".join(f"{k}: {want[k]}" for k in differ[:6])
+        raise UserValueError(f"head_init: zeroshot: the model is not {source}'s image tower; set model_kwargs "
+                             f"{{{shown}}} (now {', '.join(f'{k}: {have.get(k)}' for k in differ[:6])})")
+    model.load_state_dict(built.state_dict())
+
+
+__all__ = ["LOSSES", "ContrastiveTask", "class_embeddings", "load_contrastive", "load_text_model",
+           "zeroshot_classifier", "zeroshot_start"]
