@@ -40,7 +40,7 @@ def test_a_bad_table_is_named(tmp_path, header, rows, said):
 def test_a_missing_image_names_its_line(tmp_path):
     path = table(tmp_path, [("a.png", "x")])
     path.write_text(path.read_text() + "gone.png,y\n")
-    with pytest.raises(UserPathError, match="line 3: image not found: .*gone.png"):
+    with pytest.raises(UserPathError, match=r"line 3: image not found: .*gone\.png"):
         read_captions(path)
     with pytest.raises(UserPathError, match="caption table not found"):
         read_captions(tmp_path / "none.csv")

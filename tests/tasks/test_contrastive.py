@@ -110,7 +110,7 @@ def test_the_zeroshot_classifier_scores_template_averaged_text_embeddings(family
 
 def test_a_template_without_a_place_for_the_name_is_refused():
     task = tiny_task()
-    with pytest.raises(UserValueError, match="template 'a photo' has no {}"):
+    with pytest.raises(UserValueError, match="'a photo'"):
         zeroshot_classifier(task.clip, task.tokenizer, ["a"], ("a {}", "a photo"))
 
 
@@ -140,8 +140,7 @@ def test_head_init_zeroshot_starts_the_classifier_at_the_zeroshot_logits(tmp_pat
         torch.testing.assert_close(classifier.eval()(images), expected(images))
 
 
-def test_head_init_random_leaves_the_head_alone(tmp_path):
-    path, _ = clip_checkpoint(tmp_path)
+def test_head_init_random_leaves_the_head_alone():
     torch.manual_seed(0)
     classifier = ImageClassifier(model=DIGITS_VIT, model_kwargs=TOWER, num_classes=2, class_names=["a", "b"])
     before = classifier.model.head.weight.clone()

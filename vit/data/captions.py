@@ -15,6 +15,7 @@ import csv
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -95,13 +96,15 @@ class CaptionTable(pl.LightningDataModule):
             raise UserValueError(f"in_chans must be 1 (grey) or 3 (RGB), got {in_chans}")
         if val is None and not 0.0 < val_fraction < 1.0:
             raise UserValueError(f"val_fraction must lie in (0, 1) without a val table, got {val_fraction}")
-        self.save_hyperparameters()
+        self.hp = SimpleNamespace(train=train, val=val, val_fraction=val_fraction, batch_size=batch_size,
+                                  num_workers=num_workers, seed=seed)
+        self.img_size, self.in_chans = img_size, in_chans  # `vit fit` links them to the task's
         self.mean = list(mean) if mean is not None else [0.5] * in_chans
         self.std = list(std) if std is not None else [0.5] * in_chans
         self.splits: dict[str, CaptionPairs] = {}
 
     def setup(self, stage: str | None = None) -> None:
-        hp = self.hparams
+        hp = self.hp
         train = read_captions(hp.train)
         if hp.val is not None:
             val = read_captions(hp.val)
@@ -109,7 +112,7 @@ class CaptionTable(pl.LightningDataModule):
             order = torch.randperm(len(train), generator=torch.Generator().manual_seed(hp.seed)).tolist()
             held = max(1, round(hp.val_fraction * len(train)))
             val, train = [train[i] for i in order[:held]], [train[i] for i in order[held:]]
-        make = lambda rows: CaptionPairs(rows, hp.img_size, hp.in_chans, self.mean, self.std)
+        make = lambda rows: CaptionPairs(rows, self.img_size, self.in_chans, self.mean, self.std)
         self.splits = {"train": make(train), "val": make(val)}
 
     def captions(self, split: str = "train") -> list[str]:
@@ -117,9 +120,9 @@ class CaptionTable(pl.LightningDataModule):
         return [caption for _, caption in self.splits[split].rows]
 
     def loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(self.splits[split], batch_size=self.hparams.batch_size, shuffle=shuffle,
-                          num_workers=self.hparams.num_workers, drop_last=shuffle and len(self.splits[split]) >
-                          self.hparams.batch_size)
+        return DataLoader(self.splits[split], batch_size=self.hp.batch_size, shuffle=shuffle,
+                          num_workers=self.hp.num_workers, drop_last=shuffle and len(self.splits[split]) >
+                          self.hp.batch_size)
 
     def train_dataloader(self) -> DataLoader:
         return self.loader("train", shuffle=True)

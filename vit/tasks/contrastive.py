@@ -177,9 +177,10 @@ def class_embeddings(clip: CLIP, tokenizer: Any, class_names: Sequence[str], tem
 def zeroshot_classifier(clip: CLIP, tokenizer: Any, class_names: Sequence[str],
                         templates: Sequence[str]) -> VisionTransformer:
     """The image tower as a classifier of ``class_names``, its head the classes' text embeddings (`CLIP.classifier`)."""
+    from vit.data.clip_text import check_template
+
     for template in templates:
-        if "{}" not in template:
-            raise UserValueError(f"template {template!r} has no {{}} where the class name goes: e.g. 'a photo of a {{}}'")
+        check_template(template, "a zero-shot template")
     return clip.classifier(class_embeddings(clip, tokenizer, class_names, templates))
 
 
