@@ -11,6 +11,12 @@ the matrix-multiply peak measured in the same run (a large square matmul in the 
     python scripts/bench/benchmark.py --precision bf16 --mode train --json bench.json
     python scripts/bench/benchmark.py --device cuda --model vit_base_patch16_224 --batch_size 256 --compile
     python scripts/bench/benchmark.py --families --img_size 224 --batch_size 8 --precision fp32   # one model a family
+    python scripts/bench/benchmark.py --clip ViT-B-32 --precision fp32 --mode infer   # encode_text/_image vs open_clip
+
+``--clip NAME`` times our CLIP against open_clip's (a dev dependency) instead: the same random weights, loaded
+by `vit.checkpoints.clip.load_clip` from an OpenCLIP folder written here, ``encode_text`` on a batch of short
+prompts ("a photo of a {}.", what zero-shot encodes) and of full-context texts (77 tokens, no padding to skip),
+and ``encode_image``; inference only.
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ import math
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import timm
 import torch
@@ -186,6 +194,71 @@ def benchmark_row(name: str, batch_size: int, mode: str, precision: str, runs: i
     }
 
 
+def clip_pair(name: str, folder: Path, device: str) -> tuple[torch.nn.Module, torch.nn.Module, Callable]:
+    """open_clip's random ``name`` and ours loaded from its files (written to ``folder``), and its tokenizer."""
+    import open_clip
+    from open_clip.tokenizer import SimpleTokenizer
+    from safetensors.torch import save_file
+
+    from vit.checkpoints.clip import load_clip
+
+    torch.manual_seed(0)
+    theirs = open_clip.create_model(name, pretrained=None).eval()
+    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, folder / "open_clip_model.safetensors")
+    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": open_clip.get_model_config(name)}))
+    tok = SimpleTokenizer()
+    (folder / "vocab.json").write_text(json.dumps(tok.encoder))
+    ranks = sorted(tok.bpe_ranks.items(), key=lambda kv: kv[1])
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for (a, b), _ in ranks))
+    ours = load_clip(folder).model.eval()
+    return ours.to(device), theirs.to(device), open_clip.get_tokenizer(name)
+
+
+def inference_step(fn: Callable, inputs: torch.Tensor, precision: str) -> Callable[[], None]:
+    def step() -> None:
+        with torch.inference_mode(), autocast(precision, inputs.device.type):
+            fn(inputs)
+
+    return step
+
+
+def clip_rows(name: str, batch_size: int, precision: str, runs: int, iters: int, warmup: int,
+              device: str = "cpu") -> list[dict]:
+    """Texts/s (images/s) of ``encode_text`` on short prompts and full-context texts, and of ``encode_image``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ours, theirs, tokenize = clip_pair(name, Path(tmp), device)
+    words = ["oak", "maple", "birch", "tabby", "cat", "golden", "retriever", "red", "car", "old", "bridge", "boat"]
+    prompts = tokenize([f"a photo of a {words[i % len(words)]}." for i in range(batch_size)]).to(device)
+    full = tokenize([" ".join(words[(i + j) % len(words)] for j in range(90)) for i in range(batch_size)]).to(device)
+    size = theirs.visual.image_size
+    images = torch.randn(batch_size, 3, *((size, size) if isinstance(size, int) else size), device=device)
+    cases = [("encode_text prompts", "encode_text", prompts), ("encode_text 77 tokens", "encode_text", full),
+             ("encode_image", "encode_image", images)]
+    rows = []
+    for label, method, inputs in cases:
+        steps = {who: inference_step(getattr(model, method), inputs, precision)
+                 for who, model in (("ours", ours), ("open_clip", theirs))}
+        for step in steps.values():
+            for _ in range(warmup):
+                step()
+        seconds: dict[str, list[float]] = {"ours": [], "open_clip": []}
+        for run in range(runs):
+            for who in (("ours", "open_clip") if run % 2 == 0 else ("open_clip", "ours")):
+                seconds[who].append(time_it(steps[who], iters, inputs.device))
+        ratios = [t / o for o, t in zip(seconds["ours"], seconds["open_clip"])]
+        rows.append({"model": name, "case": label, "batch_size": batch_size, "precision": precision,
+                     "tokens": int(inputs.shape[1]) if method == "encode_text" else None,
+                     "ours_per_s": batch_size / statistics.median(seconds["ours"]),
+                     "open_clip_per_s": batch_size / statistics.median(seconds["open_clip"]),
+                     "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                     "runs": runs, "iters_per_run": iters, "device": device})
+        r = rows[-1]
+        print(f"{name} {label:22s} {precision:4s} batch {batch_size}: ours {r['ours_per_s']:8.1f}/s, open_clip "
+              f"{r['open_clip_per_s']:8.1f}/s, ours/open_clip {r['ratio_median']:.3f} "
+              f"({r['ratio_min']:.3f}–{r['ratio_max']:.3f})", flush=True)
+    return rows
+
+
 def print_table(rows: list[dict]) -> None:
     header = (f"{'model':33s} {'mode':6s} {'precision':9s} {'ours img/s':>11s} {'timm img/s':>11s} {'ours/timm':>10s} "
               f"{'(min–max)':>13s} {'ours GFLOP/s':>13s} {'timm GFLOP/s':>13s} {'ours MFU':>9s} {'timm MFU':>9s}")
@@ -216,7 +289,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
     parser.add_argument("--peak_size", type=int, default=None,
                         help="side of the square matmul that measures the peak (default: 1024 CPU, 8192 GPU)")
+    parser.add_argument("--clip", default=None, metavar="NAME",
+                        help="time our CLIP's encode_text/encode_image against open_clip's NAME (e.g. ViT-B-32)")
     args = parser.parse_args(argv)
+    if args.clip:
+        import open_clip
+
+        print(f"{args.clip} vs open_clip {open_clip.__version__}, torch {torch.__version__}, {args.device}, "
+              f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}", flush=True)
+        rows = [row for precision in args.precision for row in clip_rows(
+            args.clip, args.batch_size, precision, args.runs, args.iters, args.warmup, args.device)]
+        with open(args.json, "w") as f:
+            json.dump({"torch": torch.__version__, "open_clip": open_clip.__version__,
+                       "threads": torch.get_num_threads(), "rows": rows}, f, indent=2)
+        print(f"wrote {args.json}")
+        return rows
     models = FAMILY_MODELS if args.families else args.model
 
     print(f"{', '.join(models)}, batch {args.batch_size}, {args.device}, torch {torch.__version__}, "

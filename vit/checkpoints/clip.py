@@ -23,7 +23,15 @@ import torch
 from torch import Tensor
 
 from vit.checkpoints.convert_clip import split_towers, text_config, vision_config
-from vit.checkpoints.weights import HF_HUB, QUICK_GELU_TAGS, _check_reachable, _hub_repo, hub_cache, read_state_dict
+from vit.checkpoints.weights import (
+    HF_HUB,
+    QUICK_GELU_TAGS,
+    SUFFIXES,
+    _check_reachable,
+    _hub_repo,
+    hub_cache,
+    read_state_dict,
+)
 from vit.data.clip_text import TextTokenizer, load_tokenizer
 from vit.errors import UserPathError, UserValueError, WeightsUnavailableError
 from vit.nn.clip import CLIP
@@ -87,7 +95,8 @@ def _open_clip_configs(vision: dict[str, Tensor], text: dict[str, Tensor], confi
     timm_name = vision_cfg.get("timm_model_name")
     if timm_name in MODEL_CONFIGS:
         proj = vision["proj.weight"].shape[0] if "proj.weight" in vision else 0
-        return named_config(timm_name, num_classes=0, proj_dim=proj), t_cfg
+        depth = 1 + max(int(k.split(".")[1]) for k in vision if k.startswith("blocks."))
+        return named_config(timm_name, num_classes=0, proj_dim=proj, depth=depth), t_cfg
     trunk = any(k.startswith("attn_pool.") for k in vision) or "norm_pre.weight" not in vision  # timm's: eps 1e-6
     heads = vision_cfg["width"] // vision_cfg.get("head_width", 64) if "width" in vision_cfg else None
     return vision_config(vision, num_heads=heads, act_layer=act, norm_eps=1e-6 if trunk else 1e-5), t_cfg
@@ -155,7 +164,7 @@ def _preprocessing(config: dict[str, Any], weights: Path, siglip: bool) -> Prepr
 def locate(source: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """(the weights file, its config as a dict, {} if none) for a file, a folder or a timm tag."""
     path = Path(source)
-    if not str(source).startswith(HF_HUB) and (path.exists() or os.sep in str(source) or path.suffix):
+    if not str(source).startswith(HF_HUB) and (path.exists() or os.sep in str(source) or path.suffix in SUFFIXES):
         if path.is_dir():
             found = [path / n for n in OPEN_CLIP_WEIGHTS + HF_WEIGHTS if (path / n).is_file()]
             if not found:

@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("vit.commands.serve", "serve a checkpoint or ONNX model over HTTP, with a page: vit serve --ckpt CKPT"),
     "attention": ("vit.commands.attention", "attention maps and top classes of images; --text: a translation's; "
                   "--faithfulness: check the maps"),
+    "zeroshot": ("vit.commands.zeroshot", "a classifier from class names with CLIP/SigLIP: vit zeroshot --model M "
+                 "--classes \"a,b\" --out DIR"),
     "probe": ("vit.commands.probe", "linear-probe and kNN baseline on frozen features: vit probe --config CFG"),
     "shard": ("vit.commands.shard", "write an image folder as streaming shards: vit shard SRC OUT [--max_side 320]"),
     "audit": ("vit.commands.audit", "check a dataset: leakage, duplicates, label issues, skew: vit audit --config CFG"),

@@ -205,6 +205,9 @@ def timm_architecture(model_name: str, model: VisionTransformer) -> tuple[str, d
 
     extras = [k for k in ("shifted_patches", "locality_attention") if getattr(model.config, k)]
     extras += ["global_pool='token_avg'"] if model.config.global_pool == "token_avg" else []
+    if model.config.proj_dim or model.config.normalize_embedding:  # a zero-shot head scores a cosine: not linear
+        extras.append("normalised CLIP embedding (a vit zeroshot head)" if model.config.normalize_embedding
+                      else "CLIP projection (proj_dim)")
     if extras:
         raise UserValueError(
             f"timm's VisionTransformer has no {' or '.join(extras)}, so these weights cannot be shipped as a "

@@ -1,0 +1,59 @@
+"""A zero-shot classifier as an ordinary `vit` checkpoint: the image tower of a CLIP/SigLIP model with a head whose
+rows are the class names' text embeddings.
+
+    classes x templates -> tokenizer -> encode_text, normalised          (C*T, E)
+                        -> mean over the templates, normalised again     (C, E)   (OpenCLIP's recipe)
+    head = exp(logit_scale) * rows (+ SigLIP's logit_bias), over the image tower's normalised embedding
+
+`vit predict`, `serve`, `export`, `attention`, `probe` and `calibrate` read the result as any `vit fit` checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vit.checkpoints.clip import LoadedCLIP
+from vit.checkpoints.meta import classifier_checkpoint
+from vit.data.clip_text import TextTokenizer
+from vit.errors import UserValueError
+from vit.nn.clip import CLIP
+
+
+def class_names(names: Sequence[str]) -> list[str]:
+    """The class list, stripped; empty or repeated names are errors that say how to give them."""
+    names = [n.strip() for n in names if n.strip()]
+    if not names:
+        raise UserValueError('the class list is empty: give --classes "oak,maple,birch" or --classes_file FILE '
+                             "(one name a line)")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise UserValueError(f"class names given twice: {', '.join(repeated)}")
+    return names
+
+
+@torch.no_grad()
+def class_embeddings(model: CLIP, tokenizer: TextTokenizer, classes: Sequence[str], templates: Sequence[str],
+                     batch_size: int = 256) -> Tensor:
+    """One normalised text embedding per class (C, E): its templates' normalised embeddings averaged."""
+    texts = [t.replace("{}", c) for c in classes for t in templates]
+    device = next(model.parameters()).device
+    rows = [model.encode_text(tokenizer(texts[i:i + batch_size]).to(device), normalize=True)
+            for i in range(0, len(texts), batch_size)]
+    per_class = torch.cat(rows).reshape(len(classes), len(templates), -1).mean(dim=1)  # (C, E)
+    return F.normalize(per_class, dim=-1)
+
+
+def zero_shot_checkpoint(loaded: LoadedCLIP, classes: Sequence[str], templates: Sequence[str],
+                         batch_size: int = 256) -> dict[str, Any]:
+    """A `vit fit`-format classify checkpoint of ``loaded``'s image tower with the classes' text head."""
+    classes = class_names(classes)
+    model = loaded.model.classifier(class_embeddings(loaded.model, loaded.tokenizer, classes, templates, batch_size))
+    meta = {"task": "classify", "model_name": f"{loaded.model.family}_zeroshot",
+            "model_config": model.config.to_dict(), "class_names": classes, **loaded.preprocessing.to_dict()}
+    about = {"source": loaded.source, "family": loaded.model.family, "templates": list(templates)}
+    return classifier_checkpoint(meta, model.state_dict(), zeroshot=about)
