@@ -13,7 +13,8 @@ the bias and the tokenizer are the weights', read in ``configure_model`` as the 
 
 The checkpoint holds the model's configs (`CLIP.to_dict`) and the tokenizer (or the source to load it from again),
 so `load_contrastive` rebuilds the model and its text side from the file alone; `zeroshot_classifier` turns them
-into an ordinary classifier of named classes.
+into an ordinary classifier of named classes (with `vit zeroshot`'s class embeddings), and `zeroshot_start` loads
+that classifier into `vit fit`'s network (`head_init: zeroshot`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from vit.checkpoints.average import TRAINING_ONLY
@@ -163,20 +163,11 @@ def load_contrastive(path: str | os.PathLike) -> tuple[CLIP, Any]:
     return clip.eval(), tokenizer
 
 
-@torch.no_grad()
-def class_embeddings(clip: CLIP, tokenizer: Any, class_names: Sequence[str], templates: Sequence[str]) -> Tensor:
-    """One embedding per class (C, E): each template filled with the class name, encoded, normalised, averaged
-    over the templates (open_clip's ``build_zero_shot_classifier``)."""
-    rows = []
-    for name in class_names:
-        ids = tokenizer([template.format(name) for template in templates]).to(clip.logit_scale.device)
-        rows.append(clip.encode_text(ids, normalize=True).mean(dim=0))
-    return torch.stack(rows)
-
-
 def zeroshot_classifier(clip: CLIP, tokenizer: Any, class_names: Sequence[str],
                         templates: Sequence[str]) -> VisionTransformer:
-    """The image tower as a classifier of ``class_names``, its head the classes' text embeddings (`CLIP.classifier`)."""
+    """The image tower as a classifier of ``class_names``, its head the classes' text embeddings averaged over the
+    ``templates`` (`vit.checkpoints.zeroshot.class_embeddings`, `CLIP.classifier`)."""
+    from vit.checkpoints.zeroshot import class_embeddings
     from vit.data.clip_text import check_template
 
     for template in templates:
@@ -213,5 +204,5 @@ def zeroshot_start(model: VisionTransformer, source: str | os.PathLike, class_na
     model.load_state_dict(built.state_dict())
 
 
-__all__ = ["LOSSES", "ContrastiveTask", "class_embeddings", "load_contrastive", "load_text_model",
+__all__ = ["LOSSES", "ContrastiveTask", "load_contrastive", "load_text_model",
            "zeroshot_classifier", "zeroshot_start"]
