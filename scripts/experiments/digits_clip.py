@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     parser.add_argument("--epochs", type=int, default=30, help="epochs of the contrastive training")
     parser.add_argument("--ft_epochs", type=int, default=10, help="epochs of each fine-tune")
     args = parser.parse_args(argv)
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # a shared 2-core machine: two threads a process thrashed (40 s an epoch, not 5)
     results = [run_seed(seed, Path(args.out), args.epochs, args.ft_epochs) for seed in args.seeds]
     for key in ("zeroshot_top1", "ft_zeroshot_head", "ft_random_head", "wise_ft_0.5"):
         values = [r[key] for r in results]
