@@ -172,9 +172,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # a shared 2-core machine: two threads a process thrashed (40 s an epoch, not 5)
     results = [run_seed(seed, Path(args.out), args.epochs, args.ft_epochs) for seed in args.seeds]
-    for key in ("zeroshot_top1", "ft_zeroshot_head", "ft_random_head", "wise_ft_0.5"):
+    for key in ("zeroshot_top1", "zeroshot_top1_train_template", "ft_zeroshot_head", "ft_random_head", "wise_ft_0.5"):
         values = [r[key] for r in results]
         print(f"{key}: mean {sum(values) / len(values):.3f} ({', '.join(f'{v:.3f}' for v in values)})")
+    print("| seed | zero-shot (held-out templates) | fine-tuned, zero-shot head | fine-tuned, random head | "
+          "WiSE-FT 0.5 | epochs to target: zero-shot head / random head (target) | seconds |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['seed']} | {r['zeroshot_top1']:.3f} | {r['ft_zeroshot_head']:.3f} | {r['ft_random_head']:.3f} | "
+              f"{r['wise_ft_0.5']:.3f} | {r['epochs_zeroshot_head']} / {r['epochs_random_head']} ({r['target']:.3f}) | "
+              f"{r['seconds']:.0f} |")
     return results
 
 
