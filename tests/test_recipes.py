@@ -215,3 +215,30 @@ def test_the_multilabel_recipes_run_as_written(name, tmp_path, capsys):
     assert saved["multi_label"] is True and len(saved["thresholds"]) == 10
     assert load_classifier(run.best_checkpoint.best_model_path).thresholds == saved["thresholds"]
     assert "test macro mAP of" in capsys.readouterr().out
+
+
+def test_clip_captions_recipe_trains_both_towers_and_its_checkpoint_starts_a_zeroshot_fit(tmp_path):
+    """configs/clip_captions.yaml on a table of 80 random images with two captions, shrunk; its best checkpoint is
+    a ContrastiveTask's that `load_contrastive` rebuilds and `head_init: zeroshot` starts a classifier from."""
+    from tests.helpers import random_images
+    from vit.tasks import ImageClassifier
+    from vit.tasks.contrastive import load_contrastive
+
+    paths = random_images(tmp_path / "images", 80, size=(40, 40), mode="RGB")
+    rows = ["path,caption", *(f"{p.name},a photo of {'noise' if i % 2 else 'static'}" for i, p in enumerate(paths))]
+    (tmp_path / "images" / "captions.csv").write_text("\n".join(rows) + "\n")
+    run = cli(["fit", *quiet_run(tmp_path, str(CONFIGS / "clip_captions.yaml")), *CPU,
+               f"--data.init_args.train={tmp_path / 'images' / 'captions.csv'}", "--data.init_args.batch_size=16",
+               "--trainer.max_epochs=1", "--trainer.log_every_n_steps=1", "--test_after_fit=false",
+               f"--model.init_args.vision_kwargs={SHRUNK}", "--model.init_args.text={depth: 1, embed_dim: 32, "
+               "num_heads: 2}"])
+    assert run.model.clip.visual.config.img_size == 32 and run.trainer.global_step == 4  # 72 pairs, batches of 16
+    assert all(math.isfinite(v) for v in logged(run.trainer, "train_loss")) and logged(run.trainer, "val_loss")
+    best = Path(run.best_checkpoint.best_model_path)
+    clip, _ = load_contrastive(best)
+    tower = {**SHRUNK, "proj_dim": 64, "normalize_embedding": True}
+    classifier = ImageClassifier(model="vit_scratch_patch8_32", model_kwargs=tower, num_classes=2,
+                                 class_names=["noise", "static"], pretrained=str(best), head_init="zeroshot",
+                                 zeroshot_templates="photo", img_size=32)
+    classifier.configure_model()
+    torch.testing.assert_close(classifier.model.head.weight.norm(dim=1), clip.logit_scale.exp().expand(2))

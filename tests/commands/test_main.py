@@ -26,7 +26,7 @@ def test_prediction_side_imports_no_lightning():
     # nor onnx/onnxruntime: they load only for ONNX files. One fresh interpreter imports the modules in turn and
     # names each one that brought a heavy package in (the first to import it is the culprit).
     modules = ["vit.deploy", "vit.checkpoints", "vit.data.io", "vit.commands.predict", "vit.commands.attention",
-               "vit.commands.export", "vit.commands.probe"]
+               "vit.commands.export", "vit.commands.probe", "vit.commands.average"]
     code = ("import importlib, sys\n"
             f"for name in {modules!r}:\n"
             "    importlib.import_module(name)\n"

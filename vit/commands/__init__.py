@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "shard": ("vit.commands.shard", "write an image folder as streaming shards: vit shard SRC OUT [--max_side 320]"),
     "audit": ("vit.commands.audit", "check a dataset: leakage, duplicates, label issues, skew: vit audit --config CFG"),
     "translate": ("vit.commands.translate", "translate sentences with a Translator checkpoint"),
+    "average": ("vit.commands.average", "average classifier checkpoints' weights (WiSE-FT, soups): vit average "
+                "--ckpt A --ckpt B --alpha 0.5 --out C"),
 }
 
 

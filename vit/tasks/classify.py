@@ -114,6 +114,12 @@ class ImageClassifier(Prepared, VisionTask):
             ``None``: ImageNet's for 3 channels, 0.5 otherwise.
         crop_pct: evaluation centre-crop fraction the data used, stored in the checkpoint (linked).
         interpolation: resize interpolation the data used, stored in the checkpoint (linked).
+        head_init: "random", or "zeroshot": the head starts as the class names' text embeddings from the
+            ``pretrained`` CLIP/SigLIP (a tag, file or folder `vit zeroshot` reads, or a `vit.tasks.ContrastiveTask`
+            checkpoint), the image tower as its weights (LP-FT's start). ``model_kwargs`` must give its image
+            tower's architecture (``proj_dim``, ``normalize_embedding: true``, ...); any ``finetune`` mode.
+        zeroshot_templates: ``head_init: zeroshot``'s prompt templates: a named set or a file, one a line with
+            ``{}`` for the class name; None: the family's default.
     """
 
     task = "classify"
@@ -141,6 +147,8 @@ class ImageClassifier(Prepared, VisionTask):
         std: Sequence[float] | None = None,
         crop_pct: float = 1.0,
         interpolation: str = "bicubic",
+        head_init: str = "random",
+        zeroshot_templates: str | None = None,
     ) -> None:
         if num_classes < 1:
             raise UserValueError(f"num_classes must be at least 1, got {num_classes}")
@@ -149,6 +157,7 @@ class ImageClassifier(Prepared, VisionTask):
         if from_config(optim, Optimization, Optimization()).schedule == "onecycle" and finetune == "staged":
             raise UserValueError("optim.schedule: onecycle has one warm-up; finetune: staged needs a second one when "
                                  "the backbone starts training: use optim.schedule: cosine")
+        check_head_init(head_init, pretrained, backbone)
         super().__init__()  # saves the arguments; configure_models, configure_losses, configure_metrics
         check_strategy(finetune, freeze_blocks, head_epochs, self.roles.depth)
         self.configure_preprocessing(class_names, mean, std, crop_pct, interpolation)
@@ -186,7 +195,12 @@ class ImageClassifier(Prepared, VisionTask):
         command, not a config-validation failure inside jsonargparse."""
         if self.pretrained_loaded or not self.hparams.pretrained:
             return
-        self.backbone.load_pretrained(self.model, self.hparams.pretrained)
+        if self.hparams.head_init == "zeroshot":
+            from vit.tasks.contrastive import zeroshot_start
+
+            zeroshot_start(self.model, self.hparams.pretrained, self.class_names, self.hparams.zeroshot_templates)
+        else:
+            self.backbone.load_pretrained(self.model, self.hparams.pretrained)
         if self.model_ema is not None:
             self.model_ema.set(self.model)  # the copy was made from the random initialisation
         self.pretrained_loaded = True
@@ -430,6 +444,20 @@ class ImageClassifier(Prepared, VisionTask):
         super().on_load_checkpoint(checkpoint)
         if self.label_eval is not None and "thresholds" in checkpoint[META_KEY]:
             self.label_eval.thresholds = torch.tensor(checkpoint[META_KEY]["thresholds"], dtype=torch.float32)
+
+
+HEAD_INITS = ("random", "zeroshot")
+
+
+def check_head_init(head_init: str, pretrained: str | None, backbone: str) -> None:
+    """``head_init`` "zeroshot" needs a CLIP to read the class names with (``pretrained``) and our ViT."""
+    if head_init not in HEAD_INITS:
+        raise UserValueError(f"head_init must be one of {', '.join(HEAD_INITS)}, got {head_init!r}")
+    if head_init == "zeroshot" and not pretrained:
+        raise UserValueError("head_init: zeroshot reads the class names with a CLIP's text tower: set pretrained to a "
+                             "CLIP or SigLIP (a hub tag, an OpenCLIP file or folder, or a ContrastiveTask checkpoint)")
+    if head_init == "zeroshot" and backbone != "vit":
+        raise UserValueError(f"head_init: zeroshot builds our ViT's image tower; backbone {backbone!r} cannot take it")
 
 
 def ema_copy(model: nn.Module, decay: float | None) -> nn.Module | None:

@@ -1,5 +1,5 @@
-"""Losses of the image classifier beyond torch's own: soft-target cross-entropy (mixup), and the multi-label losses
-that leave unknown labels (-1) out."""
+"""Losses beyond torch's own: the image classifier's soft targets (mixup), the multi-label losses that leave
+unknown labels (-1) out, and the contrastive losses of two towers (`vit.tasks.contrastive`)."""
 
 from __future__ import annotations
 
@@ -70,3 +70,20 @@ class MaskedAsymmetricLoss(nn.Module):
         known = (targets >= 0).to(logits.dtype)
         y = smoothed(targets, self.smoothing).clamp(min=0)  # smoothed here, where the mask is known
         return (self.asl(logits, y) * known).sum() / len(logits)
+
+
+def clip_loss(image: Tensor, text: Tensor, scale: Tensor) -> Tensor:
+    """CLIP's InfoNCE: the mean of the image->text and text->image cross-entropies of ``scale`` x cosines, pair i
+    of the batch the right answer of row i. ``image``, ``text``: unit-length embeddings (B, E); ``scale``: the
+    multiplier itself (exp of the model's logit_scale)."""
+    logits = scale * image @ text.T  # (B, B): images x texts
+    labels = torch.arange(logits.shape[0], device=logits.device)
+    return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+
+
+def siglip_loss(image: Tensor, text: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
+    """SigLIP's sigmoid loss: every image-text pair of the batch a binary question (+1 on the diagonal, -1 off it)
+    on ``scale`` x cosine + ``bias``; summed over the pairs, divided by the batch (Zhai et al. 2023)."""
+    logits = scale * image @ text.T + bias  # (B, B)
+    signs = 2 * torch.eye(logits.shape[0], device=logits.device, dtype=logits.dtype) - 1
+    return -F.logsigmoid(signs * logits).sum() / logits.shape[0]

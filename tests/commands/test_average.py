@@ -1,0 +1,37 @@
+"""`vit average`: the file it writes is a classifier every command loads, and a mismatch is one short line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vit
+from tests.checkpoints.test_average import write
+from tests.helpers import DIGITS_VIT, TINY
+from vit.commands import main
+from vit.deploy import load_classifier
+
+
+def test_vit_average_writes_a_classifier_with_the_mixed_weights(tmp_path, capsys):
+    a, b = write(tmp_path / "a.ckpt", seed=0), write(tmp_path / "b.ckpt", seed=1)
+    main(["average", "--ckpt", str(tmp_path / "a.ckpt"), "--ckpt", str(tmp_path / "b.ckpt"), "--alpha", "0.25",
+          "--out", str(tmp_path / "wise.ckpt")])
+    assert "0.75 x" in capsys.readouterr().out
+    reference = vit.create_model(DIGITS_VIT, **TINY).eval()
+    reference.load_state_dict({k: 0.75 * a[k] + 0.25 * b[k] for k in a})
+    x = torch.randn(4, 1, 8, 8)
+    classifier = load_classifier(tmp_path / "wise.ckpt")
+    with torch.no_grad():
+        torch.testing.assert_close(classifier(x), reference(x))
+
+
+def test_vit_average_refuses_other_classes_in_one_line(tmp_path, capsys):
+    write(tmp_path / "a.ckpt", seed=0)
+    write(tmp_path / "b.ckpt", seed=1, num_classes=2, class_names=["cat", "dog"])
+    with pytest.raises(SystemExit) as exited:
+        main(["average", "--ckpt", str(tmp_path / "a.ckpt"), "--ckpt", str(tmp_path / "b.ckpt"),
+              "--out", str(tmp_path / "soup.ckpt")])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vit average: error: cannot average") and "different class lists" in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "soup.ckpt").exists()
