@@ -16,15 +16,16 @@ the checkpoint holds the whole network and ``base`` is None.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
 
-from vit.checkpoints.weights import load_pretrained
 from vit.errors import UserError, UserPathError, UserValueError
-from vit.nn.lora import base_digest, base_layers, init_magnitudes
+from vit.nn.lora import LoraConfig, add_adapters, base_digest, base_layers, init_magnitudes, merge_adapters
+
+Loader = Callable[[nn.Module, str], Any]  # `vit.checkpoints.weights.load_pretrained`, handed in: it reads us too
 
 STATE_PREFIXES = ("model.", "model_ema.module.")  # the networks inside a classifier's state dict
 
@@ -56,7 +57,8 @@ def completed(state_dict: dict[str, Tensor], base: dict[str, Tensor], prefixes: 
     return full
 
 
-def load_base(model: nn.Module, base: dict[str, Any], held: Collection[str], where: str | os.PathLike) -> None:
+def load_base(model: nn.Module, base: dict[str, Any], held: Collection[str], where: str | os.PathLike,
+              load_pretrained: Loader) -> None:
     """Load the base ``base`` names into ``model`` (with its adapters) and check its hash against the one the
     checkpoint ``where`` recorded; ``held``: the names the checkpoint holds itself (left out of the hash)."""
     found = base["path"] if base.get("path") and Path(base["path"]).is_file() else base["source"]
@@ -74,4 +76,19 @@ def load_base(model: nn.Module, base: dict[str, Any], held: Collection[str], whe
                              f"other weights (sha256 {digest[:16]}…): give the base it was trained on")
 
 
-__all__ = ["STATE_PREFIXES", "base_identity", "completed", "describe_base", "held_names", "load_base"]
+def load_merged(model: nn.Module, weights: dict[str, Tensor], lora: dict[str, Any], where: str | os.PathLike,
+                load_pretrained: Loader) -> None:
+    """A LoRA or DoRA checkpoint's evaluated ``weights`` into the plain ``model``, merged: the base its ``lora``
+    entry names loaded and checked first, unless the checkpoint holds it. ``model`` ends with plain layers."""
+    settings = {k: lora[k] for k in ("rank", "alpha", "dropout", "targets", "last_blocks", "dora")}
+    add_adapters(model, LoraConfig(**settings))
+    if lora.get("base"):
+        load_base(model, lora["base"], weights, where, load_pretrained)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or (missing and not lora.get("base")):
+        raise UserValueError(f"{where}: its adapters do not fit its model (unexpected {unexpected[:3]}, missing "
+                             f"{missing[:3]})")
+    merge_adapters(model)
+
+
+__all__ = ["STATE_PREFIXES", "base_identity", "completed", "describe_base", "held_names", "load_base", "load_merged"]
