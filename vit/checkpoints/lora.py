@@ -15,6 +15,7 @@ the checkpoint holds the whole network and ``base`` is None.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -91,4 +92,29 @@ def load_merged(model: nn.Module, weights: dict[str, Tensor], lora: dict[str, An
     merge_adapters(model)
 
 
-__all__ = ["STATE_PREFIXES", "base_identity", "completed", "describe_base", "held_names", "load_base", "load_merged"]
+def export_adapters(checkpoint: dict[str, Any], where: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
+    """`vit export --format adapters`: what trained (adapters, head and the rest that trained; the EMA copy when
+    training kept one) as ``adapters.safetensors``, and ``adapter_config.json``: the adapters' settings, the base's
+    identity, the model's name and config and the class names, for a user who keeps one base and many tasks."""
+    from safetensors.torch import save_file
+
+    from vit.checkpoints.meta import META_KEY, evaluated_weights
+    from vit.nn.lora import is_adapter
+
+    meta = checkpoint[META_KEY]
+    if not meta.get("lora"):
+        raise UserValueError(f"{where} holds no adapters: --format adapters needs a checkpoint of finetune: lora "
+                             "or dora")
+    weights = evaluated_weights(checkpoint["state_dict"], meta.get("ema", False))
+    if meta["lora"].get("base") is None:  # the whole network is in the file: keep what trained alone
+        weights = {k: v for k, v in weights.items() if is_adapter(k) or k.split(".")[0] in ("head", "head_dist")}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in weights.items()}, out / "adapters.safetensors")
+    config = {**meta["lora"], **{k: meta.get(k) for k in ("model_name", "model_config", "class_names")}}
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return [out / "adapters.safetensors", out / "adapter_config.json"]
+
+
+__all__ = ["STATE_PREFIXES", "base_identity", "completed", "describe_base", "export_adapters", "held_names",
+           "load_base", "load_merged"]
