@@ -75,8 +75,9 @@ def hub(fitted, tmp_path_factory) -> Path:
 def lora_run(tmp_path_factory) -> dict:
     """A DoRA fit of the digits on a 'pretrained' base file (random weights moved off their init, timm layout), EMA
     on: the thin checkpoint and the base. Shared: read it, never change it."""
-    import vit
     from safetensors.torch import save_file
+
+    import vit
     from tests.conftest import short_digits_run
     from tests.nn.test_vision import perturb
     from vit.cli.main import cli
