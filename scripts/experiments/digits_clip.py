@@ -110,8 +110,7 @@ def fine_tune(data: Digits, seed: int, clip_path: Path, head: str, epochs: int) 
     seed_everything(seed, verbose=False)
     task = ImageClassifier(model="vit_digits_patch2_8", model_kwargs=TOWER, num_classes=10,
                            class_names=data.class_names, mean=DIGITS_MEAN, std=DIGITS_STD, interpolation="bilinear",
-                           pretrained=str(clip_path), head_init="zeroshot",
-                           zeroshot_templates=str(clip_path.parent / "held_out.txt"),
+                           pretrained=str(clip_path), head_init=f"zeroshot:{clip_path.parent / 'held_out.txt'}",
                            optim=Optimization(lr=5e-4, warmup_epochs=1, weight_decay=0.05))
     task.configure_model()
     if head == "random":

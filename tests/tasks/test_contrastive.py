@@ -134,8 +134,8 @@ def test_head_init_zeroshot_starts_the_classifier_at_the_zeroshot_logits(tmp_pat
     names = ["top", "bottom"]
     torch.manual_seed(0)
     classifier = ImageClassifier(model=DIGITS_VIT, model_kwargs=TOWER, num_classes=2, class_names=names,
-                                 pretrained=str(path), head_init="zeroshot", finetune=finetune, freeze_blocks=1,
-                                 head_epochs=1, zeroshot_templates=str(tmp_path / "templates.txt"))
+                                 pretrained=str(path), head_init=f"zeroshot:{tmp_path / 'templates.txt'}",
+                                 finetune=finetune, freeze_blocks=1, head_epochs=1)
     classifier.configure_model()
     expected = zeroshot_classifier(task.clip.eval(), task.tokenizer, names, ("a {}", "the {} here"))
     images = torch.randn(3, 1, 8, 8)
@@ -154,7 +154,7 @@ def test_head_init_random_leaves_the_head_alone():
 def test_head_init_zeroshot_names_the_architecture_to_set(tmp_path):
     path, _ = clip_checkpoint(tmp_path)
     classifier = ImageClassifier(model=DIGITS_VIT, model_kwargs=TINY, num_classes=2, class_names=["a", "b"],
-                                 pretrained=str(path), head_init="zeroshot", zeroshot_templates="photo")
+                                 pretrained=str(path), head_init="zeroshot:photo")
     with pytest.raises(UserValueError) as caught:
         classifier.configure_model()
     message = str(caught.value)

@@ -129,6 +129,15 @@ def locality_scale(q: Tensor, learned_scale: Tensor) -> Tensor:
     return q * learned_scale.to(q.dtype).view(-1, 1, 1)  # (H, 1, 1) over (B, H, Lq, D)
 
 
+def linear_rows(layer: nn.Module, x: Tensor, rows: slice) -> Tensor:
+    """``layer(x)[..., rows]``, computing those output rows alone; a layer with adapters (`vit.nn.lora`) adds its
+    own update to them."""
+    if isinstance(layer, nn.Linear):
+        b = layer.bias
+        return F.linear(x, layer.weight[rows], None if b is None else b[rows])
+    return layer(x, rows=rows)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with timm's parameter layout.
 
@@ -210,9 +219,8 @@ class MultiHeadAttention(nn.Module):
             # Self-attention weights with queries from a subset of the keys' tokens
             # (e.g. only the cls token in a ViT's last block): split the fused projection.
             C = x.shape[-1]
-            w, b = self.qkv.weight, self.qkv.bias
-            q = self._heads(F.linear(x, w[:C], None if b is None else b[:C]), 1)[0]
-            k, v = self._heads(F.linear(context, w[C:], None if b is None else b[C:]), 2).unbind(0)
+            q = self._heads(linear_rows(self.qkv, x, slice(None, C)), 1)[0]
+            k, v = self._heads(linear_rows(self.qkv, context, slice(C, None)), 2).unbind(0)
         return q, k, v
 
     def _mask(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -25,13 +24,22 @@ from vit.checkpoints.meta import META_KEY
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vit.errors import UserValueError
 from vit.preprocessing import Prepared, Preprocessing
-from vit.reports import save_confusion_matrix
+from vit.tasks.adapters import AdapterTraining, ema_copy
 from vit.tasks.backbones import backbone_named
 from vit.tasks.base import VisionTask, from_config
-from vit.tasks.finetune import Frozen, apply_freezing, check_strategy, frozen_parts, unfreeze_epoch
+from vit.tasks.contrastive import check_head_init
+from vit.tasks.finetune import (
+    ADAPTERS,
+    Frozen,
+    LoraOptions,
+    apply_freezing,
+    check_strategy,
+    frozen_parts,
+    unfreeze_epoch,
+)
 from vit.tasks.heads import ClassificationHead, SingleLabelHead, head_for
-from vit.tasks.mistakes import ConfidentMistakes, log_figures, save_error_report
-from vit.tasks.multilabel import LabelEvaluation, save_label_report
+from vit.tasks.mistakes import ConfidentMistakes, test_figures
+from vit.tasks.multilabel import LabelEvaluation, label_test_report
 from vit.tasks.optim import (
     Optimization,
     adamw,
@@ -79,7 +87,7 @@ def upgraded_hparams(hparams: dict[str, Any], meta: dict[str, Any]) -> dict[str,
     return {**kept, **backbone, "optim": moved("optim."), "head": head}
 
 
-class ImageClassifier(Prepared, VisionTask):
+class ImageClassifier(AdapterTraining, Prepared, VisionTask):
     """An image classifier: a backbone's logits, a head's loss and metrics, AdamW with layer decay, warm-up + cosine
     per step, optional EMA, a test confusion matrix and error report.
 
@@ -99,9 +107,13 @@ class ImageClassifier(Prepared, VisionTask):
             ``head: {init_args: {mixup_alpha: 0.8}}``.
         optim: how it trains (`vit.tasks.optim.Optimization`): ``lr``, ``lr_base_batch``, ``weight_decay``,
             ``betas``, ``warmup_epochs``/``warmup_steps``, ``min_lr``, ``schedule``, ``layer_decay``, ``ema_decay``.
-        finetune: what trains (`vit.tasks.finetune`): "full", "linear_probe", "partial" or "staged".
+        finetune: what trains (`vit.tasks.finetune`): "full", "linear_probe", "partial", "staged", or adapters on
+            a frozen base: "lora" or "dora" (`vit.nn.lora`).
         freeze_blocks: "partial": the stem and this many first blocks stay frozen.
-        head_epochs: "staged": epochs that train the head alone before everything trains.
+        head_epochs: "staged", "lora", "dora": epochs that train the head alone before the rest trains.
+        lora: "lora" and "dora"'s settings (`vit.tasks.finetune.LoraOptions`): ``rank``, ``alpha``, ``dropout``,
+            ``targets`` (q, k, v, qkv, proj, fc1, fc2), ``last_blocks``, ``train_norms``, ``train_tokens``,
+            ``save_base``.
         grad_checkpointing: recompute each block's activations in the backward pass instead of keeping them
             (``set_grad_checkpointing``): the same gradients, far less memory, about a third more compute per
             step. Under FSDP, use the strategy's ``activation_checkpointing_policy`` instead.
@@ -118,8 +130,8 @@ class ImageClassifier(Prepared, VisionTask):
             ``pretrained`` CLIP/SigLIP (a tag, file or folder `vit zeroshot` reads, or a `vit.tasks.ContrastiveTask`
             checkpoint), the image tower as its weights (LP-FT's start). ``model_kwargs`` must give its image
             tower's architecture (``proj_dim``, ``normalize_embedding: true``, ...); any ``finetune`` mode.
-        zeroshot_templates: ``head_init: zeroshot``'s prompt templates: a named set or a file, one a line with
-            ``{}`` for the class name; None: the family's default.
+            "zeroshot:TEMPLATES" names its prompt templates (a named set, or a file of one a line with ``{}`` for
+            the class name); plain "zeroshot" takes the family's default.
     """
 
     task = "classify"
@@ -139,6 +151,7 @@ class ImageClassifier(Prepared, VisionTask):
         finetune: str = "full",
         freeze_blocks: int = 0,
         head_epochs: int = 0,
+        lora: LoraOptions | None = None,
         grad_checkpointing: bool = False,
         compile: bool = False,
         class_names: list[str] | None = None,
@@ -148,7 +161,6 @@ class ImageClassifier(Prepared, VisionTask):
         crop_pct: float = 1.0,
         interpolation: str = "bicubic",
         head_init: str = "random",
-        zeroshot_templates: str | None = None,
     ) -> None:
         if num_classes < 1:
             raise UserValueError(f"num_classes must be at least 1, got {num_classes}")
@@ -159,7 +171,7 @@ class ImageClassifier(Prepared, VisionTask):
                                  "the backbone starts training: use optim.schedule: cosine")
         check_head_init(head_init, pretrained, backbone)
         super().__init__()  # saves the arguments; configure_models, configure_losses, configure_metrics
-        check_strategy(finetune, freeze_blocks, head_epochs, self.roles.depth)
+        check_strategy(finetune, freeze_blocks, head_epochs, self.roles.depth, lora)
         self.configure_preprocessing(class_names, mean, std, crop_pct, interpolation)
 
     # --- set-up ----------------------------------------------------------------------------
@@ -173,11 +185,12 @@ class ImageClassifier(Prepared, VisionTask):
         self.optim: Optimization = from_config(hp.optim, Optimization, Optimization())
         self.model: nn.Module = self.build_network()
         self.roles = self.backbone.roles(self.model)  # stem, tokens, blocks, pool, head: `vit.nn.roles`
+        self.configure_adapters()  # finetune: lora | dora (`AdapterTraining`)
         self.model.set_grad_checkpointing(hp.grad_checkpointing)
         # FSDP (use_orig_params) turns parameters into flat shards: the weight-decay rule needs their real ndim
         self.param_ndims = {name: p.ndim for name, p in self.model.named_parameters()}
         self.pretrained_loaded = False  # `configure_model` reads the weights: no I/O in the constructor
-        self.model_ema = ema_copy(self.model, self.optim.ema_decay)
+        self.model_ema = ema_copy(self.model, self.optim.ema_decay, self.adapter_trained)
         if hp.compile:
             # nn.Module.compile compiles forward in place, unlike torch.compile(model) which wraps the
             # model and renames every key "_orig_mod.*". After the EMA copy, which stays eager.
@@ -195,10 +208,13 @@ class ImageClassifier(Prepared, VisionTask):
         command, not a config-validation failure inside jsonargparse."""
         if self.pretrained_loaded or not self.hparams.pretrained:
             return
-        if self.hparams.head_init == "zeroshot":
+        if self.hparams.head_init.partition(":")[0] == "zeroshot":
             from vit.tasks.contrastive import zeroshot_start
 
-            zeroshot_start(self.model, self.hparams.pretrained, self.class_names, self.hparams.zeroshot_templates)
+            templates = self.hparams.head_init.partition(":")[2] or None
+            zeroshot_start(self.model, self.hparams.pretrained, self.class_names, templates)
+        elif self.adapter_trained is not None:
+            self.load_adapted_base(self.hparams.pretrained)
         else:
             self.backbone.load_pretrained(self.model, self.hparams.pretrained)
         if self.model_ema is not None:
@@ -282,7 +298,8 @@ class ImageClassifier(Prepared, VisionTask):
     def on_fit_start(self) -> None:
         hp = self.hparams
         ddp = self.trainer.strategy.model
-        if hp.finetune != "full" and isinstance(ddp, DistributedDataParallel) and not ddp.find_unused_parameters:
+        changes = hp.finetune != "full" and not (hp.finetune in ADAPTERS and hp.head_epochs == 0)  # what trains
+        if changes and isinstance(ddp, DistributedDataParallel) and not ddp.find_unused_parameters:
             raise UserValueError(
                 f"finetune: {hp.finetune} freezes parameters, which DDP only allows with find_unused_parameters: "
                 "set trainer.strategy: ddp_find_unused_parameters_true"
@@ -292,7 +309,8 @@ class ImageClassifier(Prepared, VisionTask):
     def frozen(self, epoch: int) -> Frozen:
         """What does not train in ``epoch`` under this run's strategy (by the network's roles)."""
         hp = self.hparams
-        return frozen_parts(self.model, self.roles, hp.finetune, hp.freeze_blocks, hp.head_epochs, epoch)
+        return frozen_parts(self.model, self.roles, hp.finetune, hp.freeze_blocks, hp.head_epochs, epoch,
+                            self.adapter_trained or frozenset())
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Every step, since validation and Lightning switch modules back to train mode.
@@ -353,7 +371,7 @@ class ImageClassifier(Prepared, VisionTask):
 
     def on_test_epoch_end(self) -> None:
         if self.label_eval is not None:
-            return self.end_label_test()
+            return label_test_report(self)
         confusion = self.test_confusion.compute().cpu()  # already global: torchmetrics syncs ranks on compute
         # A class without test images has no accuracy (torchmetrics says 0.0): NaN, left out and said.
         per_class = self.test_class_acc.compute().cpu().masked_fill(confusion.sum(1) == 0, float("nan"))
@@ -365,28 +383,8 @@ class ImageClassifier(Prepared, VisionTask):
         self.test_class_acc.reset()
         self.test_confusion.reset()
         self.last_confusion_matrix = confusion
-        out_dir = self.trainer.log_dir  # the logger's run folder, else default_root_dir
-        if out_dir is not None and self.trainer.is_global_zero:
-            path = save_confusion_matrix(confusion, self.class_names, Path(out_dir) / "confusion_matrix.png")
-            figures = save_error_report(self.eval_model, self.test_mistakes, per_class.tolist(), self.class_names,
-                                        self.mean, self.std, out_dir)
-            log_figures(self.trainer.loggers, figures, self.global_step)
-            rank_zero_info(f"confusion matrix, per-class accuracy and most confident mistakes saved to {path.parent} "
-                           "(confusion_matrix.png, class_accuracy.png, errors.png)")
+        test_figures(self, confusion, per_class.tolist())
         self.test_mistakes.reset()
-
-    def end_label_test(self) -> None:
-        """The multi-label test report: mAP, F1, exact-set accuracy, Hamming loss, per-class AP, and figures."""
-        values, probs, targets = self.label_eval.end("test", choose=False)
-        self.log_dict(values, sync_dist=True)
-        out_dir = self.trainer.log_dir
-        if out_dir is not None and self.trainer.is_global_zero:
-            figures = save_label_report(probs, targets, self.label_eval.thresholds, self.label_eval.mistakes,
-                                        self.class_names, self.mean, self.std, out_dir)
-            log_figures(self.trainer.loggers, figures, self.global_step)
-            rank_zero_info(f"per-class AP, label co-occurrence and each class's worst false positive and negative "
-                           f"saved to {out_dir} ({', '.join(name + '.png' for name in figures)})")
-        self.label_eval.mistakes.reset()
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
         """The head's answer (class probabilities (B, num_classes)); the batch is images or (images, anything)."""
@@ -407,6 +405,7 @@ class ImageClassifier(Prepared, VisionTask):
         o = self.optim
         lr = self.peak_lr()
         groups = param_groups(self.model, lr, o.weight_decay, o.layer_decay, ndims=self.param_ndims, roles=self.roles)
+        groups = self.trained_groups(groups)  # adapters: the frozen base has no place in the optimiser
         optimizer = adamw(groups, lr=lr, betas=o.betas)
         warmup, total = self.schedule_steps(o.warmup_epochs, o.warmup_steps)
         if o.schedule == "onecycle" and total >= 3:  # (1-2 steps, e.g. fast_dev_run: the cosine lambda below)
@@ -438,42 +437,13 @@ class ImageClassifier(Prepared, VisionTask):
             "ema": self.model_ema is not None,
             **self.backbone.meta(self.hparams.img_size),
             **({"multi_label": True, "thresholds": self.label_eval.thresholds.tolist()} if self.label_eval else {}),
+            **self.adapter_meta(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         if self.label_eval is not None and "thresholds" in checkpoint[META_KEY]:
             self.label_eval.thresholds = torch.tensor(checkpoint[META_KEY]["thresholds"], dtype=torch.float32)
-
-
-HEAD_INITS = ("random", "zeroshot")
-
-
-def check_head_init(head_init: str, pretrained: str | None, backbone: str) -> None:
-    """``head_init`` "zeroshot" needs a CLIP to read the class names with (``pretrained``) and our ViT."""
-    if head_init not in HEAD_INITS:
-        raise UserValueError(f"head_init must be one of {', '.join(HEAD_INITS)}, got {head_init!r}")
-    if head_init == "zeroshot" and not pretrained:
-        raise UserValueError("head_init: zeroshot reads the class names with a CLIP's text tower: set pretrained to a "
-                             "CLIP or SigLIP (a hub tag, an OpenCLIP file or folder, or a ContrastiveTask checkpoint)")
-    if head_init == "zeroshot" and backbone != "vit":
-        raise UserValueError(f"head_init: zeroshot builds our ViT's image tower; backbone {backbone!r} cannot take it")
-
-
-def ema_copy(model: nn.Module, decay: float | None) -> nn.Module | None:
-    """timm's ``ModelEmaV3`` of ``model`` (None without a decay), warmed up: the decay grows with the step
-    (1 - (1 + step)^-2/3, capped at ``decay``), so a short run's EMA is not mostly its random initialisation."""
-    if decay is None:
-        return None
-    from timm.utils import ModelEmaV3
-
-    ema = ModelEmaV3(model, decay=decay, use_warmup=True)
-    # The copy follows the weights by averaging, never by gradients: freeze it, or DDP
-    # fails on parameters that require grad but take no part in the loss.
-    ema.requires_grad_(False)
-    # timm leaves the copy in eval mode; Lightning switches modes for val/test/predict anyway,
-    # and a train-mode copy avoids its "modules in eval mode at the start of training" warning.
-    return ema.train()
 
 
 __all__ = ["MOVED", "ImageClassifier", "old_arguments", "upgraded_hparams"]

@@ -100,3 +100,21 @@ def log_figures(loggers: Sequence[Any], figures: dict[str, Any], step: int, pref
 
             images = [Image.open(io.BytesIO(png_bytes(fig))) for fig in figures.values()]
             logger.log_image(key=f"{prefix}/figures", images=images, caption=list(figures), step=step)
+
+
+def test_figures(task: Any, confusion: Tensor, per_class: Sequence[float]) -> None:
+    """A single-label classifier's test figures in its run folder (rank 0): the confusion matrix, per-class
+    accuracy and the most confident mistakes, logged to its loggers too."""
+    from lightning.pytorch.utilities import rank_zero_info
+
+    from vit.reports import save_confusion_matrix
+
+    out_dir = task.trainer.log_dir  # the logger's run folder, else default_root_dir
+    if out_dir is None or not task.trainer.is_global_zero:
+        return
+    path = save_confusion_matrix(confusion, task.class_names, Path(out_dir) / "confusion_matrix.png")
+    figures = save_error_report(task.eval_model, task.test_mistakes, per_class, task.class_names, task.mean,
+                                task.std, out_dir)
+    log_figures(task.trainer.loggers, figures, task.global_step)
+    rank_zero_info(f"confusion matrix, per-class accuracy and most confident mistakes saved to {path.parent} "
+                   "(confusion_matrix.png, class_accuracy.png, errors.png)")

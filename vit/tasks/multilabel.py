@@ -249,3 +249,21 @@ def caption(kind: str, c: int, probs: Tensor, targets: Tensor, thresholds: Tenso
 
 __all__ = ["LabelEvaluation", "LabelMistakes", "LabelScores", "MultiLabelMixup", "choose_thresholds", "class_ap",
            "label_metrics", "mix_targets", "save_label_report"]
+
+
+def label_test_report(task: Any) -> None:
+    """A multi-label classifier's test report: mAP, F1, exact-set accuracy, Hamming loss, per-class AP, figures."""
+    from lightning.pytorch.utilities import rank_zero_info
+
+    from vit.tasks.mistakes import log_figures
+
+    values, probs, targets = task.label_eval.end("test", choose=False)
+    task.log_dict(values, sync_dist=True)
+    out_dir = task.trainer.log_dir
+    if out_dir is not None and task.trainer.is_global_zero:
+        figures = save_label_report(probs, targets, task.label_eval.thresholds, task.label_eval.mistakes,
+                                    task.class_names, task.mean, task.std, out_dir)
+        log_figures(task.trainer.loggers, figures, task.global_step)
+        rank_zero_info(f"per-class AP, label co-occurrence and each class's worst false positive and negative "
+                       f"saved to {out_dir} ({', '.join(name + '.png' for name in figures)})")
+    task.label_eval.mistakes.reset()
