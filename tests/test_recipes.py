@@ -138,6 +138,9 @@ def test_image_recipe_runs_its_whole_pipeline(path, tmp_path):
     assert classifier.img_size == (run.datamodule.img_size,) * 2
     assert classifier.class_names == run.datamodule.class_names
     assert logged(trainer, "test_acc")  # ... and the test ran on it
+    if init.get("finetune") in ("lora", "dora"):  # adapters: the file holds what trained, the base is named
+        saved = torch.load(best, weights_only=True)
+        assert saved["vit"]["lora"]["base"]["path"] and not any(k.endswith("qkv.weight") for k in saved["state_dict"])
     if "distillation" in init:  # the student learnt from the teacher, which is not in its file
         assert model.teacher.source.endswith("best-epoch=0-step=1.ckpt") and logged(trainer, "teacher_ms")
         assert type(classifier.model).__name__ == "DistilledVisionTransformer"

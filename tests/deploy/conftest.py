@@ -69,3 +69,25 @@ def hub(fitted, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("hub") / "digits"
     main(["export", "--ckpt", str(next((fitted / "ckpt").glob("best-*.ckpt"))), "--format", "hub", "--out", str(out)])
     return out
+
+
+@pytest.fixture(scope="session")
+def lora_run(tmp_path_factory) -> dict:
+    """A DoRA fit of the digits on a 'pretrained' base file (random weights moved off their init, timm layout), EMA
+    on: the thin checkpoint and the base. Shared: read it, never change it."""
+    from safetensors.torch import save_file
+
+    import vit
+    from tests.conftest import short_digits_run
+    from tests.nn.test_vision import perturb
+    from vit.cli.main import cli
+
+    def fit(root: Path) -> None:
+        base = perturb(vit.create_model("vit_digits_patch4_16", depth=1, embed_dim=32, num_heads=2))
+        save_file({k: v.contiguous() for k, v in base.state_dict().items()}, root / "base.safetensors")
+        cli(["fit", *short_digits_run(root, steps=6), "--test_after_fit=false", "--model.init_args.finetune=dora",
+             f"--model.init_args.pretrained={root / 'base.safetensors'}",
+             "--model.init_args.lora={rank: 4, targets: [q, k, v, proj, fc1, fc2]}"])
+
+    root = built_once(tmp_path_factory, "lora_run", fit)
+    return dict(ckpt=root / "ckpt" / "last.ckpt", base=root / "base.safetensors", root=root)

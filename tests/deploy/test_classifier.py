@@ -50,3 +50,71 @@ def test_the_card_round_trips_through_plain_values():
     other.set_card({k: v for k, v in card.items()})
     assert other.card() == card
     assert (other.image_mode, other.eval_short_side(), other.mean) == ("RGB", 10, (0.5, 0.5, 0.5))
+
+
+def test_a_lora_checkpoint_is_read_merged_by_export_predict_serve_probe_and_attention(lora_run, tmp_path):
+    """A DoRA checkpoint holds adapters and head alone; every command reads it merged into plain timm layers, and
+    each output equals the task's own unmerged evaluation (1e-5), or timm's and onnxruntime's (1e-4)."""
+    import asyncio
+    import json
+
+    import numpy as np
+    import onnxruntime
+    import timm
+    from PIL import Image
+    from safetensors.torch import load_file
+
+    from tests.conftest import short_digits_run
+    from tests.helpers import random_images
+    from tests.serve.conftest import client_of, make_app
+    from vit.commands import main, run
+    from vit.deploy.classifier import read_classifier
+    from vit.nn.lora import LoraLinear, is_adapter
+    from vit.serve.core import Predictor
+    from vit.tasks import ImageClassifier
+
+    ckpt = lora_run["ckpt"]
+    saved = torch.load(ckpt, weights_only=True)
+    assert not any(k.endswith("qkv.weight") for k in saved["state_dict"])  # no backbone inside
+    classifier = read_classifier(ckpt)
+    assert not any(isinstance(m, LoraLinear) for m in classifier.model.modules())
+    images = random_images(tmp_path / "images", 3, size=(16, 16), name="digit{i}.png")
+    x = torch.stack([classifier.eval_transform()(Image.open(p)) for p in images])
+    task = ImageClassifier.load_from_checkpoint(ckpt).eval()  # unmerged, the EMA weights
+    assert any(isinstance(m, LoraLinear) for m in task.eval_model.modules())
+    with torch.no_grad():
+        want = classifier(x)
+        torch.testing.assert_close(want, task(x), rtol=1e-5, atol=1e-5)
+
+    main(["export", "--ckpt", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "st")])
+    hub = timm.create_model(f"local-dir:{tmp_path / 'st'}", pretrained=True).eval()  # timm loads strictly
+    main(["export", "--ckpt", str(ckpt), "--format", "onnx", "--out", str(tmp_path / "onnx")])
+    session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        assert (hub(x) - want).abs().max() <= 1e-4
+    assert np.abs(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0] - want.numpy()).max() <= 1e-4
+
+    main(["export", "--ckpt", str(ckpt), "--format", "adapters", "--out", str(tmp_path / "ad")])
+    config = json.loads((tmp_path / "ad" / "adapter_config.json").read_text())
+    assert config["targets"] == ["q", "k", "v", "proj", "fc1", "fc2"] and config["rank"] == 4 and config["dora"]
+    assert config["base"]["sha256"] == saved["vit"]["lora"]["base"]["sha256"]
+    assert all(is_adapter(k) or k.startswith("head.") for k in load_file(tmp_path / "ad" / "adapters.safetensors"))
+
+    main(["predict", "--ckpt", str(ckpt), *map(str, images), "--out", str(tmp_path / "p.json")])
+    records = json.loads((tmp_path / "p.json").read_text())
+    assert [r["top_k"][0]["class"] for r in records] == want.argmax(-1).tolist()
+
+    async def served() -> list[int]:
+        async with client_of(make_app(Predictor(classifier))) as client:
+            answers = [await client.post("/predict", content=p.read_bytes(), headers={"Content-Type": "image/png"})
+                       for p in images]
+        return [a.json()["top_k"][0]["class"] for a in answers]
+
+    assert asyncio.run(served()) == want.argmax(-1).tolist()
+    main(["attention", "--ckpt", str(ckpt), str(images[0]), "--out", str(tmp_path / "maps")])
+    assert (tmp_path / "maps" / "digit0.png").is_file()
+    result = run(["probe", *short_digits_run(tmp_path / "probe")[:2], f"--model.init_args.pretrained={ckpt}",
+                  "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}",
+                  "--data.init_args.num_workers=0", "--no_cache", "--C", "1", "--k", "1",
+                  "--out", str(tmp_path / "pr.ckpt")])
+    assert result["logistic_val_acc"] > 0.1

@@ -22,9 +22,11 @@ import torch
 from torch import Tensor
 
 from vit.checkpoints.convert import to_timm_names
+from vit.checkpoints.lora import load_merged
+from vit.checkpoints.meta import evaluated_weights
 from vit.errors import UserPathError, UserValueError, WeightsUnavailableError
 from vit.network import unreachable
-from vit.nn.vision import VisionTransformer, resample_pos_embed
+from vit.nn.vision import VisionTransformer, build_model, resample_pos_embed
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,8 @@ def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
         raise UserValueError(f"{path} holds timm's {meta.get('model_name')}, a convnet (configs/teacher_small.yaml "
                              "trains one): a ViT's pretrained weights come from a ViT. A convnet teaches a ViT "
                              "through distillation instead: configs/distill_small.yaml, model.init_args.teacher")
+    if isinstance(meta, dict) and meta.get("lora"):  # adapters (finetune: lora | dora): the merged weights
+        return merged_weights(obj, path)
     for key in ("state_dict", "model", "module", "model_state"):
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
             obj = obj[key]
@@ -111,6 +115,15 @@ def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
         if inner and any(k.startswith("blocks.") or k.startswith("encoder.") for k in inner):
             return inner
     return obj
+
+
+def merged_weights(checkpoint: dict, path: Path) -> dict[str, Tensor]:
+    """A LoRA or DoRA `vit fit` checkpoint's evaluated weights with the adapters merged (its base found first)."""
+    meta = checkpoint["vit"]
+    model = build_model(meta["model_config"])
+    load_merged(model, evaluated_weights(checkpoint["state_dict"], meta.get("ema", False)), meta["lora"], path,
+                load_pretrained)
+    return model.state_dict()
 
 
 # ---------------------------------------------------------------------------- adapting

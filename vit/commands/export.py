@@ -10,6 +10,8 @@ Writes the checkpoint's evaluated weights (the EMA copy when training kept one) 
   so ``timm.create_model("local-dir:DIR", pretrained=True)`` rebuilds the model.
 * ``hub``: the safetensors files plus ``DIR/README.md``, a model card written from the run (`vit.deploy.hub`);
   ``--push_to_hub owner/name [--private] [--revision BRANCH]`` uploads the folder with huggingface_hub.
+* ``adapters``: a LoRA or DoRA checkpoint's adapters and head alone, ``DIR/adapters.safetensors``, with
+  ``DIR/adapter_config.json`` (targets, rank, alpha, the base's source and sha256, model and classes).
 * ``ckpt``: ``DIR/model.ckpt``, the checkpoint as one file (weights and metadata, no optimiser state): how a
   sharded FSDP checkpoint folder becomes a file every other command reads. Any format reads such a folder.
 
@@ -24,11 +26,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from vit.checkpoints.io import read_checkpoint, save_checkpoint
+from vit.checkpoints.lora import export_adapters
 from vit.checkpoints.meta import expect_task
 from vit.deploy.classifier import Classifier, read_classifier
 from vit.files import out_problem
 
-FORMATS = ("onnx", "safetensors", "hub", "ckpt")
+FORMATS = ("onnx", "safetensors", "hub", "ckpt", "adapters")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -40,7 +43,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--ckpt", required=True, help="classifier checkpoint written by `vit fit` (a file, or "
                         "the folder of a sharded FSDP checkpoint)")
     parser.add_argument("--format", required=True, choices=FORMATS, help="onnx, safetensors, hub (safetensors "
-                        "and a model card), or ckpt (one file)")
+                        "and a model card), ckpt (one file), or adapters (a LoRA checkpoint's adapters and head, and "
+                        "their JSON)")
     parser.add_argument("--out", required=True, help="output folder (created if needed): model.onnx (and "
                         "model.int8.onnx), model.safetensors with config.json, or model.ckpt")
     parser.add_argument("--int8", choices=["static", "dynamic"], default=None,
@@ -103,6 +107,10 @@ def main(argv: Sequence[str]) -> list[Path]:
         print(f"wrote {path} ({len(checkpoint['state_dict'])} tensors, no optimiser state): vit predict, vit test "
               "--ckpt_path and --model.init_args.pretrained read it")
         return [path]
+    if args.format == "adapters":
+        files = export_adapters(read_checkpoint(args.ckpt), args.ckpt, args.out)
+        print(f"wrote {', '.join(map(str, files))}")
+        return files
     classifier = read_classifier(args.ckpt)
     if args.format == "hub":
         return export_hub(args, classifier)

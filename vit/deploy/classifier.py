@@ -16,7 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from vit.checkpoints.io import read_checkpoint
+from vit.checkpoints.lora import load_merged
 from vit.checkpoints.meta import evaluated_weights, expect_task
+from vit.checkpoints.weights import load_pretrained
 from vit.deploy.confidence import CHECKPOINT_KEY, Calibration, Confidence, layer_features
 from vit.errors import UserValueError
 from vit.nn.vision import VisionTransformer, build_model
@@ -192,7 +194,11 @@ def read_classifier(path: str | os.PathLike, device: str | torch.device = "cpu")
         timm_args = dict(meta["model_config"])
     else:
         model, timm_args = build_model(meta["model_config"]), None
-    model.load_state_dict(evaluated_weights(checkpoint["state_dict"], meta["ema"]))
+    weights = evaluated_weights(checkpoint["state_dict"], meta["ema"])
+    if meta.get("lora"):  # adapters (finetune: lora | dora): merged into plain weights, the base found first
+        load_merged(model, weights, meta["lora"], path, load_pretrained)
+    else:
+        model.load_state_dict(weights)
     classifier = Classifier(model, model_name=meta["model_name"], class_names=meta["class_names"],
                             img_size=meta.get("img_size"), timm_args=timm_args, **asdict(Preprocessing.from_dict(meta)))
     if checkpoint.get(CHECKPOINT_KEY):

@@ -25,9 +25,18 @@ from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vit.errors import UserValueError
 from vit.preprocessing import Prepared, Preprocessing
 from vit.reports import save_confusion_matrix
+from vit.tasks.adapters import AdapterTraining, PartialEma
 from vit.tasks.backbones import backbone_named
 from vit.tasks.base import VisionTask, from_config
-from vit.tasks.finetune import Frozen, apply_freezing, check_strategy, frozen_parts, unfreeze_epoch
+from vit.tasks.finetune import (
+    ADAPTERS,
+    Frozen,
+    LoraOptions,
+    apply_freezing,
+    check_strategy,
+    frozen_parts,
+    unfreeze_epoch,
+)
 from vit.tasks.heads import ClassificationHead, SingleLabelHead
 from vit.tasks.mistakes import ConfidentMistakes, log_figures, save_error_report
 from vit.tasks.optim import (
@@ -77,7 +86,7 @@ def upgraded_hparams(hparams: dict[str, Any], meta: dict[str, Any]) -> dict[str,
     return {**kept, **backbone, "optim": moved("optim."), "head": head}
 
 
-class ImageClassifier(Prepared, VisionTask):
+class ImageClassifier(AdapterTraining, Prepared, VisionTask):
     """An image classifier: a backbone's logits, a head's loss and metrics, AdamW with layer decay, warm-up + cosine
     per step, optional EMA, a test confusion matrix and error report.
 
@@ -97,9 +106,13 @@ class ImageClassifier(Prepared, VisionTask):
             ``head: {init_args: {mixup_alpha: 0.8}}``.
         optim: how it trains (`vit.tasks.optim.Optimization`): ``lr``, ``lr_base_batch``, ``weight_decay``,
             ``betas``, ``warmup_epochs``/``warmup_steps``, ``min_lr``, ``schedule``, ``layer_decay``, ``ema_decay``.
-        finetune: what trains (`vit.tasks.finetune`): "full", "linear_probe", "partial" or "staged".
+        finetune: what trains (`vit.tasks.finetune`): "full", "linear_probe", "partial", "staged", or adapters on
+            a frozen base: "lora" or "dora" (`vit.nn.lora`).
         freeze_blocks: "partial": the stem and this many first blocks stay frozen.
-        head_epochs: "staged": epochs that train the head alone before everything trains.
+        head_epochs: "staged", "lora", "dora": epochs that train the head alone before the rest trains.
+        lora: "lora" and "dora"'s settings (`vit.tasks.finetune.LoraOptions`): ``rank``, ``alpha``, ``dropout``,
+            ``targets`` (q, k, v, qkv, proj, fc1, fc2), ``last_blocks``, ``train_norms``, ``train_tokens``,
+            ``save_base``.
         grad_checkpointing: recompute each block's activations in the backward pass instead of keeping them
             (``set_grad_checkpointing``): the same gradients, far less memory, about a third more compute per
             step. Under FSDP, use the strategy's ``activation_checkpointing_policy`` instead.
@@ -129,6 +142,7 @@ class ImageClassifier(Prepared, VisionTask):
         finetune: str = "full",
         freeze_blocks: int = 0,
         head_epochs: int = 0,
+        lora: LoraOptions | None = None,
         grad_checkpointing: bool = False,
         compile: bool = False,
         class_names: list[str] | None = None,
@@ -146,6 +160,9 @@ class ImageClassifier(Prepared, VisionTask):
                                  "the backbone starts training: use optim.schedule: cosine")
         super().__init__()  # saves the arguments; configure_models, configure_losses, configure_metrics
         check_strategy(finetune, freeze_blocks, head_epochs, self.roles.depth)
+        if lora is not None and finetune not in ADAPTERS:
+            raise UserValueError(f"model.lora sets adapters, which finetune: {finetune} does not train: use finetune: "
+                                 "lora or dora, or leave lora out")
         self.configure_preprocessing(class_names, mean, std, crop_pct, interpolation)
 
     # --- set-up ----------------------------------------------------------------------------
@@ -158,11 +175,12 @@ class ImageClassifier(Prepared, VisionTask):
         self.optim: Optimization = from_config(hp.optim, Optimization, Optimization())
         self.model: nn.Module = self.build_network()
         self.roles = self.backbone.roles(self.model)  # stem, tokens, blocks, pool, head: `vit.nn.roles`
+        self.configure_adapters()  # finetune: lora | dora (`AdapterTraining`)
         self.model.set_grad_checkpointing(hp.grad_checkpointing)
         # FSDP (use_orig_params) turns parameters into flat shards: the weight-decay rule needs their real ndim
         self.param_ndims = {name: p.ndim for name, p in self.model.named_parameters()}
         self.pretrained_loaded = False  # `configure_model` reads the weights: no I/O in the constructor
-        self.model_ema = ema_copy(self.model, self.optim.ema_decay)
+        self.model_ema = ema_copy(self.model, self.optim.ema_decay, self.adapter_trained)
         if hp.compile:
             # nn.Module.compile compiles forward in place, unlike torch.compile(model) which wraps the
             # model and renames every key "_orig_mod.*". After the EMA copy, which stays eager.
@@ -180,7 +198,10 @@ class ImageClassifier(Prepared, VisionTask):
         command, not a config-validation failure inside jsonargparse."""
         if self.pretrained_loaded or not self.hparams.pretrained:
             return
-        self.backbone.load_pretrained(self.model, self.hparams.pretrained)
+        if self.adapter_trained is not None:
+            self.load_adapted_base(self.hparams.pretrained)
+        else:
+            self.backbone.load_pretrained(self.model, self.hparams.pretrained)
         if self.model_ema is not None:
             self.model_ema.set(self.model)  # the copy was made from the random initialisation
         self.pretrained_loaded = True
@@ -260,7 +281,8 @@ class ImageClassifier(Prepared, VisionTask):
     def on_fit_start(self) -> None:
         hp = self.hparams
         ddp = self.trainer.strategy.model
-        if hp.finetune != "full" and isinstance(ddp, DistributedDataParallel) and not ddp.find_unused_parameters:
+        changes = hp.finetune != "full" and not (hp.finetune in ADAPTERS and hp.head_epochs == 0)  # what trains
+        if changes and isinstance(ddp, DistributedDataParallel) and not ddp.find_unused_parameters:
             raise UserValueError(
                 f"finetune: {hp.finetune} freezes parameters, which DDP only allows with find_unused_parameters: "
                 "set trainer.strategy: ddp_find_unused_parameters_true"
@@ -270,7 +292,8 @@ class ImageClassifier(Prepared, VisionTask):
     def frozen(self, epoch: int) -> Frozen:
         """What does not train in ``epoch`` under this run's strategy (by the network's roles)."""
         hp = self.hparams
-        return frozen_parts(self.model, self.roles, hp.finetune, hp.freeze_blocks, hp.head_epochs, epoch)
+        return frozen_parts(self.model, self.roles, hp.finetune, hp.freeze_blocks, hp.head_epochs, epoch,
+                            self.adapter_trained or frozenset())
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Every step, since validation and Lightning switch modules back to train mode.
@@ -349,6 +372,7 @@ class ImageClassifier(Prepared, VisionTask):
         o = self.optim
         lr = self.peak_lr()
         groups = param_groups(self.model, lr, o.weight_decay, o.layer_decay, ndims=self.param_ndims, roles=self.roles)
+        groups = self.trained_groups(groups)  # adapters: the frozen base has no place in the optimiser
         optimizer = adamw(groups, lr=lr, betas=o.betas)
         warmup, total = self.schedule_steps(o.warmup_epochs, o.warmup_steps)
         if o.schedule == "onecycle" and total >= 3:  # (1-2 steps, e.g. fast_dev_run: the cosine lambda below)
@@ -379,17 +403,19 @@ class ImageClassifier(Prepared, VisionTask):
             **self.preprocessing.to_dict(),  # mean, std, crop_pct, interpolation
             "ema": self.model_ema is not None,
             **self.backbone.meta(self.hparams.img_size),
+            **self.adapter_meta(),
         }
 
 
-def ema_copy(model: nn.Module, decay: float | None) -> nn.Module | None:
+def ema_copy(model: nn.Module, decay: float | None, trained: frozenset[str] | None = None) -> nn.Module | None:
     """timm's ``ModelEmaV3`` of ``model`` (None without a decay), warmed up: the decay grows with the step
-    (1 - (1 + step)^-2/3, capped at ``decay``), so a short run's EMA is not mostly its random initialisation."""
+    (1 - (1 + step)^-2/3, capped at ``decay``), so a short run's EMA is not mostly its random initialisation.
+    With ``trained`` (adapters), the EMA averages those parameters alone and shares the frozen base's tensors."""
     if decay is None:
         return None
     from timm.utils import ModelEmaV3
 
-    ema = ModelEmaV3(model, decay=decay, use_warmup=True)
+    ema = ModelEmaV3(model, decay=decay, use_warmup=True) if trained is None else PartialEma(model, decay, trained)
     # The copy follows the weights by averaging, never by gradients: freeze it, or DDP
     # fails on parameters that require grad but take no part in the loss.
     ema.requires_grad_(False)

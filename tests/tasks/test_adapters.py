@@ -1,0 +1,195 @@
+"""finetune: lora | dora in the classification task: what trains, step 0, checkpoints that hold what trains and
+name their base, exact resume, EMA, staged, DDP, bf16 and gradient checkpointing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import vit
+from tests.conftest import free_port, short_digits_run
+from tests.helpers import DIGITS_VIT, TINY, quick_trainer, tiny_classifier
+from tests.nn.test_vision import perturb
+from tests.tasks.test_finetune import data
+from vit.cli.main import cli
+from vit.commands import main
+from vit.deploy.classifier import read_classifier
+from vit.errors import UserPathError, UserValueError
+from vit.nn.lora import LoraLinear, is_adapter
+from vit.tasks import ImageClassifier
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore:LightningCLI's args")]
+LORA = {"rank": 2, "targets": ["q", "v", "fc1"]}
+X = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(5))
+
+
+def base_file(folder: Path, name: str = DIGITS_VIT, **options) -> Path:
+    """A 'pretrained' base: the model with weights moved off their init, saved as timm-layout safetensors."""
+    model = perturb(vit.create_model(name, **{**TINY, **options}))
+    path = folder / "base.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
+    return path
+
+
+def lora_classifier(base: Path, finetune: str = "lora", **kwargs) -> ImageClassifier:
+    model = tiny_classifier(finetune=finetune, pretrained=str(base), lora=kwargs.pop("lora", LORA), **kwargs)
+    model.configure_model()
+    return model
+
+
+@pytest.mark.parametrize("finetune", ["lora", "dora"])
+def test_step0_is_the_base_and_only_adapters_and_head_train(tmp_path, finetune):
+    base = base_file(tmp_path)
+    plain = vit.create_model(DIGITS_VIT, **TINY).eval()
+    vit.load_pretrained(plain, base)  # the base, loaded on its own
+    model = lora_classifier(base, finetune).eval()
+    with torch.no_grad():
+        assert torch.equal(model(X), plain(X))  # the same logits, bit for bit (the base's head fits 10 classes)
+    before = {k: v.clone() for k, v in model.model.state_dict().items()}
+    quick_trainer(tmp_path, max_epochs=1).fit(model, data())
+    after = model.model.state_dict()
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all(is_adapter(k) or k.startswith("head.") for k in moved)
+    assert any(".lora_B." in k for k in moved) and {"head.weight", "head.bias"} <= moved
+    optimised = {id(p) for g in model.trainer.optimizers[0].param_groups for p in g["params"]}
+    assert optimised == {id(p) for n, p in model.model.named_parameters() if is_adapter(n) or n.startswith("head.")}
+
+
+def test_norms_and_tokens_train_when_asked(tmp_path):
+    model = lora_classifier(base_file(tmp_path), lora={**LORA, "train_norms": True, "train_tokens": True})
+    trains = {n for n, p in model.model.named_parameters() if p.requires_grad}
+    assert {"blocks.0.norm1.weight", "norm.bias", "cls_token", "pos_embed"} <= trains
+    assert "blocks.0.attn.qkv.weight" not in trains
+    plain = lora_classifier(base_file(tmp_path))
+    trains = {n for n, p in plain.model.named_parameters() if p.requires_grad}
+    assert not {"blocks.0.norm1.weight", "cls_token"} & trains
+
+
+def fitted(tmp_path: Path, finetune: str = "lora", **kwargs) -> tuple[ImageClassifier, Path]:
+    model = lora_classifier(base_file(tmp_path), finetune, optim={"ema_decay": 0.9}, **kwargs)
+    trainer = quick_trainer(tmp_path, max_epochs=1)
+    trainer.fit(model, data())
+    trainer.save_checkpoint(tmp_path / "lora.ckpt")
+    return model.eval(), tmp_path / "lora.ckpt"
+
+
+@pytest.mark.parametrize("finetune", ["lora", "dora"])
+def test_the_checkpoint_holds_what_trains_and_loads_merged(tmp_path, finetune):
+    model, path = fitted(tmp_path, finetune)
+    saved = torch.load(path, weights_only=True)
+    held = {k.split(".", 1)[1].replace("module.", "", 1) for k in saved["state_dict"]}
+    assert held == {n for n, _ in model.model.named_parameters() if is_adapter(n) or n.startswith("head.")}
+    base = saved["vit"]["lora"]["base"]
+    assert base["path"] == str((tmp_path / "base.safetensors").resolve()) and len(base["sha256"]) == 64
+    with torch.no_grad():
+        want = model(X)
+        classifier = read_classifier(path)  # without Lightning: the base found, the adapters merged
+        assert not any(isinstance(m, LoraLinear) for m in classifier.model.modules())
+        torch.testing.assert_close(classifier(X), want, rtol=1e-5, atol=1e-5)
+        again = ImageClassifier.load_from_checkpoint(path).eval()  # the task: base loaded, state completed
+        assert torch.equal(again(X), want)
+
+
+def test_a_changed_or_missing_base_is_refused_with_its_name_and_hash(tmp_path):
+    _, path = fitted(tmp_path)
+    sha = torch.load(path, weights_only=True)["vit"]["lora"]["base"]["sha256"]
+    other = perturb(vit.create_model(DIGITS_VIT, **TINY), scale=0.07)
+    save_file({k: v.contiguous() for k, v in other.state_dict().items()}, tmp_path / "base.safetensors")
+    with pytest.raises(UserValueError, match=rf"trained on the file .*base.safetensors.*{sha[:16]}.*other weights"):
+        read_classifier(path)
+    with pytest.raises(UserValueError, match="holds other weights"):
+        ImageClassifier.load_from_checkpoint(path)
+    (tmp_path / "base.safetensors").unlink()
+    with pytest.raises(UserPathError, match=rf"base.safetensors.*sha256 {sha[:16]}.*save_base"):
+        read_classifier(path)
+
+
+def test_save_base_holds_everything_and_needs_no_base_file(tmp_path):
+    model, path = fitted(tmp_path, lora={**LORA, "save_base": True})
+    saved = torch.load(path, weights_only=True)
+    assert saved["vit"]["lora"]["base"] is None and "model.blocks.0.attn.qkv.weight" in saved["state_dict"]
+    (tmp_path / "base.safetensors").unlink()
+    with torch.no_grad():
+        torch.testing.assert_close(read_classifier(path)(X), model(X), rtol=1e-5, atol=1e-5)
+
+
+def test_the_ema_averages_the_adapters_and_shares_the_base(tmp_path):
+    model, _ = fitted(tmp_path)
+    ema, own = dict(model.model_ema.module.named_parameters()), dict(model.model.named_parameters())
+    assert ema["blocks.0.attn.qkv.weight"] is own["blocks.0.attn.qkv.weight"]  # one backbone in memory
+    name = "blocks.0.attn.qkv.lora_B.q"
+    assert ema[name] is not own[name] and not torch.equal(ema[name], own[name])  # averaged, behind
+
+
+def test_staged_trains_the_head_first_then_the_adapters(tmp_path):
+    model = lora_classifier(base_file(tmp_path), head_epochs=1)
+    before = {k: v.clone() for k, v in model.model.state_dict().items()}
+    quick_trainer(tmp_path, max_epochs=1).fit(model, data())
+    moved = {k for k, v in model.model.state_dict().items() if not torch.equal(before[k], v)}
+    assert moved == {"head.weight", "head.bias"}
+    quick_trainer(tmp_path, max_epochs=2).fit(model, data())
+    assert any(".lora_B." in k for k, v in model.model.state_dict().items() if not torch.equal(before[k], v))
+
+
+def test_bf16_and_gradient_checkpointing_train_the_adapters(tmp_path):
+    model = lora_classifier(base_file(tmp_path), "dora", grad_checkpointing=True)
+    quick_trainer(tmp_path, max_steps=2, precision="bf16-mixed").fit(model, data())
+    b = model.model.blocks[0].attn.qkv.lora_B["q"]
+    assert b.dtype == torch.float32 and torch.isfinite(b).all() and b.abs().sum() > 0
+
+
+def test_wrong_settings_are_clear_errors(tmp_path):
+    with pytest.raises(UserValueError, match="finetune: full does not train"):
+        tiny_classifier(finetune="full", lora=LORA)
+    with pytest.raises(UserValueError, match="adapts our ViTs"):
+        ImageClassifier(model="resnet10t", backbone="timm", img_size=32, finetune="lora")
+    with pytest.raises(UserValueError, match="some of"):
+        tiny_classifier(finetune="lora", lora={"targets": ["query"]})
+
+
+def test_plain_ddp_runs_lora_but_not_staged_lora(tmp_path, monkeypatch):
+    """The frozen base never asks for gradients: plain DDP (no find_unused_parameters) runs LoRA; the head-only
+    epochs of a staged LoRA leave the adapters unused, which plain DDP refuses up front."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    args = [*short_digits_run(tmp_path, steps=2), "--trainer.strategy=ddp", "--trainer.devices=1",
+            "--model.init_args.finetune=lora", "--test_after_fit=false"]
+    run = cli(["fit", *args])
+    assert run.trainer.global_step == 2
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    with pytest.raises(UserValueError, match="ddp_find_unused_parameters_true"):
+        cli(["fit", *args, "--model.init_args.head_epochs=1"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("finetune", ["lora", "dora"])
+def test_a_lora_run_killed_mid_epoch_resumes_bitwise(tmp_path, finetune):
+    """3 epochs of 4 steps, last.ckpt every 5 steps, a crash at step 7: resumed from the thin checkpoint of step 5
+    (adapters, head, their EMA and optimiser state; the base from its file), the run ends where the straight run
+    does, bit for bit."""
+    base = base_file(tmp_path, "vit_digits_patch4_16", depth=1, embed_dim=32, num_heads=2)
+    runs = {}
+    for name in ("straight", "resumed"):
+        args = [*short_digits_run(tmp_path / name, steps=4), "--trainer.max_epochs=3", "--test_after_fit=false",
+                "--num_threads=1", "--checkpoint.every_n_train_steps=5", f"--model.init_args.finetune={finetune}",
+                f"--model.init_args.pretrained={base}", "--model.init_args.lora={rank: 2, targets: [q, v, fc2]}"]
+        if name == "resumed":
+            with pytest.raises(RuntimeError, match="simulated crash at step 7"):
+                main(["fit", *args, "--trainer.callbacks+=tests.dummies.CrashAtStep",
+                      "--trainer.callbacks.init_args.step=7"])
+            saved = torch.load(tmp_path / name / "ckpt" / "last.ckpt", weights_only=True)
+            assert saved["global_step"] == 5 and "model.blocks.0.attn.qkv.weight" not in saved["state_dict"]
+            args += ["--ckpt_path", "last"]
+        cli(["fit", *args])
+        runs[name] = torch.load(tmp_path / name / "ckpt" / "last.ckpt", weights_only=True)
+    straight, resumed = runs["straight"], runs["resumed"]
+    assert straight["global_step"] == resumed["global_step"] == 12
+    assert straight["state_dict"].keys() == resumed["state_dict"].keys()
+    for key, value in straight["state_dict"].items():
+        assert torch.equal(value, resumed["state_dict"][key]), key
+    for i, state in straight["optimizer_states"][0]["state"].items():
+        for k, v in state.items():
+            assert torch.equal(v, resumed["optimizer_states"][0]["state"][i][k]), (i, k)

@@ -1,0 +1,120 @@
+"""Checkpoints of adapter fine-tuning (``finetune: lora | dora``) that hold what trained, not the base.
+
+A `vit fit` checkpoint of a LoRA run keeps, under ``state_dict``, the adapters, the head and whatever else trained
+(and their EMA), and under ``checkpoint["vit"]["lora"]`` the adapters' settings and the base's identity:
+
+    {"rank": 8, "alpha": 16.0, "targets": ["q", "v"], ..., "dora": false,
+     "base": {"source": "base.safetensors", "path": "/abs/base.safetensors", "sha256": "…"}, "save_base": false}
+
+``source`` is what ``pretrained`` said (a file or a tag), ``path`` the file it named (None for a tag), and
+``sha256`` the hash of the base tensors the checkpoint leaves out (`vit.nn.lora.base_digest`). Loading finds the
+base as ``pretrained`` did (the file where it was, else the source as given), checks the hash, and only then
+completes the state dict. With ``save_base: true`` (or no ``pretrained``: a random base cannot be found again)
+the checkpoint holds the whole network and ``base`` is None.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from vit.errors import UserError, UserPathError, UserValueError
+from vit.nn.lora import LoraConfig, add_adapters, base_digest, base_layers, init_magnitudes, merge_adapters
+
+Loader = Callable[[nn.Module, str], Any]  # `vit.checkpoints.weights.load_pretrained`, handed in: it reads us too
+
+STATE_PREFIXES = ("model.", "model_ema.module.")  # the networks inside a classifier's state dict
+
+
+def base_identity(source: str, digest: str) -> dict[str, Any]:
+    """What names a base: ``source`` as ``pretrained`` gave it, the file it names (absolute), and the hash."""
+    path = str(Path(source).resolve()) if Path(source).is_file() else None
+    return {"source": str(source), "path": path, "sha256": digest}
+
+
+def describe_base(base: dict[str, Any]) -> str:
+    """The base in words: its tag or file, and its hash."""
+    where = f"the file {base['path']}" if base.get("path") else f"the tag {base['source']!r}"
+    return f"{where} (pretrained: {base['source']}, sha256 {base['sha256'][:16]}…)"
+
+
+def held_names(state_dict: dict[str, Tensor], trained: Collection[str]) -> dict[str, Tensor]:
+    """A classifier's state dict without the frozen base: only the ``trained`` parameters of each network."""
+    keep = {prefix + name for prefix in STATE_PREFIXES for name in trained}
+    return {k: v for k, v in state_dict.items() if k in keep or not k.startswith(STATE_PREFIXES)}
+
+
+def completed(state_dict: dict[str, Tensor], base: dict[str, Tensor], prefixes: Collection[str]) -> dict[str, Tensor]:
+    """The state dict with each network's missing entries (``prefixes``) taken from ``base`` (a network's own)."""
+    full = dict(state_dict)
+    for prefix in prefixes:
+        for name, value in base.items():
+            full.setdefault(prefix + name, value)
+    return full
+
+
+def load_base(model: nn.Module, base: dict[str, Any], held: Collection[str], where: str | os.PathLike,
+              load_pretrained: Loader) -> None:
+    """Load the base ``base`` names into ``model`` (with its adapters) and check its hash against the one the
+    checkpoint ``where`` recorded; ``held``: the names the checkpoint holds itself (left out of the hash)."""
+    found = base["path"] if base.get("path") and Path(base["path"]).is_file() else base["source"]
+    try:
+        with base_layers(model):
+            load_pretrained(model, found)
+    except (UserError, FileNotFoundError) as error:
+        raise UserPathError(f"{where} holds LoRA adapters on {describe_base(base)}, which cannot be loaded here "
+                            f"({str(error).splitlines()[0]}). Put that file back, or train with lora.save_base: true "
+                            "for a self-contained checkpoint") from None
+    init_magnitudes(model)
+    digest = base_digest(model.state_dict(), held)
+    if digest != base["sha256"]:
+        raise UserValueError(f"{where} holds LoRA adapters trained on {describe_base(base)}, but {found} now holds "
+                             f"other weights (sha256 {digest[:16]}…): give the base it was trained on")
+
+
+def load_merged(model: nn.Module, weights: dict[str, Tensor], lora: dict[str, Any], where: str | os.PathLike,
+                load_pretrained: Loader) -> None:
+    """A LoRA or DoRA checkpoint's evaluated ``weights`` into the plain ``model``, merged: the base its ``lora``
+    entry names loaded and checked first, unless the checkpoint holds it. ``model`` ends with plain layers."""
+    settings = {k: lora[k] for k in ("rank", "alpha", "dropout", "targets", "last_blocks", "dora")}
+    add_adapters(model, LoraConfig(**settings))
+    if lora.get("base"):
+        load_base(model, lora["base"], weights, where, load_pretrained)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or (missing and not lora.get("base")):
+        raise UserValueError(f"{where}: its adapters do not fit its model (unexpected {unexpected[:3]}, missing "
+                             f"{missing[:3]})")
+    merge_adapters(model)
+
+
+def export_adapters(checkpoint: dict[str, Any], where: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
+    """`vit export --format adapters`: what trained (adapters, head and the rest that trained; the EMA copy when
+    training kept one) as ``adapters.safetensors``, and ``adapter_config.json``: the adapters' settings, the base's
+    identity, the model's name and config and the class names, for a user who keeps one base and many tasks."""
+    from safetensors.torch import save_file
+
+    from vit.checkpoints.meta import META_KEY, evaluated_weights
+    from vit.nn.lora import is_adapter
+
+    meta = checkpoint[META_KEY]
+    if not meta.get("lora"):
+        raise UserValueError(f"{where} holds no adapters: --format adapters needs a checkpoint of finetune: lora "
+                             "or dora")
+    weights = evaluated_weights(checkpoint["state_dict"], meta.get("ema", False))
+    if meta["lora"].get("base") is None:  # the whole network is in the file: keep what trained alone
+        weights = {k: v for k, v in weights.items() if is_adapter(k) or k.split(".")[0] in ("head", "head_dist")}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in weights.items()}, out / "adapters.safetensors")
+    config = {**meta["lora"], **{k: meta.get(k) for k in ("model_name", "model_config", "class_names")}}
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return [out / "adapters.safetensors", out / "adapter_config.json"]
+
+
+__all__ = ["STATE_PREFIXES", "base_identity", "completed", "describe_base", "export_adapters", "held_names",
+           "load_base", "load_merged"]

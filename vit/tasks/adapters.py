@@ -1,0 +1,128 @@
+"""What ``finetune: lora | dora`` adds to the classification task: adapters on the network, a frozen base outside
+the optimiser, an EMA of what trains, and checkpoints that hold what trains and name the base
+(`vit.checkpoints.lora`).
+
+    configure_models   add_adapters (`vit.nn.lora`); the base's requires_grad off for good, so DDP never waits
+                       for its gradients (``find_unused_parameters`` is needed only when the head trains alone first)
+    configure_model    the pretrained base loaded under the adapters, DoRA's magnitudes restarted from it, its hash
+    save               the state dict without the base; ``checkpoint["vit"]["lora"]``: settings, base identity
+    load               the base as ``pretrained`` found it, its hash checked, then the state dict completed
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from timm.utils import ModelEmaV3
+from torch import nn
+
+from vit.checkpoints.lora import STATE_PREFIXES, base_identity, completed, describe_base, held_names
+from vit.checkpoints.meta import META_KEY
+from vit.errors import UserValueError
+from vit.nn.lora import add_adapters, base_digest, base_layers, init_magnitudes
+from vit.nn.vision import VisionTransformer
+from vit.tasks.base import from_config
+from vit.tasks.finetune import ADAPTERS, LoraOptions, adapter_trained
+
+
+class PartialEma(ModelEmaV3):
+    """timm's warmed-up EMA of the ``trained`` parameters alone; the frozen base's parameters are the model's own
+    (shared, not copied: no second backbone in memory, none averaged)."""
+
+    def __init__(self, model: nn.Module, decay: float, trained: frozenset[str]) -> None:
+        super().__init__(model, decay=decay, use_warmup=True)
+        self.trained = sorted(trained)
+        for name, p in model.named_parameters():
+            if name not in trained:
+                owner, _, leaf = name.rpartition(".")
+                self.module.get_submodule(owner)._parameters[leaf] = p
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, step: int | None = None) -> None:
+        """Move the averaged parameters towards ``model``'s by the step's decay."""
+        decay = self.get_decay(step)
+        mine, theirs = dict(self.module.named_parameters()), dict(model.named_parameters())
+        torch._foreach_lerp_([mine[n] for n in self.trained], [theirs[n].detach() for n in self.trained],
+                             weight=1.0 - decay)
+
+
+class AdapterTraining:
+    """The classifier's adapter fine-tuning (see the module docstring); a no-op for the other strategies."""
+
+    adapter_trained: frozenset[str] | None = None  # the names that train under lora | dora; None: no adapters
+    base_sha: str | None = None  # the hash of the frozen base, once loaded
+
+    @property
+    def lora_options(self) -> LoraOptions:
+        """The ``lora`` hyperparameter as settings."""
+        return from_config(self.hparams.lora, LoraOptions, LoraOptions())
+
+    def configure_adapters(self) -> None:
+        """Adapters on the network and the base frozen for good, under ``finetune: lora | dora``."""
+        hp = self.hparams
+        if hp.finetune not in ADAPTERS:
+            return
+        if not isinstance(self.model, VisionTransformer):
+            raise UserValueError(f"finetune: {hp.finetune} adapts our ViTs' linear layers; backbone: {hp.backbone} "
+                                 f"builds a {type(self.model).__name__}: use finetune: full or linear_probe")
+        options = self.lora_options
+        add_adapters(self.model, options.config(dora=hp.finetune == "dora"))
+        self.adapter_trained = adapter_trained(self.model, self.roles, options)
+        for name, p in self.model.named_parameters():
+            p.requires_grad_(name in self.adapter_trained)
+
+    def load_adapted_base(self, source: str) -> None:
+        """The pretrained base under the adapters, DoRA's magnitudes restarted from it, and its hash."""
+        with base_layers(self.model):
+            self.backbone.load_pretrained(self.model, source)
+        init_magnitudes(self.model)
+        self.base_sha = base_digest(self.model.state_dict(), self.adapter_trained)
+
+    def trained_groups(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The optimiser's groups without the frozen base (adapters), and without the groups that empties."""
+        if self.adapter_trained is None:
+            return groups
+        keep = {id(p) for n, p in self.model.named_parameters() if n in self.adapter_trained}
+        groups = [{**g, "params": [p for p in g["params"] if id(p) in keep]} for g in groups]
+        return [g for g in groups if g["params"]]
+
+    def thin(self) -> bool:
+        """Whether checkpoints leave the base out: adapters on a pretrained base, without ``save_base``."""
+        return self.adapter_trained is not None and bool(self.hparams.pretrained) and not self.lora_options.save_base
+
+    def adapter_meta(self) -> dict[str, Any]:
+        """``checkpoint["vit"]["lora"]``: the adapters' settings and the base's identity (None: held in full)."""
+        if self.adapter_trained is None:
+            return {}
+        options = self.lora_options
+        if self.thin() and self.base_sha is None:
+            self.configure_model()  # a checkpoint saved before any fit: the base's hash needs the base
+        base = base_identity(self.hparams.pretrained, self.base_sha) if self.thin() else None
+        config = options.config(dora=self.hparams.finetune == "dora").to_dict()
+        return {"lora": {**config, "train_norms": options.train_norms, "train_tokens": options.train_tokens,
+                         "save_base": not self.thin(), "base": base}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.thin():
+            checkpoint["state_dict"] = held_names(checkpoint["state_dict"], self.adapter_trained)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A thin checkpoint: the base loaded as ``pretrained`` says, its hash checked, the state dict completed."""
+        super().on_load_checkpoint(checkpoint)
+        base = (checkpoint[META_KEY].get("lora") or {}).get("base")
+        if base is None or self.adapter_trained is None:
+            return
+        self.configure_model()
+        if self.base_sha != base["sha256"]:
+            raise UserValueError(f"the checkpoint's adapters were trained on {describe_base(base)}; pretrained: "
+                                 f"{self.hparams.pretrained} holds other weights (sha256 {self.base_sha[:16]}…): "
+                                 "give the base it was trained on")
+        prefixes = STATE_PREFIXES if self.model_ema is not None else STATE_PREFIXES[:1]
+        checkpoint["state_dict"] = completed(checkpoint["state_dict"], self.model.state_dict(), prefixes)
+        rank_zero_info(f"adapters on {describe_base(base)}")
+
+
+__all__ = ["AdapterTraining", "PartialEma"]
