@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 NUM_CLASSES = 10
+BIG = ("vit_base_patch16_224", "vit_large_patch14_dinov2", "vit_giant_patch14_dinov2", "vit_7b_patch16_dinov3")
 # arm: (which model, adapter options); "ours" is vit's ViT with vit.nn.lora, "peft" timm's ViT with HF peft
 ARMS = {
     "full": ("ours", None),
@@ -142,6 +143,33 @@ def measure_time(arms: list[str], model_name: str, batch_size: int, rank: int, r
     return {arm: statistics.median(s) for arm, s in seconds.items()}
 
 
+def arithmetic(rank: int = 8, names: tuple[str, ...] = BIG) -> list[dict]:
+    """Training-state bytes before activations, from the parameter counts of timm's configs (built on the meta
+    device: no memory): full fine-tuning's 16 per parameter (fp32 weights, gradients, AdamW's two moments) against
+    LoRA on q and v (the frozen base's 4, or 2 in bf16, plus 16 per adapter parameter; the head left out)."""
+    import timm
+
+    rows = []
+    for name in names:
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False, num_classes=0)
+        params, width, depth = sum(p.numel() for p in model.parameters()), model.embed_dim, len(model.blocks)
+        adapters = depth * 2 * rank * 2 * width  # q and v in each block: A (r, width) and B (width, r)
+        rows.append({"model": name, "params": params, "adapters": adapters, "full_bytes": 16 * params,
+                     "lora_bytes": 4 * params + 16 * adapters, "lora_bf16_base_bytes": 2 * params + 16 * adapters,
+                     "full_checkpoint_bytes": 12 * params, "lora_checkpoint_bytes": 12 * adapters})
+    return rows
+
+
+def print_arithmetic(rows: list[dict], rank: int) -> None:
+    print(f"training state before activations, full fine-tuning against LoRA r={rank} on q, v (GB):")
+    for r in rows:
+        print(f"  {r['model']:<26} {r['params'] / 1e6:>7.0f}M params, {r['adapters'] / 1e6:.2f}M adapters: "
+              f"full {r['full_bytes'] / 1e9:6.2f}, LoRA {r['lora_bytes'] / 1e9:6.2f} (bf16 base "
+              f"{r['lora_bf16_base_bytes'] / 1e9:5.2f}); checkpoint {r['full_checkpoint_bytes'] / 1e9:.2f} GB against "
+              f"{r['lora_checkpoint_bytes'] / 1e6:.1f} MB")
+
+
 def cpu() -> str:
     from vit.deploy.cpu import describe_cpu
 
@@ -189,7 +217,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", default=None, help="also write the figures here")
     parser.add_argument("--arm", choices=list(ARMS), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--arithmetic", action="store_true", help="only the bytes of ViT-B, L, g and 7B, by formula")
     args = parser.parse_args(argv)
+    if args.arithmetic:
+        rows = arithmetic(args.rank)
+        print_arithmetic(rows, args.rank)
+        return {"arithmetic": rows}
     if args.arm:  # a child process: one arm's memory
         Path(args.out).write_text(json.dumps(measure_memory(args.arm, args.model, args.batch_size, args.rank)))
         return {}

@@ -48,3 +48,11 @@ def test_the_timed_arms_alternate_in_one_process_and_the_ratios_follow(bench):
     assert ratios["optimizer_share"] == 2 and ratios["peak_share"] == 2
     assert ratios["step_share"] == seconds["lora_qv"] / seconds["full"]
     assert ratios["lora_qv_vs_peft_lora_qkv"] == seconds["lora_qv"] / seconds["peft_lora_qkv"]
+
+
+def test_the_arithmetic_for_big_models_counts_16_bytes_a_parameter_against_the_adapters(bench):
+    (row,) = bench.arithmetic(8, ("vit_base_patch16_224",))
+    params = 86_567_656 - (768 * 1000 + 1000)  # ViT-B/16 without its ImageNet head
+    assert row["params"] == params and row["adapters"] == 12 * 2 * (8 * 768 + 768 * 8)
+    assert row["full_bytes"] == 16 * params and row["lora_bytes"] == 4 * params + 16 * row["adapters"]
+    assert row["lora_checkpoint_bytes"] == 12 * row["adapters"]
