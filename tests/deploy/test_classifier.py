@@ -88,7 +88,8 @@ def test_a_lora_checkpoint_is_read_merged_by_export_predict_serve_probe_and_atte
 
     main(["export", "--ckpt", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "st")])
     hub = timm.create_model(f"local-dir:{tmp_path / 'st'}", pretrained=True).eval()  # timm loads strictly
-    main(["export", "--ckpt", str(ckpt), "--format", "onnx", "--out", str(tmp_path / "onnx")])
+    main(["export", "--ckpt", str(ckpt), "--format", "onnx", "--int8", "dynamic", "--out", str(tmp_path / "onnx")])
+    assert (tmp_path / "onnx" / "model.int8.onnx").is_file()
     session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
     with torch.no_grad():
         assert (hub(x) - want).abs().max() <= 1e-4

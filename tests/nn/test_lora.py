@@ -31,7 +31,8 @@ ALL_ROLES = ("q", "k", "v", "proj", "fc1", "fc2")
 
 
 def family_model(name: str) -> torch.nn.Module:
-    return perturb(vit.create_model(name, **small(name))).eval()
+    """The family's token layout, positions, pool and heads at two blocks of width 64 (seconds, not minutes)."""
+    return perturb(vit.create_model(name, **small(name), embed_dim=64, num_heads=2)).eval()
 
 
 def train_adapters(model: torch.nn.Module, scale: float = 0.05) -> None:

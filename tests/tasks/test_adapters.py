@@ -193,3 +193,16 @@ def test_a_lora_run_killed_mid_epoch_resumes_bitwise(tmp_path, finetune):
     for i, state in straight["optimizer_states"][0]["state"].items():
         for k, v in state.items():
             assert torch.equal(v, resumed["optimizer_states"][0]["state"][i][k]), (i, k)
+
+
+def test_without_pretrained_the_task_finds_the_base_the_checkpoint_names(tmp_path):
+    """As a resumed `vit fit --ckpt_path` (which drops pretrained) loads it: the base from the checkpoint's own record,
+    checked by hash, and named again in the next checkpoint; gone, a message names it."""
+    model, path = fitted(tmp_path)
+    again = ImageClassifier.load_from_checkpoint(path, pretrained=None).eval()
+    with torch.no_grad():
+        assert torch.equal(again(X), model(X))
+    assert again.checkpoint_meta()["lora"]["base"] == torch.load(path, weights_only=True)["vit"]["lora"]["base"]
+    (tmp_path / "base.safetensors").unlink()
+    with pytest.raises(UserPathError, match=r"the checkpoint holds LoRA adapters on the file .*base.safetensors"):
+        ImageClassifier.load_from_checkpoint(path, pretrained=None)

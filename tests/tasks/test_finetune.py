@@ -105,7 +105,7 @@ def test_staged_trains_the_head_then_everything_with_a_second_warm_up(tmp_path):
 
 def test_bad_strategies_are_clear_errors():
     with pytest.raises(ValueError, match=r"model\.finetune must be one of"):
-        tiny_classifier(model_kwargs=DEEP, finetune="lora")
+        tiny_classifier(model_kwargs=DEEP, finetune="adapter")  # ("lora" is one now: tests/tasks/test_adapters.py)
     with pytest.raises(ValueError, match=r"partial needs 0 < freeze_blocks <= depth \(3\), got 5"):
         tiny_classifier(model_kwargs=DEEP, finetune="partial", freeze_blocks=5)
     with pytest.raises(ValueError, match="staged needs head_epochs >= 1"):

@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from timm.utils import ModelEmaV3
 from torch import nn
 
-from vit.checkpoints.lora import STATE_PREFIXES, base_identity, completed, describe_base, held_names
+from vit.checkpoints.lora import STATE_PREFIXES, base_identity, completed, describe_base, held_names, load_base
 from vit.checkpoints.meta import META_KEY
 from vit.errors import UserValueError
 from vit.nn.lora import add_adapters, base_digest, base_layers, init_magnitudes
@@ -52,7 +52,7 @@ class AdapterTraining:
     """The classifier's adapter fine-tuning (see the module docstring); a no-op for the other strategies."""
 
     adapter_trained: frozenset[str] | None = None  # the names that train under lora | dora; None: no adapters
-    base_sha: str | None = None  # the hash of the frozen base, once loaded
+    base: dict[str, Any] | None = None  # the frozen base's identity (`base_identity`), once loaded
 
     @property
     def lora_options(self) -> LoraOptions:
@@ -78,7 +78,7 @@ class AdapterTraining:
         with base_layers(self.model):
             self.backbone.load_pretrained(self.model, source)
         init_magnitudes(self.model)
-        self.base_sha = base_digest(self.model.state_dict(), self.adapter_trained)
+        self.base = base_identity(source, base_digest(self.model.state_dict(), self.adapter_trained))
 
     def trained_groups(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The optimiser's groups without the frozen base (adapters), and without the groups that empties."""
@@ -89,17 +89,19 @@ class AdapterTraining:
         return [g for g in groups if g["params"]]
 
     def thin(self) -> bool:
-        """Whether checkpoints leave the base out: adapters on a pretrained base, without ``save_base``."""
-        return self.adapter_trained is not None and bool(self.hparams.pretrained) and not self.lora_options.save_base
+        """Whether checkpoints leave the base out: adapters on a base that can be found again (``pretrained``, or
+        a resumed checkpoint's), without ``save_base``."""
+        known = self.base is not None or bool(self.hparams.pretrained)
+        return self.adapter_trained is not None and known and not self.lora_options.save_base
 
     def adapter_meta(self) -> dict[str, Any]:
         """``checkpoint["vit"]["lora"]``: the adapters' settings and the base's identity (None: held in full)."""
         if self.adapter_trained is None:
             return {}
         options = self.lora_options
-        if self.thin() and self.base_sha is None:
+        if self.thin() and self.base is None:
             self.configure_model()  # a checkpoint saved before any fit: the base's hash needs the base
-        base = base_identity(self.hparams.pretrained, self.base_sha) if self.thin() else None
+        base = self.base if self.thin() else None
         config = options.config(dora=self.hparams.finetune == "dora").to_dict()
         return {"lora": {**config, "train_norms": options.train_norms, "train_tokens": options.train_tokens,
                          "save_base": not self.thin(), "base": base}}
@@ -110,16 +112,22 @@ class AdapterTraining:
             checkpoint["state_dict"] = held_names(checkpoint["state_dict"], self.adapter_trained)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """A thin checkpoint: the base loaded as ``pretrained`` says, its hash checked, the state dict completed."""
+        """A thin checkpoint: the base loaded as ``pretrained`` says, else as the checkpoint names it (a resumed run:
+        `vit fit --ckpt_path` drops ``pretrained``), its hash checked, then the state dict completed."""
         super().on_load_checkpoint(checkpoint)
         base = (checkpoint[META_KEY].get("lora") or {}).get("base")
         if base is None or self.adapter_trained is None:
             return
         self.configure_model()
-        if self.base_sha != base["sha256"]:
+        if self.base is None:
+            load_base(self.model, base, self.adapter_trained, "the checkpoint", self.backbone.load_pretrained)
+            self.base, self.pretrained_loaded = dict(base), True
+            if self.model_ema is not None:
+                self.model_ema.set(self.model)
+        elif self.base["sha256"] != base["sha256"]:
             raise UserValueError(f"the checkpoint's adapters were trained on {describe_base(base)}; pretrained: "
-                                 f"{self.hparams.pretrained} holds other weights (sha256 {self.base_sha[:16]}…): "
-                                 "give the base it was trained on")
+                                 f"{self.hparams.pretrained} holds other weights (sha256 {self.base['sha256'][:16]}…)"
+                                 ": give the base it was trained on")
         prefixes = STATE_PREFIXES if self.model_ema is not None else STATE_PREFIXES[:1]
         checkpoint["state_dict"] = completed(checkpoint["state_dict"], self.model.state_dict(), prefixes)
         rank_zero_info(f"adapters on {describe_base(base)}")
