@@ -54,7 +54,7 @@ def test_vit_test_writes_the_error_grid_from_the_checkpoints_own_model(fitted, m
         recorded.update(predicted=found.predicted.clone(), confidence=found.confidence.clone())
         return save(model, found, *args)
 
-    monkeypatch.setattr("vit.tasks.classify.save_error_report", keep)
+    monkeypatch.setattr("vit.tasks.mistakes.save_error_report", keep)
     main(["test", *short_digits_run(fitted), "--ckpt_path", str(best)])
     run = max((fitted / "logs" / "digits").glob("version_*"), key=lambda p: int(p.name[8:]))
     for name in ("errors.png", "class_accuracy.png", "confusion_matrix.png"):

@@ -328,12 +328,16 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
     from vit.deploy.classifier import read_classifier
     from vit.reports import reliability_figure, save_figure
 
+    classifier = read_classifier(path, device)
+    if getattr(classifier, "thresholds", None) is not None:
+        raise UserValueError(f"{path} is a multi-label checkpoint: vit calibrate fits one softmax temperature and "
+                             "class-conditional statistics, which do not fit labels that each answer yes or no. Its "
+                             "answers use the per-class thresholds chosen on val (docs/multilabel.md)")
     val = getattr(data, "val_set", None)
     if val is None or len(val) == 0:
         raise UserValueError(f"cannot calibrate {path}: the data ({type(data).__name__}) has no validation split, "
                              "and T and the threshold are fit on it. Give it one (e.g. --data.init_args.val_fraction "
                              "0.1, or a val/ folder beside train/)")
-    classifier = read_classifier(path, device)
     workers = {"num_workers": getattr(data, "num_workers", 0)}
     confidence = fit_confidence(classifier, data.eval_split("train"), data.eval_split("val"), acceptance=acceptance,
                                 label=label, outliers=outliers, layers=layers, covariance=covariance,
