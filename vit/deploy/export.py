@@ -54,7 +54,8 @@ TIMM_ARGS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_he
 EVA_ARGS = {"img_size", "embed_dim", "depth", "num_heads", "mlp_ratio"}
 
 
-NOT_TIMM_ARGS = ("norm_eps", "distilled", "rope", "rope_temperature", "shifted_patches", "locality_attention")
+NOT_TIMM_ARGS = ("norm_eps", "distilled", "rope", "rope_temperature", "shifted_patches", "locality_attention",
+                 "proj_dim", "normalize_embedding")  # the last two: a zero-shot head (refused below)
 
 
 def need_onnx() -> None:
