@@ -21,11 +21,12 @@ from vit.errors import UserPathError, UserValueError
 
 def config_split_images(config: str | os.PathLike, split: str, transform: Callable, mode: str,
                         count: int | None = None, seed: int = 0, root: str | None = None) -> tuple[Tensor, Tensor]:
-    """(images (N, C, H, W), labels (N,)) of a split of the DataModule a `vit fit` config builds (``root``: its
-    data folder), a random ``count`` of them by ``seed`` (``None``: all, in order), each decoded as stored and
-    prepared by ``transform``: the checkpoint's eval transform, not the DataModule's. Built without the config's
-    pretrained weights, the DataModule normalises as the architecture's default would (ImageNet's mean and
-    std), while a checkpoint fine-tuned from an augreg tag was trained on 0.5/0.5 (`vit.preprocessing`)."""
+    """(images (N, C, H, W), labels (N,), or (N, C) for multi-label data) of a split of the DataModule a `vit fit`
+    config builds (``root``: its data folder), a random ``count`` of them by ``seed`` (``None``: all, in order),
+    each decoded as stored and prepared by ``transform``: the checkpoint's eval transform, not the DataModule's.
+    Built without the config's pretrained weights, the DataModule normalises as the architecture's default would
+    (ImageNet's mean and std), while a checkpoint fine-tuned from an augreg tag was trained on 0.5/0.5
+    (`vit.preprocessing`)."""
     config = Path(config)
     if not config.is_file():
         raise UserPathError(f"--calibration {config}: no such config")
@@ -47,7 +48,8 @@ def config_split_images(config: str | os.PathLike, split: str, transform: Callab
     indices = list(range(len(dataset))) if count is None else \
         torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:count].tolist()
     images = torch.stack([transform(dataset.raw_image(i).convert(mode)) for i in indices])
-    return images, torch.tensor([int(dataset.labels[i]) for i in indices])
+    labels = dataset.labels  # a list of classes, or multi-label data's (N, C) tensor of 1/0/-1
+    return images, labels[indices] if isinstance(labels, Tensor) else torch.tensor([int(labels[i]) for i in indices])
 
 
 def calibration_images(source: str | os.PathLike, transform: Callable, mode: str,
