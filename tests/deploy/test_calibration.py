@@ -22,6 +22,7 @@ from vit.deploy.calibration import (
     fit_unknown,
     in_half,
     reliability_bins,
+    sample,
     threshold_at,
 )
 from vit.deploy.confidence import UnknownScore, calibrated_probabilities, decisions
@@ -166,6 +167,34 @@ def test_the_pooled_features_alone_on_request(fitted, tmp_path):
     np.testing.assert_allclose([r["score"] for r in rows], scores, rtol=1e-4, atol=1e-4)
     with pytest.raises(UserValueError, match="layers must be 'all' or 'pooled'"):
         calibrate_checkpoint(ckpt, data, layers="some")
+
+
+@pytest.mark.parametrize("size", [5, 6])
+def test_a_split_past_the_cap_is_a_seeded_sample_and_one_at_it_is_whole(size):
+    dataset = torch.utils.data.TensorDataset(torch.arange(size))
+    kept = sample(dataset, limit=5, seed=3)
+    if size == 5:
+        assert kept is dataset
+    else:
+        indices = kept.indices
+        assert len(indices) == 5 and indices == sorted(set(indices)) and set(indices) <= set(range(size))
+        assert indices == sample(dataset, limit=5, seed=3).indices  # the same images every time
+
+
+def test_calibration_reads_at_most_the_cap_of_each_split(fitted, tmp_path, monkeypatch):
+    from vit.data import Digits
+
+    ckpt = tmp_path / "c.ckpt"
+    shutil.copy(next((fitted / "ckpt").glob("best-*.ckpt")), ckpt)
+    data = Digits(img_size=16)
+    data.setup("fit")
+    monkeypatch.setattr("vit.deploy.calibration.MAX_SPLIT_IMAGES", 300)
+    said = []
+    confidence = calibrate_checkpoint(ckpt, data, layers="pooled", say=said.append)
+    train, val = len(data.eval_split("train")), len(data.eval_split("val"))
+    assert val < 300 < train
+    assert confidence.report["train_images"] == 300 and confidence.report["val_images"] == val
+    assert f"calibration reads a seeded 300 of the {train:,} training images" in said
 
 
 def test_float16_statistics_where_they_keep_every_val_answer():

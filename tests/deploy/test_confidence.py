@@ -104,3 +104,25 @@ def test_serve_answers_as_predict_does_on_the_checkpoint_and_the_onnx(calibrated
         assert [a["answer"] for a in got] == ["unknown" if u else str(i) for u, i in zip(unknown, probs.argmax(1))]
         np.testing.assert_allclose([a["top_k"][0]["probability"] for a in got], probs.max(1), atol=1e-5)
         np.testing.assert_allclose([a["score"] for a in got], scores, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["vit_digits_patch4_16", "deit_tiny_distilled_patch16_224", "resnet10t"])
+def test_the_scores_features_come_with_the_models_own_logits(name):
+    # a distilled ViT's logits average two heads over two tokens, not one head over the averaged token
+    import timm
+
+    import vit
+    from vit.deploy.confidence import layer_features
+
+    torch.manual_seed(0)
+    if name.startswith("resnet"):
+        model, x = timm.create_model(name, num_classes=3), torch.randn(2, 3, 32, 32)
+    else:
+        small = {"depth": 2, "embed_dim": 32, "num_heads": 2, "img_size": 32} if "deit" in name else {}
+        model = vit.create_model(name, num_classes=3, **small)
+        x = torch.randn(2, model.patch_embed.proj.in_channels, *model.patch_embed.img_size)
+    model.eval()
+    with torch.no_grad():
+        features, logits = layer_features(model, x)
+        torch.testing.assert_close(logits, model(x), rtol=1e-6, atol=1e-6)
+    assert features[-1].shape == (2, model.num_features)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from vit.checkpoints.io import read_checkpoint, save_checkpoint
 from vit.deploy.classifier import Classifier
@@ -45,6 +45,9 @@ COVARIANCES = ("auto", "class", "shared")
 CLASS_SHRINKAGE = 0.1  # of each class's covariance towards the shared one (3%-30% measured alike)
 CLASS_COVARIANCE_BYTES = 32 * 2**20  # the most float16 bytes a covariance per class may add to a checkpoint
 HALF_TOLERANCE = 0.01  # float16 statistics where no val score moves more than this share of their spread
+# The most images of a split calibration reads (a seeded sample past it): means, covariances, T and a 95% quantile
+# settle long before, and every layer's features of ImageNet's 1.28M images (51 GB) would not fit in memory.
+MAX_SPLIT_IMAGES = 20_000
 
 
 def fit_temperature(logits: Tensor, labels: Tensor) -> float:
@@ -124,6 +127,16 @@ def fit_layer(features: Tensor, labels: Tensor, num_classes: int, shrinkage: flo
         covariance = (1 - CLASS_SHRINKAGE) * own + CLASS_SHRINKAGE * covariance  # (C, D, D)
     precision = torch.linalg.inv(covariance)
     return LayerScore(means.float(), ((precision + precision.transpose(-1, -2)) / 2).float())
+
+
+def sample(dataset: Dataset, limit: int | None = None, seed: int = 0) -> Dataset:
+    """``dataset`` itself up to ``limit`` images (default `MAX_SPLIT_IMAGES`); past it a seeded random ``limit``
+    of them, in order."""
+    limit = MAX_SPLIT_IMAGES if limit is None else limit
+    if len(dataset) <= limit:
+        return dataset
+    keep = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:limit]
+    return Subset(dataset, keep.sort().values.tolist())
 
 
 def per_class_fits(num_classes: int, widths: list[int], budget: int = CLASS_COVARIANCE_BYTES) -> bool:
@@ -339,7 +352,11 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
                              "and T and the threshold are fit on it. Give it one (e.g. --data.init_args.val_fraction "
                              "0.1, or a val/ folder beside train/)")
     workers = {"num_workers": getattr(data, "num_workers", 0)}
-    confidence = fit_confidence(classifier, data.eval_split("train"), data.eval_split("val"), acceptance=acceptance,
+    train, val = (data.eval_split(split) for split in ("train", "val"))
+    for name, split in (("training", train), ("validation", val)):
+        if len(split) > MAX_SPLIT_IMAGES:
+            say(f"calibration reads a seeded {MAX_SPLIT_IMAGES:,} of the {len(split):,} {name} images")
+    confidence = fit_confidence(classifier, sample(train), sample(val), acceptance=acceptance,
                                 label=label, outliers=outliers, layers=layers, covariance=covariance,
                                 **workers)
     saved = save_confidence(path, confidence, out)

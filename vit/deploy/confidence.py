@@ -154,7 +154,10 @@ def layer_features(model: nn.Module, x: Tensor) -> tuple[list[Tensor], Tensor]:
     prefix = model.num_prefix_tokens
     tokens = model.tokens(x, on_block=lambda i, t: blocks.append(t[:, prefix:].mean(dim=1)))
     pooled = model.forward_head(tokens, pre_logits=True)
-    return [*blocks, pooled], model.get_classifier()(pooled)
+    head = model.get_classifier()
+    # a distilled ViT's two heads read two tokens, which pre_logits averages: its logits need the head's own path
+    logits = head(pooled) if isinstance(head, nn.Module) else model.forward_head(tokens)
+    return [*blocks, pooled], logits
 
 
 class Answering(nn.Module):
