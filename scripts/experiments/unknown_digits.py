@@ -75,7 +75,7 @@ def train(config: str, root: Path, run: Path, seed: int, epochs: int | None, hfl
     """`vit fit` on root/train,val,test; the best checkpoint."""
     args = [sys.executable, "-m", "vit", "fit", "--config", str(ROOT / config), "--data.init_args.root", str(root),
             "--data.init_args.hflip", str(0.5 if hflip else 0.0), "--data.init_args.num_workers", "0",
-            "--seed_everything", str(seed),
+            "--seed_everything", str(seed), "--calibrate", "false",  # measured here, by hand
             "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.save_dir", str(run),
             "--checkpoint.dirpath", str(run / "checkpoints")]
     if epochs:
@@ -215,11 +215,15 @@ def calibration(f: dict[str, dict[str, np.ndarray]], labels: dict[str, np.ndarra
     return {"T": t, "before": calibration_figures(test, y), "after": calibration_figures(test, y, t)}
 
 
-def tiles_calibration(args: argparse.Namespace, seed: int) -> tuple[dict, tuple]:
-    """`vit fit` of the recipe (its own epochs) on small_folders.py's texture tiles (12 classes): ECE before and
-    after T."""
-    root = args.work / "unknowns" / "tiles"
-    ckpt = train(args.config, root, args.work / f"tiles_seed{seed}", seed, None, hflip=True)
+def folder_calibration(args: argparse.Namespace, seed: int, folder: str) -> tuple[dict, tuple]:
+    """`vit fit` of the recipe (its own epochs) on one of small_folders.py's folders ("tiles": 12 classes of
+    texture tiles, 360 test images; "mnist5k": 10 digits, 1,000 test scans): ECE before and after T."""
+    root = args.work / "calibration" / folder
+    if not root.is_dir():
+        from small_folders import mnist5k, tiles
+
+        {"tiles": tiles, "mnist5k": mnist5k}[folder](root)
+    ckpt = train(args.config, root, args.work / f"{folder}_seed{seed}", seed, None, hflip=folder == "tiles")
     from vit.deploy.classifier import read_classifier
 
     classifier = read_classifier(ckpt)
@@ -249,7 +253,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=None, help="override the recipe's max_epochs")
     parser.add_argument("--figure", type=Path, default=None, help="write the reliability diagrams here (PNG)")
-    parser.add_argument("--no_tiles_fit", action="store_true", help="skip the calibration fit on the tiles")
+    parser.add_argument("--calibration_folders", nargs="*", choices=("tiles", "mnist5k"), default=["tiles", "mnist5k"],
+                        help="small folders to fit the recipe on for ECE before and after T (none: skip)")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     from vit.deploy.classifier import read_classifier
@@ -272,10 +277,11 @@ def main(argv: list[str] | None = None) -> dict:
             digits_test = (f["test"]["logits"], labels["test"])
         for score, s in scores(f, labels["train"]).items():
             results.setdefault(score, {})[seed] = measure(s, correct) | {"top1": float(correct.mean())}
-    if not args.no_tiles_fit:
-        tiles_test = {}
+    folder_test = {}
+    for folder in args.calibration_folders:
         for seed in args.seeds:
-            calibrated[f"tiles (12 classes), seed {seed}"], tiles_test[seed] = tiles_calibration(args, seed)
+            key = f"{folder}, seed {seed}"
+            calibrated[key], folder_test[key] = folder_calibration(args, seed, folder)
     (args.work / "results.json").write_text(json.dumps({"unknown": results, "calibration": calibrated}, indent=1))
     table(results)
     print("\n| folder | T | test ECE before → after | NLL before → after | Brier before → after | top-1 |")
@@ -290,8 +296,8 @@ def main(argv: list[str] | None = None) -> dict:
 
         first = args.seeds[0]
         shown = [("digits", digits_test, calibrated[f"digits 0-4, seed {first}"]["T"])]
-        if not args.no_tiles_fit:
-            shown.append(("tiles", tiles_test[first], calibrated[f"tiles (12 classes), seed {first}"]["T"]))
+        shown += [(folder, folder_test[f"{folder}, seed {first}"], calibrated[f"{folder}, seed {first}"]["T"])
+                  for folder in args.calibration_folders]
         for name, (logits, y), t in shown:
             logits, y = torch.tensor(logits), torch.tensor(y)
             figure = reliability_figure(reliability_bins(logits, y), reliability_bins(logits, y, t), t,

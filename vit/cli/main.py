@@ -33,6 +33,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.utils.data import IterableDataset
 
 from vit.checkpoints.io import (
     DamagedCheckpointError,
@@ -257,16 +258,23 @@ class VitCLI(LightningCLI):
 
         checkpoint = self.best_checkpoint
         best = checkpoint.best_model_path if checkpoint is not None else ""
-        if not self.trainer.is_global_zero or self.trainer.fast_dev_run or not best or \
-                not isinstance(self.model, ImageClassifier) or not isinstance(self.datamodule, ImageDataModule):
+        if self.trainer.fast_dev_run or not best or not isinstance(self.model, ImageClassifier) or \
+                not isinstance(self.datamodule, ImageDataModule):
             return
-        from vit.deploy.calibration import calibrate_checkpoint
+        if self.trainer.world_size > 1 and isinstance(self.datamodule.train_set, IterableDataset):
+            # streamed shards read by one process broadcast to the others, which are not reading: it would hang
+            self.say(f"calibration: streamed data is calibrated in one process; run vit calibrate --ckpt {best} "
+                     "--config CONFIG")
+            return
+        if self.trainer.is_global_zero:
+            from vit.deploy.calibration import calibrate_checkpoint
 
-        try:
-            calibrate_checkpoint(best, self.datamodule, figure_dir=self.trainer.log_dir, say=self.say)
-        except Exception as e:  # a post-hoc step: the trained checkpoint stands whatever happens here
-            self.say(f"calibration skipped ({type(e).__name__}: {e}); the checkpoint is as trained. "
-                     f"Retry with: vit calibrate --ckpt {best} --config CONFIG")
+            try:
+                calibrate_checkpoint(best, self.datamodule, figure_dir=self.trainer.log_dir, say=self.say)
+            except Exception as e:  # a post-hoc step: the trained checkpoint stands whatever happens here
+                self.say(f"calibration skipped ({type(e).__name__}: {e}); the checkpoint is as trained. "
+                         f"Retry with: vit calibrate --ckpt {best} --config CONFIG")
+        self.trainer.strategy.barrier("calibration")  # the other processes test the calibrated checkpoint
 
     def test_best(self) -> None:
         checkpoint = self.best_checkpoint
