@@ -76,21 +76,20 @@ class ClassificationHead:
 
 
 @dataclass(frozen=True)
-class SingleLabelHead(ClassificationHead):
-    """One label per image: label-smoothed cross-entropy (soft targets under mixup/cutmix), top-1, balanced and
-    top-5 accuracy, softmax probabilities.
+class MixingHead(ClassificationHead):
+    """The settings every built-in head takes: label smoothing, mixup and cutmix, and class weighting (each head
+    says what they mean for its labels).
 
     Args:
-        label_smoothing: label smoothing of the cross-entropy (also used by mixup's soft targets).
-        mixup_alpha: timm ``Mixup``'s mixup strength; mixup is on when it or ``cutmix_alpha`` is > 0.
-        cutmix_alpha: timm ``Mixup``'s cutmix strength.
+        label_smoothing: label smoothing of the loss (and of mixup's soft targets).
+        mixup_alpha: mixup's strength; mixup is on when it or ``cutmix_alpha`` is > 0.
+        cutmix_alpha: cutmix's strength.
         mixup_prob: probability of applying mixup or cutmix to a batch.
         mixup_switch_prob: probability of cutmix instead of mixup when both are on.
-        class_weighting: weight the loss of each class by total / (classes x its training images), for
-            imbalanced data (the counts come from the datamodule's training split).
+        class_weighting: weigh the loss of rare classes up (counted in the datamodule's training split).
     """
 
-    label_smoothing: float = 0.1
+    label_smoothing: float = 0.0
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
     mixup_prob: float = 1.0
@@ -105,6 +104,21 @@ class SingleLabelHead(ClassificationHead):
     def mixes(self) -> bool:
         """Whether mixup or cutmix is on."""
         return self.mixup_alpha > 0 or self.cutmix_alpha > 0
+
+
+@dataclass(frozen=True)
+class SingleLabelHead(MixingHead):
+    """One label per image: label-smoothed cross-entropy (soft targets under mixup/cutmix), top-1, balanced and
+    top-5 accuracy, softmax probabilities.
+
+    Args (`MixingHead`'s, as they act here):
+        label_smoothing: of the cross-entropy, 0.1 by default (also used by mixup's soft targets).
+        mixup_alpha, cutmix_alpha, mixup_prob, mixup_switch_prob: timm ``Mixup``'s.
+        class_weighting: weight the loss of each class by total / (classes x its training images), for
+            imbalanced data (the counts come from the datamodule's training split).
+    """
+
+    label_smoothing: float = 0.1  # the ViT recipes' (DeiT's) default, where `MixingHead`'s is 0
 
     def train_loss(self, num_classes: int, class_weights: Tensor | None = None) -> nn.Module:
         """Cross-entropy against mixup's soft targets, or label-smoothed against labels; optionally class-weighted."""
@@ -150,7 +164,7 @@ class SingleLabelHead(ClassificationHead):
 
 
 @dataclass(frozen=True)
-class MultiLabelHead(ClassificationHead):
+class MultiLabelHead(MixingHead):
     """Several labels per image (targets (B, C): 1, 0, or -1 for unknown): a sigmoid per class, binary
     cross-entropy (or timm's asymmetric loss) over the known labels, macro mAP, and per-class thresholds chosen on
     val (`vit.tasks.multilabel`). The classifier picks it when its data is multi-label (``multi_label: true``).
@@ -174,20 +188,13 @@ class MultiLabelHead(ClassificationHead):
     asl_gamma_neg: float = 4.0
     asl_gamma_pos: float = 1.0
     asl_clip: float = 0.05
-    label_smoothing: float = 0.0
-    mixup_alpha: float = 0.0
-    cutmix_alpha: float = 0.0
-    mixup_prob: float = 1.0
-    mixup_switch_prob: float = 0.5
-    class_weighting: bool = False
     max_pos_weight: float = 100.0
     min_positives: int = 5
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.loss not in ("bce", "asl"):
             raise UserValueError(f"head.init_args.loss must be 'bce' or 'asl', got {self.loss!r}")
-        if not 0 <= self.label_smoothing < 1:
-            raise UserValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
 
     def train_loss(self, num_classes: int, class_weights: Tensor | None = None) -> nn.Module:
         """BCE or ASL over the known labels, with ``class_weights`` as each class's positive weight."""
@@ -202,7 +209,7 @@ class MultiLabelHead(ClassificationHead):
 
     def mixer(self, num_classes: int) -> TargetMixer | None:
         """`MultiLabelMixup` when mixup or cutmix is on."""
-        if self.mixup_alpha <= 0 and self.cutmix_alpha <= 0:
+        if not self.mixes:
             return None
         return MultiLabelMixup(self.mixup_alpha, self.cutmix_alpha, self.mixup_prob, self.mixup_switch_prob)
 
@@ -266,4 +273,5 @@ class EvenMixup:
         return self.mixup(images, labels)
 
 
-__all__ = ["ClassificationHead", "EvenMixup", "MultiLabelHead", "SingleLabelHead", "TargetMixer", "head_for"]
+__all__ = ["ClassificationHead", "EvenMixup", "MixingHead", "MultiLabelHead", "SingleLabelHead", "TargetMixer",
+           "head_for"]
