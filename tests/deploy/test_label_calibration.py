@@ -50,7 +50,8 @@ def test_each_temperature_is_its_classes_bce_minimum_and_classes_without_one_kee
     z, y = logits.numpy(), targets.numpy()
     for c in (0, 1, 4):  # scipy, one class at a time, over the known labels only
         known = y[:, c] >= 0
-        best = minimize_scalar(lambda s: bce(z[known, c] / np.exp(s), y[known, c]), bounds=(-5, 5), method="bounded",
+        zc, yc = z[known, c], y[known, c]
+        best = minimize_scalar(lambda s, zc=zc, yc=yc: bce(zc / np.exp(s), yc), bounds=(-5, 5), method="bounded",
                                options={"xatol": 1e-9})
         assert got[c] == pytest.approx(np.exp(best.x), rel=1e-4)
         assert got[c] == pytest.approx(scales[c], rel=0.3)  # and near the scale the logits were inflated by
