@@ -70,6 +70,7 @@ def test_the_moved_thresholds_keep_every_images_labels_and_the_unmoved_ones_do_n
     np.testing.assert_allclose(moved, expit(logit(t) / np.array(temperatures)), rtol=1e-12)
     calibrated = Calibration(temperatures, thresholds=moved)
     assert label_sets(torch.tensor(z), t.tolist(), calibrated) == before
+    assert [] in before and any(len(s) > 1 for s in before)  # images with no label ("none of these") and several
     assert label_sets(torch.tensor(z), t.tolist()) == before  # no calibration: as before
     # the other side: the probabilities change, so keeping the old cuts on them changes labels
     unmoved = Calibration(temperatures, thresholds=t.tolist())
@@ -211,3 +212,16 @@ def test_fit_calibrate_true_on_the_multilabel_recipe_fits_a_temperature_per_clas
     stored = torch.load(best, weights_only=False)["confidence"]
     assert len(stored["temperature"]) == 10 and len(stored["thresholds"]) == 10
     json.dumps({k: v for k, v in stored.items() if k != "stats"})  # plain data
+
+
+def test_the_hub_export_of_a_calibrated_multi_label_checkpoint_states_its_temperatures(calibrated_labels, tmp_path):
+    from huggingface_hub import ModelCard
+
+    from vit.commands import main
+
+    ckpt, _ = calibrated_labels
+    main(["export", "--ckpt", str(ckpt), "--format", "hub", "--out", str(tmp_path / "hub")])
+    stored = torch.load(ckpt, map_location="cpu", weights_only=False)["confidence"]  # read apart from vit
+    text = ModelCard.load(tmp_path / "hub" / "README.md").text
+    assert f"a temperature per class, T = {[round(t, 4) for t in stored['temperature']]}" in text
+    assert "sigmoid(logit_c / T_c)" in text and "above" not in text.split("## Confidence")[1].split("##")[0]
