@@ -23,6 +23,7 @@ from vit.deploy.label_calibration import (
     label_sets,
     moved_thresholds,
 )
+from vit.errors import UserValueError
 
 
 def bce(z: np.ndarray, y: np.ndarray) -> float:
@@ -106,7 +107,11 @@ def calibrated_labels(quadrant_run, tmp_path_factory):
     root = tmp_path_factory.mktemp("calibrated_labels")
     shutil.copy(quadrant_run / "model.ckpt", root / "model.ckpt")
     printed: list[str] = []
+    with pytest.raises(UserValueError, match="is multi-label, and no \"unknown\" score for a multi-label model"):
+        calibrate_checkpoint(root / "model.ckpt", QuadrantLabels(), outliers=root, say=printed.append)
+    assert "confidence" not in torch.load(root / "model.ckpt", weights_only=False)
     calibrate_checkpoint(root / "model.ckpt", QuadrantLabels(), figure_dir=root, say=printed.append)
+    assert (root / "reliability.png").stat().st_size > 10_000
     return root / "model.ckpt", printed
 
 

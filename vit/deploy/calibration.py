@@ -353,8 +353,10 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
         if len(split) > MAX_SPLIT_IMAGES and (name == "validation" or classifier.thresholds is None):
             say(f"calibration reads a seeded {MAX_SPLIT_IMAGES:,} of the {len(split):,} {name} images")
     if classifier.thresholds is not None:  # multi-label: a sigmoid per class, cut at per-class thresholds
-        from vit.deploy.label_calibration import describe_labels, fit_label_confidence
+        from vit.deploy.label_calibration import NO_UNKNOWN, describe_labels, fit_label_confidence
 
+        if outliers is not None:
+            raise UserValueError(f"--outliers {outliers}: {path} is multi-label, and {NO_UNKNOWN}; leave it out")
         confidence = fit_label_confidence(classifier, sample(val), **workers)
         lines, answers = describe_labels(confidence, classifier.class_names), "a temperature per class"
     else:
