@@ -28,15 +28,19 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "multilabel_cpu.yaml"
 
 
-def fit(root: Path, work: Path, seed: int, epochs: int) -> Path:
-    """`vit fit` with the recipe and --calibrate true, in its own process; its best checkpoint."""
+def fit(root: Path, work: Path, seed: int, epochs: int) -> tuple[Path, list[str]]:
+    """`vit fit` with the recipe and --calibrate true, in its own process; its best checkpoint and what its
+    calibration printed."""
     cmd = [sys.executable, "-m", "vit", "fit", "--config", str(RECIPE), f"--data.init_args.root={root}",
            "--data.init_args.hflip=0", f"--seed_everything={seed}", f"--trainer.max_epochs={epochs}",
            "--trainer.enable_progress_bar=false", "--test_after_fit=false", "--calibrate=true"]
     done = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if done.returncode or "calibrated " not in done.stdout:
         raise SystemExit(done.stdout[-2000:] + done.stderr[-3000:])
-    return next(work.rglob("best-*.ckpt"))
+    lines = done.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("temperature per class"))
+    last = next(i for i, line in enumerate(lines) if line.startswith("calibrated "))
+    return next(work.rglob("best-*.ckpt")), lines[first:last + 1]
 
 
 @torch.no_grad()
@@ -74,8 +78,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for seed in args.seeds:
         start = time.perf_counter()
         (work / f"seed{seed}").mkdir()
-        found = measure(fit(root, work / f"seed{seed}", seed, args.epochs), root)
-        results.append({"seed": seed, "seconds": time.perf_counter() - start, **found})
+        best, printed = fit(root, work / f"seed{seed}", seed, args.epochs)
+        results.append({"seed": seed, "printed": printed, **measure(best, root)})
+        results[-1]["seconds"] = time.perf_counter() - start
+        print("\n".join(printed))
         print(json.dumps({k: v for k, v in results[-1].items() if k != "temperature"}), flush=True)
     print("| seed | val ECE before -> after | test ECE before -> after | test BCE before -> after | "
           "test Brier before -> after | labels unchanged (val, test) | T_c range |")
