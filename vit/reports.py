@@ -60,7 +60,8 @@ def save_confusion_matrix(confusion: Tensor, class_names: Sequence[str], path: s
 
 
 def reliability_figure(before: dict[str, list[float]], after: dict[str, list[float]], temperature: float | str,
-                       title: str, xlabel: str = "confidence (top probability)", ylabel: str = "accuracy") -> Figure:
+                       title: str, xlabel: str = "confidence (top probability)", ylabel: str = "accuracy",
+                       counted: str = "images") -> Figure:
     """Accuracy against confidence per bin, before (T = 1) and after T on one axis, the images per bin beneath
     (a bin of three images swings): the dicts of `vit.deploy.calibration.reliability_bins` (or a multi-label
     model's pooled bins, ``temperature`` then words: "a T per class")."""
@@ -75,7 +76,7 @@ def reliability_figure(before: dict[str, list[float]], after: dict[str, list[flo
         bottom.bar(np.asarray(bins["confidence"]) + shift, bins["count"], width=width, color=colour)
     top.set(ylabel=ylabel, title=title, xlim=(0, 1.02), ylim=(0, 1.02))
     top.legend(loc="upper left", fontsize=8)
-    bottom.set(xlabel=xlabel, ylabel="images", yscale="log")
+    bottom.set(xlabel=xlabel, ylabel=counted, yscale="log")
     bottom.set_ylim(bottom=0.5)  # a bin of one image shows
     fig.tight_layout()
     return fig

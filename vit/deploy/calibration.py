@@ -380,8 +380,9 @@ def draw_reliability(confidence: Confidence, saved: Path, figure_dir: str | os.P
     bins, t = confidence.report["reliability"], confidence.calibration.temperature
     title = f"{Path(saved).name}: validation split"
     if isinstance(t, list):
-        figure = reliability_figure(bins["before"], bins["after"], "a T per class", title + " (labels pooled)",
-                                    xlabel="predicted probability (every class)", ylabel="share positive")
+        figure = reliability_figure(bins["before"], bins["after"], "a T per class", f"{Path(saved).name}: val",
+                                    xlabel="predicted probability (every class, pooled)", ylabel="share positive",
+                                    counted="image-class pairs")
     else:
         figure = reliability_figure(bins["before"], bins["after"], t, title)
     return save_figure(figure, Path(figure_dir or Path(saved).parent) / "reliability.png")
