@@ -199,16 +199,17 @@ def test_an_onnx_exported_before_calibration_answers_as_before(quadrant_run, tmp
         assert [e["probability"] for e in row["top_k"]] == pytest.approx(sorted(p, reverse=True), abs=1e-5)
 
 
-def test_fit_calibrate_true_on_the_multilabel_recipe_fits_a_temperature_per_class(tmp_path, capsys):
+def test_fit_on_the_multilabel_recipe_ends_by_fitting_a_temperature_per_class(tmp_path, capsys):
     from tests import load_script
     from tests.conftest import quiet_run
     from vit.commands import main
 
     root = load_script("multilabel_digits").write_composites(tmp_path / "data", {"train": 60, "val": 30, "test": 10})
     recipe = str(Path(__file__).parents[2] / "configs" / "multilabel_cpu.yaml")
-    main(["fit", *quiet_run(tmp_path, recipe), f"--data.init_args.root={root}",
+    # no --calibrate: the default (on since `vit fit` ends by calibrating), which --calibrate true also asks
+    main(["fit", *quiet_run(tmp_path, recipe, calibrate=None), f"--data.init_args.root={root}",
           "--data.init_args.num_workers=0", "--trainer.max_epochs=2", "--test_after_fit=false",
-          "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}", "--calibrate=true"])
+          "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}"])
     lines = capsys.readouterr().out.splitlines()
     best = next((tmp_path / "ckpt").glob("best-*.ckpt"))
     assert any(line.startswith(f"calibrated {best}: vit predict and vit serve answer with a temperature per "
