@@ -129,6 +129,14 @@ class QuadrantLabels(LightningDataModule):
         self.sets["train"].labels = self.sets["train"].tensors[1]
         return self.sets["train"]
 
+    @property
+    def val_set(self) -> TensorDataset:
+        return self.sets["val"]
+
+    def eval_split(self, split: str) -> TensorDataset:
+        """A split as `vit calibrate` reads it (no augmentation here to take off)."""
+        return self.sets[split]
+
     def train_dataloader(self):
         return DataLoader(self.sets["train"], batch_size=self.batch_size, shuffle=True)
 

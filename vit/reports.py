@@ -59,21 +59,24 @@ def save_confusion_matrix(confusion: Tensor, class_names: Sequence[str], path: s
     return save_figure(confusion_matrix_figure(confusion, class_names), path)
 
 
-def reliability_figure(before: dict[str, list[float]], after: dict[str, list[float]], temperature: float,
-                       title: str) -> Figure:
+def reliability_figure(before: dict[str, list[float]], after: dict[str, list[float]], temperature: float | str,
+                       title: str, xlabel: str = "confidence (top probability)", ylabel: str = "accuracy",
+                       counted: str = "images") -> Figure:
     """Accuracy against confidence per bin, before (T = 1) and after T on one axis, the images per bin beneath
-    (a bin of three images swings): the dicts of `vit.deploy.calibration.reliability_bins`."""
+    (a bin of three images swings): the dicts of `vit.deploy.calibration.reliability_bins` (or a multi-label
+    model's pooled bins, ``temperature`` then words: "a T per class")."""
+    after_name = f"after ({temperature})" if isinstance(temperature, str) else f"after (T = {temperature:.3g})"
     fig = Figure(figsize=(5.2, 5.6))
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     top.plot([0, 1], [0, 1], "k--", lw=0.8, label="calibrated")
     width = 1 / 15 * 0.4
     for bins, colour, name, shift in ((before, "tab:red", "before (T = 1)", -width / 2),
-                                      (after, "tab:blue", f"after (T = {temperature:.3g})", width / 2)):
+                                      (after, "tab:blue", after_name, width / 2)):
         top.plot(bins["confidence"], bins["accuracy"], "o-", color=colour, label=name)
         bottom.bar(np.asarray(bins["confidence"]) + shift, bins["count"], width=width, color=colour)
-    top.set(ylabel="accuracy", title=title, xlim=(0, 1.02), ylim=(0, 1.02))
+    top.set(ylabel=ylabel, title=title, xlim=(0, 1.02), ylim=(0, 1.02))
     top.legend(loc="upper left", fontsize=8)
-    bottom.set(xlabel="confidence (top probability)", ylabel="images", yscale="log")
+    bottom.set(xlabel=xlabel, ylabel=counted, yscale="log")
     bottom.set_ylim(bottom=0.5)  # a bin of one image shows
     fig.tight_layout()
     return fig

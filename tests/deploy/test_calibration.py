@@ -285,14 +285,3 @@ def test_one_training_image_a_class_still_gives_a_score(per_class):
     scale = 1000.0 if not per_class else 10000.0
     expected = scale * ((q[:, None] - z[None]) ** 2).sum(-1).min(1)
     np.testing.assert_allclose(unknown(queries)[0].numpy(), expected, rtol=1e-4)
-
-
-def test_a_multi_label_checkpoint_is_refused_in_one_message(quadrant_run, tmp_path):
-    from tests.dummies import QuadrantLabels
-
-    data = QuadrantLabels()
-    data.setup("fit")
-    ckpt = tmp_path / "m.ckpt"
-    shutil.copy(quadrant_run / "model.ckpt", ckpt)
-    with pytest.raises(UserValueError, match="is a multi-label checkpoint: vit calibrate fits one softmax"):
-        calibrate_checkpoint(ckpt, data)

@@ -124,7 +124,8 @@ class VitCLI(LightningCLI):
             "in it (as `vit calibrate`): vit predict and vit serve then answer 'unknown' for images far from the "
             "training data, which also turns away about 5%% of good ones (the threshold accepts 95%% of val). "
             "false keeps the plain argmax, as a model shared to timm or transformers answers "
-            "(configs/digits.yaml; docs/confidence.md)",
+            "(configs/digits.yaml; docs/confidence.md). A multi-label model gets a temperature per class alone "
+            "(docs/multilabel.md)",
         )
         parser.add_argument(
             "--num_threads", type=int | None, default=None,

@@ -100,7 +100,7 @@ def add_tta_argument(parser: argparse.ArgumentParser) -> None:
 
 def rejection_note(classifier: object, path: str, accept_all: bool) -> str | None:
     """One line when the model cannot answer "unknown" (saved or exported before `vit calibrate`), else None."""
-    if accept_all:
+    if accept_all or getattr(classifier, "thresholds", None) is not None:  # multi-label: "none of these" is no label
         return None
     if not can_reject(classifier):
         return (f"note: {path} has no unknown score (saved or exported before calibration, or a backend that does "

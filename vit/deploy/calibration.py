@@ -337,15 +337,11 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
                          say: Any = print) -> Confidence:
     """Fit T and the unknown score of the checkpoint at ``path`` on ``data``'s train and val splits (a set-up
     `vit.data` datamodule) and store them in it (or in a copy at ``out``); prints what it found, and draws the
-    reliability diagram before and after T as reliability.png in ``figure_dir`` (default: beside the checkpoint)."""
+    reliability diagram before and after T as reliability.png in ``figure_dir`` (default: beside the checkpoint).
+    A multi-label checkpoint gets a temperature per class alone (`vit.deploy.label_calibration`)."""
     from vit.deploy.classifier import read_classifier
-    from vit.reports import reliability_figure, save_figure
 
     classifier = read_classifier(path, device)
-    if getattr(classifier, "thresholds", None) is not None:
-        raise UserValueError(f"{path} is a multi-label checkpoint: vit calibrate fits one softmax temperature and "
-                             "class-conditional statistics, which do not fit labels that each answer yes or no. Its "
-                             "answers use the per-class thresholds chosen on val (docs/multilabel.md)")
     val = getattr(data, "val_set", None)
     if val is None or len(val) == 0:
         raise UserValueError(f"cannot calibrate {path}: the data ({type(data).__name__}) has no validation split, "
@@ -354,18 +350,39 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
     workers = {"num_workers": getattr(data, "num_workers", 0)}
     train, val = (data.eval_split(split) for split in ("train", "val"))
     for name, split in (("training", train), ("validation", val)):
-        if len(split) > MAX_SPLIT_IMAGES:
+        if len(split) > MAX_SPLIT_IMAGES and (name == "validation" or classifier.thresholds is None):
             say(f"calibration reads a seeded {MAX_SPLIT_IMAGES:,} of the {len(split):,} {name} images")
-    confidence = fit_confidence(classifier, sample(train), sample(val), acceptance=acceptance,
-                                label=label, outliers=outliers, layers=layers, covariance=covariance,
-                                **workers)
+    if classifier.thresholds is not None:  # multi-label: a sigmoid per class, cut at per-class thresholds
+        from vit.deploy.label_calibration import NO_UNKNOWN, describe_labels, fit_label_confidence
+
+        if outliers is not None:
+            raise UserValueError(f"--outliers {outliers}: {path} is multi-label, and {NO_UNKNOWN}; leave it out")
+        confidence = fit_label_confidence(classifier, sample(val), **workers)
+        lines, answers = describe_labels(confidence, classifier.class_names), "a temperature per class"
+    else:
+        confidence = fit_confidence(classifier, sample(train), sample(val), acceptance=acceptance, label=label,
+                                    outliers=outliers, layers=layers, covariance=covariance, **workers)
+        lines, answers = describe(confidence), f"T and {label!r}"
     saved = save_confidence(path, confidence, out)
-    for line in describe(confidence):
+    for line in lines:
         say(line)
-    bins = confidence.report["reliability"]
-    figure = reliability_figure(bins["before"], bins["after"], confidence.calibration.temperature,
-                                f"{Path(saved).name}: validation split")
-    drawn = save_figure(figure, Path(figure_dir or Path(saved).parent) / "reliability.png")
+    drawn = draw_reliability(confidence, saved, figure_dir)
     say(f"reliability diagram (val, before and after T, images per bin beneath): {drawn}")
-    say(f"calibrated {saved}: vit predict and vit serve answer with T and {label!r}; vit export carries them")
+    say(f"calibrated {saved}: vit predict and vit serve answer with {answers}; vit export carries them")
     return confidence
+
+
+def draw_reliability(confidence: Confidence, saved: Path, figure_dir: str | os.PathLike | None) -> Path:
+    """reliability.png in ``figure_dir`` (default: beside the checkpoint): the val bins before and after T; a
+    multi-label model's over every known (image, class) pair, pooled."""
+    from vit.reports import reliability_figure, save_figure
+
+    bins, t = confidence.report["reliability"], confidence.calibration.temperature
+    title = f"{Path(saved).name}: validation split"
+    if isinstance(t, list):
+        figure = reliability_figure(bins["before"], bins["after"], "a T per class", f"{Path(saved).name}: val",
+                                    xlabel="predicted probability (every class, pooled)", ylabel="share positive",
+                                    counted="image-class pairs")
+    else:
+        figure = reliability_figure(bins["before"], bins["after"], t, title)
+    return save_figure(figure, Path(figure_dir or Path(saved).parent) / "reliability.png")

@@ -208,8 +208,13 @@ def _confidence(classifier: Classifier) -> list[str]:
     if c is None:
         return ["Not calibrated: `vit calibrate --ckpt ...` fits a temperature and an \"unknown\" threshold."]
     report = (classifier.confidence.report or {}) if classifier.confidence is not None else {}
-    lines = [f"- temperature T = {c.temperature:.4f}: calibrated probabilities are softmax(logits / T); timm and "
-             "transformers return the plain logits, so divide them by T yourself"]
+    if isinstance(c.temperature, list):  # multi-label: a T per class, the thresholds moved with them
+        lines = [f"- a temperature per class, T = {[round(t, 4) for t in c.temperature]}: calibrated probabilities "
+                 "are sigmoid(logit_c / T_c), cut at the thresholds sigmoid(logit(t_c) / T_c) (the same labels); "
+                 "timm and transformers return the plain logits, so divide them by T yourself"]
+    else:
+        lines = [f"- temperature T = {c.temperature:.4f}: calibrated probabilities are softmax(logits / T); timm "
+                 "and transformers return the plain logits, so divide them by T yourself"]
     if "before" in report:
         lines.append(f"- validation ECE {report['before']['ece']:.4f} before, {report['after']['ece']:.4f} after")
     if c.threshold is not None:

@@ -3,6 +3,8 @@
 `vit serve`). Fitting them is `vit.deploy.calibration`'s; this is what runs at inference. Imports no Lightning.
 
     probabilities = softmax(logits / T)                        (T: one number, fit on the validation NLL)
+    probabilities_c = sigmoid(logit_c / T_c)                   (multi-label: a T per class, fit on its BCE;
+                                                                 cut at t'_c = sigmoid(logit(t_c) / T_c))
     score = sum over layers l of (d_l - loc_l) / scale_l        (standardised on val)
     d_l = min over classes c of (z - mu_c)' P_c (z - mu_c)      (z: layer l's features, L2-normalised;
                                                                  mu_c: class means, P_c: class c's precision,
@@ -34,9 +36,11 @@ TTA_CHOICES = ("none", "flip")  # test-time augmentation: the image alone, or al
 @dataclass
 class Calibration:
     """The plain numbers a runner answers with: the temperature, the threshold (None: it cannot reject), the label
-    an unknown image gets, how the threshold was chosen (for the record), and the test-time augmentation."""
+    an unknown image gets, how the threshold was chosen (for the record), and the test-time augmentation. A
+    multi-label model's: a temperature per class, and the per-class cuts moved onto the calibrated probabilities
+    (``thresholds``; `vit.deploy.label_calibration`)."""
 
-    temperature: float = 1.0
+    temperature: float | list[float] = 1.0
     threshold: float | None = None
     label: str = DEFAULT_LABEL
     score: str = SCORE
@@ -44,13 +48,14 @@ class Calibration:
     # the val scores' 101 percentiles: an unknown answer's number is the share of val images scoring lower (`rarity`)
     quantiles: list[float] | None = None
     tta: str = "none"  # "flip" only where it measured better on val (`vit.deploy.calibration.choose_tta`)
+    thresholds: list[float] | None = None  # multi-label: the cut per class on sigmoid(logit / T_c)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Calibration:
-        keys = ("temperature", "threshold", "label", "score", "acceptance", "quantiles", "tta")
+        keys = ("temperature", "threshold", "label", "score", "acceptance", "quantiles", "tta", "thresholds")
         known = {k: values[k] for k in keys if k in values}
         return cls(**known)
 

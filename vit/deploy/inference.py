@@ -158,11 +158,17 @@ def ranked(logits: Tensor, k: int, class_names: Sequence[str]) -> list[list[dict
     return [top_k_entries(p, i, class_names) for p, i in zip(values.tolist(), indices.tolist())]
 
 
-def label_answers(logits: Tensor, thresholds: Sequence[float], k: int, class_names: Sequence[str]
-                  ) -> list[tuple[list[dict], dict]]:
+def label_answers(logits: Tensor, thresholds: Sequence[float], k: int, class_names: Sequence[str],
+                  calibration: Calibration | None = None) -> list[tuple[list[dict], dict]]:
     """A multi-label model's answers: each image's top-k by sigmoid probability, and ``{"labels": [...]}``, every
-    class whose probability is at or over its threshold, most likely first (none is fine)."""
-    probs = logits.float().sigmoid()  # (B, C)
+    class whose probability is at or over its threshold, most likely first (none is fine). With a temperature per
+    class (``calibration.thresholds``): sigmoid(logit / T_c), cut at the thresholds moved with it, so the same
+    labels (in float64: the cut and the probability round alike)."""
+    if calibration is not None and calibration.thresholds is not None:
+        temperature = torch.tensor(calibration.temperature, dtype=torch.float64, device=logits.device)
+        probs, thresholds = (logits.double() / temperature).sigmoid(), calibration.thresholds
+    else:
+        probs = logits.float().sigmoid()  # (B, C)
     over = probs >= torch.tensor(thresholds, dtype=probs.dtype, device=probs.device)
     values, indices = probs.topk(k, dim=-1)
     answers = []
@@ -186,14 +192,14 @@ def answered(classifier: Any, images: Tensor, k: int, accept_all: bool = False,
     """Each image's top-k entries with calibrated probabilities (softmax(logits / T)) and, for a model with an
     unknown score, its answer: ``{"answer", "unknown", "nearest", "score"}`` (else ``{}``); ``accept_all``: never
     unknown; ``tta``: "none" or "flip" (None: `chosen_tta`). A multi-label model (``thresholds``) answers
-    `label_answers`. `vit predict` and `vit serve` answer with this."""
+    `label_answers` (with its temperature per class when calibrated). `vit predict` and `vit serve` answer with this."""
     # the class's own `answer` (a wrapper such as torch-bf16's hands attributes on to the fp32 model inside)
     answer = getattr(classifier, "answer", None) if hasattr(type(classifier), "answer") else None
     logits, scores = answer(images) if answer is not None else (classifier(images), None)
     logits = tta_logits(classifier, images, chosen_tta(classifier, tta), logits)
-    if (thresholds := getattr(classifier, "thresholds", None)) is not None:
-        return label_answers(logits, thresholds, k, classifier.class_names)
     calibration: Calibration | None = getattr(classifier, "calibration", None)
+    if (thresholds := getattr(classifier, "thresholds", None)) is not None:
+        return label_answers(logits, thresholds, k, classifier.class_names, calibration)
     temperature = calibration.temperature if calibration is not None else 1.0
     entries = ranked(logits.float() / temperature, k, classifier.class_names)
     if scores is None:

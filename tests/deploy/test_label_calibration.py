@@ -1,0 +1,233 @@
+"""A temperature per class for a multi-label checkpoint (`vit.deploy.label_calibration`): each T_c is its class's BCE
+minimum (scipy), the moved thresholds keep every image's labels (numpy), the figures are the hand formulas, and
+`vit predict`, `vit serve` and the ONNX / OpenVINO runners answer the same calibrated probabilities (numpy on the
+stored numbers); an ONNX exported before still answers as before."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import minimize_scalar
+from scipy.special import expit, logit
+
+from vit.deploy.confidence import Calibration
+from vit.deploy.label_calibration import (
+    fit_label_temperatures,
+    label_figures,
+    label_sets,
+    moved_thresholds,
+)
+from vit.errors import UserValueError
+
+
+def bce(z: np.ndarray, y: np.ndarray) -> float:
+    """The mean binary cross-entropy of sigmoid(z) against 0/1 labels, stably (log(1 + e^-|z|))."""
+    return float(np.mean(np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))))
+
+
+def overconfident(n: int = 600, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+    """Logits of 5 classes: labels drawn from sigmoid(u), logits u x scale (over- and under-confident); class 2
+    all positive (one outcome), class 3 separable at 0 (no BCE minimum); a share of class 0's labels unknown (-1)."""
+    rng = np.random.default_rng(seed)
+    u = rng.normal(0, 2, (n, 5))
+    y = (rng.random((n, 5)) < expit(u)).astype(float)
+    scales = [3.0, 0.5, 2.0, 1.0, 1.5]
+    z = u * scales
+    y[:, 2] = 1.0
+    y[:, 3] = (z[:, 3] > 0).astype(float)
+    y[rng.random(n) < 0.2, 0] = -1.0
+    return torch.tensor(z), torch.tensor(y), scales
+
+
+def test_each_temperature_is_its_classes_bce_minimum_and_classes_without_one_keep_1():
+    logits, targets, scales = overconfident()
+    got = fit_label_temperatures(logits, targets)
+    z, y = logits.numpy(), targets.numpy()
+    for c in (0, 1, 4):  # scipy, one class at a time, over the known labels only
+        known = y[:, c] >= 0
+        zc, yc = z[known, c], y[known, c]
+        best = minimize_scalar(lambda s, zc=zc, yc=yc: bce(zc / np.exp(s), yc), bounds=(-5, 5), method="bounded",
+                               options={"xatol": 1e-9})
+        assert got[c] == pytest.approx(np.exp(best.x), rel=1e-4)
+        assert got[c] == pytest.approx(scales[c], rel=0.3)  # and near the scale the logits were inflated by
+    assert got[2] == 1.0 and got[3] == 1.0  # one outcome; separable at 0 (the BCE falls as T -> 0)
+    # the unknown labels are left out: marking them 0 instead moves class 0's T
+    assert fit_label_temperatures(logits, targets.clamp_min(0))[0] != pytest.approx(got[0], rel=1e-3)
+
+
+def test_the_moved_thresholds_keep_every_images_labels_and_the_unmoved_ones_do_not():
+    rng = np.random.default_rng(1)
+    z = rng.normal(0, 3, (2000, 6))
+    t = rng.uniform(0.05, 0.95, 6)
+    temperatures = rng.uniform(0.3, 4.0, 6).tolist()
+    before = [sorted(np.flatnonzero(row).tolist()) for row in expit(z) >= t]  # numpy: the labels of sigmoid(z)
+    moved = moved_thresholds(t.tolist(), temperatures)
+    np.testing.assert_allclose(moved, expit(logit(t) / np.array(temperatures)), rtol=1e-12)
+    calibrated = Calibration(temperatures, thresholds=moved)
+    assert label_sets(torch.tensor(z), t.tolist(), calibrated) == before
+    assert [] in before and any(len(s) > 1 for s in before)  # images with no label ("none of these") and several
+    assert label_sets(torch.tensor(z), t.tolist()) == before  # no calibration: as before
+    # the other side: the probabilities change, so keeping the old cuts on them changes labels
+    unmoved = Calibration(temperatures, thresholds=t.tolist())
+    assert label_sets(torch.tensor(z), t.tolist(), unmoved) != before
+
+
+def test_the_figures_are_the_hand_formulas_over_the_known_labels():
+    logits, targets, _ = overconfident(n=500, seed=3)
+    temperatures = [2.0, 0.7, 1.0, 1.3, 1.1]
+    got = label_figures(logits, targets, temperatures)
+    p, y = expit(logits.numpy() / np.array(temperatures)), targets.numpy()
+    edges = np.linspace(0, 1, 16)
+    eces = []
+    for c in range(5):
+        known = y[:, c] >= 0
+        pc, yc = p[known, c], y[known, c]
+        which = np.clip(np.digitize(pc, edges) - 1, 0, 14)  # bins [a, b), the top one closed
+        eces.append(sum(abs(pc[which == b].mean() - yc[which == b].mean()) * (which == b).mean()
+                        for b in range(15) if (which == b).any()))
+    np.testing.assert_allclose(got["ece_per_class"], eces, atol=1e-6)
+    assert got["ece"] == pytest.approx(np.mean(eces), abs=1e-6)
+    known = y >= 0
+    assert got["nll"] == pytest.approx(bce(logits.numpy()[known] / np.tile(temperatures, (500, 1))[known], y[known]))
+    assert got["brier"] == pytest.approx(np.mean((p[known] - y[known]) ** 2))
+
+
+@pytest.fixture(scope="module")
+def calibrated_labels(quadrant_run, tmp_path_factory):
+    """The quadrant checkpoint calibrated by `calibrate_checkpoint` (a copy), and what it printed."""
+    from tests.dummies import QuadrantLabels
+    from vit.deploy.calibration import calibrate_checkpoint
+
+    root = tmp_path_factory.mktemp("calibrated_labels")
+    shutil.copy(quadrant_run / "model.ckpt", root / "model.ckpt")
+    printed: list[str] = []
+    with pytest.raises(UserValueError, match="is multi-label, and no \"unknown\" score for a multi-label model"):
+        calibrate_checkpoint(root / "model.ckpt", QuadrantLabels(), outliers=root, say=printed.append)
+    assert "confidence" not in torch.load(root / "model.ckpt", weights_only=False)
+    calibrate_checkpoint(root / "model.ckpt", QuadrantLabels(), figure_dir=root, say=printed.append)
+    assert (root / "reliability.png").stat().st_size > 10_000
+    return root / "model.ckpt", printed
+
+
+def by_hand(ckpt, pixels: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The network's logits on the pixels (normalised as the 1-channel default), then numpy: sigmoid(z / T_c), and
+    the labels of the uncalibrated sigmoid(z) at the checkpoint's thresholds."""
+    from vit.deploy.classifier import read_classifier
+
+    stored = torch.load(ckpt, weights_only=False)
+    with torch.no_grad():
+        z = read_classifier(ckpt).model((pixels.float() / 255 - 0.5) / 0.5).double().numpy()
+    temperatures = np.array(stored["confidence"]["temperature"])
+    return expit(z / temperatures), expit(z) >= np.array(stored["vit"]["thresholds"]), expit(z)
+
+
+def test_predict_serve_onnx_and_openvino_answer_the_calibrated_probabilities_and_the_same_labels(
+        calibrated_labels, quadrant_run, tmp_path):
+    from tests.dummies import quadrant_pixels
+    from tests.serve.conftest import client_of, make_app
+    from vit.commands.predict import main as predict
+    from vit.deploy import load_classifier
+    from vit.deploy.classifier import read_classifier
+    from vit.deploy.export import export_onnx
+    from vit.serve.core import Predictor
+
+    ckpt, printed = calibrated_labels
+    assert any(line.startswith("temperature per class T_c = ") for line in printed)
+    assert any("every val image's labels unchanged" in line for line in printed)
+    assert any(line.startswith('no "unknown" score for a multi-label model') for line in printed)
+    stored = torch.load(ckpt, weights_only=False)["confidence"]
+    assert len(stored["temperature"]) == 4 and stored["threshold"] is None and stored["stats"] is None
+    assert stored["report"]["after"]["ece"] < stored["report"]["before"]["ece"]
+    files = sorted((quadrant_run / "images").glob("*.png"))
+    pixels, _ = quadrant_pixels(len(files), seed=2)
+    probs, labels, plain = by_hand(ckpt, pixels)
+    assert np.abs(probs - plain).max() > 0.05  # T moved the probabilities
+    clear = (np.abs(plain - np.array(torch.load(ckpt, weights_only=False)["vit"]["thresholds"])) > 1e-4).all(1)
+
+    def table(rows: list[dict]) -> tuple[np.ndarray, list[list[int]]]:
+        got = np.zeros_like(probs)
+        for i, r in enumerate(rows):
+            got[i, [e["class"] for e in r["top_k"]]] = [e["probability"] for e in r["top_k"]]
+        return got, [sorted(e["class"] for e in r["labels"]) for r in rows]
+
+    expected = [np.flatnonzero(row).tolist() for row in labels]
+    export_onnx(read_classifier(ckpt), tmp_path / "onnx")
+    onnx = tmp_path / "onnx" / "model.onnx"
+    for model, backend in ((ckpt, "torch"), (onnx, "onnx"), (onnx, "openvino")):
+        rows = predict(["--ckpt", str(model), *map(str, files), "--out", str(tmp_path / f"{backend}.json"),
+                        "--top_k", "4", "--backend", backend])
+        got, said = table(rows)
+        np.testing.assert_allclose(got, probs, atol=1e-5, err_msg=backend)
+        # onnxruntime's float rounding may flip a label within 1e-4 of its cut: those images are left out there
+        assert [s for s, ok in zip(said, clear) if ok or backend == "torch"] == \
+            [e for e, ok in zip(expected, clear) if ok or backend == "torch"], backend
+
+    async def served() -> list[dict]:
+        async with client_of(make_app(Predictor(load_classifier(ckpt)))) as client:
+            answers = [await client.post("/predict?top_k=4", files={"file": (f.name, f.read_bytes())}) for f in files]
+        assert all(a.status_code == 200 for a in answers)
+        return [a.json() for a in answers]
+
+    got, said = table(asyncio.run(served()))
+    np.testing.assert_allclose(got, probs, atol=1e-5)
+    assert said == expected
+
+
+def test_an_onnx_exported_before_calibration_answers_as_before(quadrant_run, tmp_path):
+    from tests.dummies import quadrant_pixels
+    from vit.deploy import load_classifier
+    from vit.deploy.classifier import read_classifier
+    from vit.deploy.export import export_onnx
+    from vit.deploy.predict import predict_files
+
+    ckpt = quadrant_run / "model.ckpt"
+    assert "confidence" not in torch.load(ckpt, weights_only=False)  # the uncalibrated fit
+    export_onnx(read_classifier(ckpt), tmp_path)
+    onnx = load_classifier(tmp_path / "model.onnx")
+    assert onnx.calibration is None
+    files = sorted((quadrant_run / "images").glob("*.png"))
+    pixels, _ = quadrant_pixels(len(files), seed=2)
+    with torch.no_grad():
+        z = read_classifier(ckpt).model((pixels.float() / 255 - 0.5) / 0.5).double().numpy()
+    for row, p in zip(predict_files(onnx, files, top_k=4), expit(z)):
+        assert [e["probability"] for e in row["top_k"]] == pytest.approx(sorted(p, reverse=True), abs=1e-5)
+
+
+def test_fit_on_the_multilabel_recipe_ends_by_fitting_a_temperature_per_class(tmp_path, capsys):
+    from tests import load_script
+    from tests.conftest import quiet_run
+    from vit.commands import main
+
+    root = load_script("multilabel_digits").write_composites(tmp_path / "data", {"train": 60, "val": 30, "test": 10})
+    recipe = str(Path(__file__).parents[2] / "configs" / "multilabel_cpu.yaml")
+    # no --calibrate: the default (on since `vit fit` ends by calibrating), which --calibrate true also asks
+    main(["fit", *quiet_run(tmp_path, recipe, calibrate=None), f"--data.init_args.root={root}",
+          "--data.init_args.num_workers=0", "--trainer.max_epochs=2", "--test_after_fit=false",
+          "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}"])
+    lines = capsys.readouterr().out.splitlines()
+    best = next((tmp_path / "ckpt").glob("best-*.ckpt"))
+    assert any(line.startswith(f"calibrated {best}: vit predict and vit serve answer with a temperature per "
+                               "class") for line in lines), lines[-8:]
+    assert not any(line.startswith("calibration skipped") for line in lines)
+    stored = torch.load(best, weights_only=False)["confidence"]
+    assert len(stored["temperature"]) == 10 and len(stored["thresholds"]) == 10
+    json.dumps({k: v for k, v in stored.items() if k != "stats"})  # plain data
+
+
+def test_the_hub_export_of_a_calibrated_multi_label_checkpoint_states_its_temperatures(calibrated_labels, tmp_path):
+    from huggingface_hub import ModelCard
+
+    from vit.commands import main
+
+    ckpt, _ = calibrated_labels
+    main(["export", "--ckpt", str(ckpt), "--format", "hub", "--out", str(tmp_path / "hub")])
+    stored = torch.load(ckpt, map_location="cpu", weights_only=False)["confidence"]  # read apart from vit
+    text = ModelCard.load(tmp_path / "hub" / "README.md").text
+    assert f"a temperature per class, T = {[round(t, 4) for t in stored['temperature']]}" in text
+    assert "sigmoid(logit_c / T_c)" in text and "above" not in text.split("## Confidence")[1].split("##")[0]
