@@ -21,7 +21,7 @@ and the tensors autograd saves for the backward pass (the activations; the weigh
 The backbone is pre-trained once per run and shared by the arms; ``--backbone FILE`` keeps it there, and a later
 run with the same FILE reuses it (a run of some ``--methods`` then compares with an earlier one).
 
-    python scripts/experiments/transfer_lora.py                   # about 6 minutes on 2 CPU cores
+    python scripts/experiments/transfer_lora.py                   # about 5 minutes on 2 CPU cores
     python scripts/experiments/transfer_lora.py --seeds 0 1 2 3 4 --json transfer_lora.json
     python scripts/experiments/transfer_lora.py --backbone /tmp/digits_0_4.ckpt --methods full "LoRA r=8 all"
 """

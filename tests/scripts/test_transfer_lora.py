@@ -1,6 +1,6 @@
-"""scripts/experiments/transfer_lora.py runs its five arms end to end (tiny settings: a smoke test; the figures are in
+"""scripts/experiments/transfer_lora.py runs its six arms end to end (tiny settings: a smoke test; the figures are in
 docs/finetune.md), each training what it should, counted by hand for the digits ViT (4 blocks of width 64, 5
-classes)."""
+classes), and a second run reuses the backbone the first one kept."""
 
 import json
 
