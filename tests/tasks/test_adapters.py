@@ -179,7 +179,8 @@ def fsdp_strategy(**kwargs):
                 model, sharding_strategy=self.sharding_strategy, auto_wrap_policy=policy,
                 device_id=torch.device("cpu"), **self.kwargs))
 
-    return CpuFSDP(auto_wrap_policy={EncoderBlock}, **kwargs)  # every block its own shard unit, as the recipe
+    # every block its own shard unit and checkpointed, as configs/finetune/mae_imagenet_vit_large_fsdp.yaml
+    return CpuFSDP(auto_wrap_policy={EncoderBlock}, activation_checkpointing_policy={EncoderBlock}, **kwargs)
 
 
 def fsdp_rank(rank: int, port: int, out: str, finetune: str) -> None:
