@@ -22,6 +22,7 @@ from vit.checkpoints.lora import STATE_PREFIXES, base_identity, completed, descr
 from vit.checkpoints.meta import META_KEY
 from vit.errors import UserValueError
 from vit.nn.lora import add_adapters, base_digest, base_layers, init_magnitudes
+from vit.nn.roles import wrapped_name
 from vit.nn.vision import VisionTransformer
 from vit.tasks.base import from_config
 from vit.tasks.finetune import ADAPTERS, LoraOptions, adapter_trained
@@ -84,9 +85,23 @@ class AdapterTraining:
         """The optimiser's groups without the frozen base (adapters), and without the groups that empties."""
         if self.adapter_trained is None:
             return groups
-        keep = {id(p) for n, p in self.model.named_parameters() if n in self.adapter_trained}
+        # by the plain name: under FSDP (configure_optimizers runs after the wrap) a block's names gain segments
+        keep = {id(p) for n, p in self.model.named_parameters() if wrapped_name(n) in self.adapter_trained}
         groups = [{**g, "params": [p for p in g["params"] if id(p) in keep]} for g in groups]
         return [g for g in groups if g["params"]]
+
+    def check_sharding(self) -> None:
+        """Before FSDP wraps the model: each block holds frozen base weights beside trained adapters, which torch's
+        FSDP (2.14) shards only with ``use_orig_params=True``; Lightning 2.6's FSDPStrategy sets it unless told
+        otherwise, and without it torch refuses the block with a list of every parameter."""
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        strategy = self.trainer.strategy
+        if self.adapter_trained is not None and isinstance(strategy, FSDPStrategy) and not strategy.kwargs.get(
+                "use_orig_params"):
+            raise UserValueError(f"finetune: {self.hparams.finetune} freezes the base inside every block, which FSDP "
+                                 "shards only with use_orig_params: drop trainer.strategy's use_orig_params: false "
+                                 "(Lightning's default is true)")
 
     def thin(self) -> bool:
         """Whether checkpoints leave the base out: adapters on a base that can be found again (``pretrained``, or

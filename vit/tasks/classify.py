@@ -244,6 +244,7 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
         self.eval_loss = self.head.eval_loss(n)
 
     def setup(self, stage: str) -> None:
+        self.check_sharding()  # adapters under FSDP (`AdapterTraining`)
         if stage == "fit" and self.head.class_weighting:
             counts = self.head.training_counts(self.trainer.datamodule)
             weights = self.head.class_weights(counts, self.class_names)

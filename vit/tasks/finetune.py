@@ -24,7 +24,7 @@ from torch import nn
 
 from vit.errors import UserValueError
 from vit.nn.lora import LoraConfig, is_adapter
-from vit.nn.roles import ParamRoles
+from vit.nn.roles import ParamRoles, wrapped_name
 
 STRATEGIES = ("full", "linear_probe", "partial", "staged", "lora", "dora")
 ADAPTERS = ("lora", "dora")
@@ -90,8 +90,8 @@ def frozen_parts(network: nn.Module, roles: ParamRoles, finetune: str, freeze_bl
     """What does not train in ``epoch`` under the strategy: all but the head (``linear_probe``, and ``staged``
     or adapters before ``head_epochs``), the stem, tokens and first ``freeze_blocks`` blocks (``partial``), or all
     but ``trained`` (adapters: `adapter_trained`)."""
-    if finetune in ADAPTERS and epoch >= head_epochs:
-        return Frozen(frozenset(n for n, _ in network.named_parameters() if n not in trained), ())
+    if finetune in ADAPTERS and epoch >= head_epochs:  # ``trained`` holds plain names; FSDP's wrapped blocks rename
+        return Frozen(frozenset(n for n, _ in network.named_parameters() if wrapped_name(n) not in trained), ())
     if finetune in ("linear_probe", *ADAPTERS) or (finetune == "staged" and epoch < head_epochs):
         parts, blocks = ("stem", "tokens", "blocks", "pool"), None
     elif finetune == "partial":
