@@ -285,3 +285,17 @@ def test_one_training_image_a_class_still_gives_a_score(per_class):
     scale = 1000.0 if not per_class else 10000.0
     expected = scale * ((q[:, None] - z[None]) ** 2).sum(-1).min(1)
     np.testing.assert_allclose(unknown(queries)[0].numpy(), expected, rtol=1e-4)
+
+
+def test_a_covariance_per_class_of_wide_features_fits_on_two_threads():
+    # torch 2.14.1's batched LU hung here (MKL at 2 threads); a subprocess turns a hang into a failure
+    import subprocess
+    import sys
+
+    code = ("import torch; torch.set_num_threads(2); torch.manual_seed(0)\n"
+            "from vit.deploy.calibration import fit_layer\n"
+            "x, y = torch.randn(400, 192), torch.arange(400) % 10\n"
+            "score = fit_layer(x, y, 10, per_class=True)\n"
+            "print(score.precision.shape)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "torch.Size([10, 192, 192])" in done.stdout, done.stderr[-500:]

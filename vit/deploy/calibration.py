@@ -125,7 +125,9 @@ def fit_layer(features: Tensor, labels: Tensor, num_classes: int, shrinkage: flo
     if per_class:
         own = torch.stack([c.T @ c / len(c) for c in (centred[labels.long() == k] for k in range(num_classes))])
         covariance = (1 - CLASS_SHRINKAGE) * own + CLASS_SHRINKAGE * covariance  # (C, D, D)
-    precision = torch.linalg.inv(covariance)
+    # Cholesky, not torch.linalg.inv: torch 2.14.1's batched LU (MKL getrf) hangs at 2+ threads (after "DLASWP"
+    # errors) on a covariance per class; the covariance is symmetric positive definite (shrunk), so this is exact
+    precision = torch.cholesky_inverse(torch.linalg.cholesky(covariance))
     return LayerScore(means.float(), ((precision + precision.transpose(-1, -2)) / 2).float())
 
 
