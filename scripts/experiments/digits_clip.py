@@ -124,11 +124,23 @@ class DigitCaptions(CaptionTable):
         return DataLoader(train, batch_sampler=batches)
 
 
-def trainer(root: Path, epochs: int) -> Trainer:
+def trainer(root: Path, epochs: int, callbacks: Sequence[Callback] = ()) -> Trainer:
     """A quiet CPU trainer that keeps no checkpoint files."""
     return Trainer(default_root_dir=root, accelerator="cpu", max_epochs=epochs, logger=False,
                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                   num_sanity_val_steps=0)
+                   num_sanity_val_steps=0, callbacks=list(callbacks))
+
+
+class ZeroShotEachEpoch(Callback):
+    """The held-out templates' zero-shot top-1 on the test split after every contrastive epoch: the curve."""
+
+    def __init__(self, data: Digits) -> None:
+        self.data, self.curve = data, []
+
+    def on_train_epoch_end(self, trainer: Trainer, task: ContrastiveTask) -> None:
+        classifier = zeroshot_classifier(task.clip.eval(), task.tokenizer, self.data.class_names, HELD_OUT)
+        self.curve.append(round(top1(classifier, self.data.test_set), 3))
+        task.clip.train()
 
 
 @torch.no_grad()
@@ -149,9 +161,11 @@ def train_clip(data: Digits, seed: int, root: Path, args: argparse.Namespace) ->
                           batch_size=args.batch, seed=seed, labels=labels, distinct=args.distinct)
     seed_everything(seed, verbose=False)
     task = ContrastiveTask(vision="vit_digits_patch2_8", vision_kwargs=VISION_KWARGS, img_size=8, in_chans=1,
-                           text=TEXT, embed_dim=64, context_length=40, lr=args.lr, weight_decay=0.05,
-                           warmup_epochs=1)
-    trainer(root, args.epochs).fit(task, table)
+                           text=TEXT, embed_dim=64, context_length=40 if args.tokenizer == "char" else 16,
+                           lr=args.lr, weight_decay=0.05, warmup_epochs=1, tokenizer=args.tokenizer)
+    curve = ZeroShotEachEpoch(data)
+    trainer(root, args.epochs, [curve]).fit(task, table)
+    task.zeroshot_curve = curve.curve
     return task.eval()
 
 
@@ -207,7 +221,8 @@ def run_seed(seed: int, out: Path, args: argparse.Namespace) -> dict[str, float]
     classifier = zeroshot_classifier(task.clip, task.tokenizer, data.class_names, HELD_OUT)
     seen = zeroshot_classifier(task.clip, task.tokenizer, data.class_names, ("a handwritten {}",))
     result = {"seed": seed, "zeroshot_top1": top1(classifier, data.test_set),
-              "zeroshot_top1_train_template": top1(seen, data.test_set), "clip_seconds": time.perf_counter() - start}
+              "zeroshot_top1_train_template": top1(seen, data.test_set),
+              "zeroshot_curve": task.zeroshot_curve, "clip_seconds": time.perf_counter() - start}
     meta = {"task": "classify", "model_name": "vit_digits_patch2_8", "model_config": classifier.config.to_dict(),
             "class_names": data.class_names, "mean": list(DIGITS_MEAN), "std": list(DIGITS_STD), "crop_pct": 1.0,
             "interpolation": "bilinear"}
@@ -244,6 +259,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="TEN_TEMPLATES, or those and MORE_TEMPLATES")
     parser.add_argument("--captions", choices=("one", "all"), default="all",
                         help="one caption per image drawn once, or every template's (one drawn per visit)")
+    parser.add_argument("--tokenizer", choices=("char", "word"), default="char",
+                        help="the text tower reads characters, or the training captions' words")
     parser.add_argument("--batch", type=int, default=32, help="contrastive batch size")
     parser.add_argument("--distinct", action="store_true", help="batches of different digits (batch <= 10)")
     parser.add_argument("--lr", type=float, default=2e-3, help="contrastive peak lr")

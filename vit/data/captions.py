@@ -3,6 +3,7 @@
     captions.csv ─► read_captions ─► [(image path, caption)] ─► group_captions ─► [(image path, [captions])]
                  ─► CaptionPairs ─► (image (C, H, W), one of its captions)
     captions (T)  ─► CharCaptions (a tiny CLIP's own text side) ─► ids (T, L): <bos> chars <eot> <pad>...
+                     (`CharCaptions.words`: whole words of the training captions instead of characters)
 
 A deliberately small reader: a CSV with a header that names ``path`` and ``caption`` (paths relative to the
 table's folder), images resized to a square and normalised, no augmentation. An image may have several captions
@@ -18,7 +19,7 @@ from __future__ import annotations
 import csv
 import os
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -31,7 +32,15 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from vit.data.io import load_image
-from vit.data.tokenizers import BOS_ID, PAD_ID, SPECIAL_TOKENS, CharTokenizer, Tokenizer, tokenizer_from_dict
+from vit.data.tokenizers import (
+    BOS_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    CharTokenizer,
+    Tokenizer,
+    WordTokenizer,
+    tokenizer_from_dict,
+)
 from vit.errors import UserPathError, UserValueError
 
 # What a tiny CLIP trained from scratch reads: lower-case letters, digits, spaces and simple punctuation.
@@ -208,6 +217,14 @@ class CharCaptions:
             body = self.tokenizer.encode(text)[: self.context_length - 2]
             ids[row, : len(body) + 2] = torch.tensor([BOS_ID, *body, self.eot_id])
         return ids
+
+    @classmethod
+    def words(cls, texts: Iterable[str], context_length: int = 32) -> CharCaptions:
+        """Whole lower-cased words instead of characters, the vocabulary those of ``texts`` (the training
+        captions): a word they lack reads as <unk>. The ids are laid out as for characters."""
+        made = cls(context_length=context_length)
+        made.tokenizer = WordTokenizer.fit(texts, lowercase=True)
+        return made
 
     def to_dict(self) -> dict[str, Any]:
         """What `CharCaptions.from_dict` rebuilds it from (a checkpoint's)."""
