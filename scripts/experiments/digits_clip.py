@@ -3,7 +3,7 @@ scikit-learn's digits, scored zero-shot on the digits' test split with prompt te
 then `head_init: zeroshot` fine-tuning against a random head, and WiSE-FT (`vit average`) between the zero-shot
 and the fine-tuned classifier. Seeds 0-2; the table and the ablation go in docs/zeroshot.md.
 
-    python scripts/experiments/digits_clip.py --seeds 0 1 2 --ft_warmup 0 --layer_decay 0.75   # the measured run
+    python scripts/experiments/digits_clip.py --seeds 0 1 2   # the measured run; --help lists the ablation's switches
 
 Every training image gets a caption row per template of TEN_TEMPLATES + MORE_TEMPLATES (38), the digit as a
 numeral or a word ("a handwritten 7", "the digit seven", ...); `CaptionTable` pairs it with one of them per visit,
@@ -271,8 +271,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=2e-3, help="contrastive peak lr")
     parser.add_argument("--ft_epochs", type=int, default=10, help="epochs of each fine-tune (0: none)")
     parser.add_argument("--ft_lr", type=float, default=5e-4, help="both fine-tunes' peak lr (the head's)")
-    parser.add_argument("--ft_warmup", type=float, default=1.0, help="both fine-tunes' warm-up epochs")
-    parser.add_argument("--layer_decay", type=float, default=None, help="both fine-tunes' layer-wise lr decay")
+    parser.add_argument("--ft_warmup", type=float, default=0.0, help="both fine-tunes' warm-up epochs")
+    parser.add_argument("--layer_decay", type=float, default=0.75,
+                        help="both fine-tunes' layer-wise lr decay (1: every layer at the head's lr)")
     args = parser.parse_args(argv)
     if args.distinct and args.batch > 10:
         parser.error(f"--distinct needs --batch <= 10 (ten digits), got {args.batch}")
