@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
@@ -92,6 +93,48 @@ def test_the_checkpoint_rebuilds_both_towers_and_the_tokenizer(tmp_path):
 def test_an_unknown_loss_is_refused():
     with pytest.raises(UserValueError, match="loss must be one of clip, siglip"):
         tiny_task(loss="infonce")
+    with pytest.raises(UserValueError, match="tokenizer must be one of char, word"):
+        tiny_task(tokenizer="bpe")
+
+
+class WordPairs(pl.LightningDataModule):
+    """`pairs` with word captions, and the training captions as `CaptionTable.captions` gives them."""
+
+    def setup(self, stage=None):
+        self.pairs = [(image, "a bar on top" if caption == "top" else "it is all lit") for image, caption in pairs()]
+
+    def captions(self, split="train"):
+        return [caption for _, caption in self.pairs]
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.pairs, batch_size=8, shuffle=True)
+
+
+def test_a_word_tokenizer_takes_the_training_captions_words_and_round_trips(tmp_path):
+    task = tiny_task(tokenizer="word", lr=5e-3)
+    assert task.clip is None  # no vocabulary before the data
+    quick_trainer(tmp_path, max_steps=60).fit(task, datamodule=WordPairs())
+    # the words by hand: 4 special ids, then "a bar on top it is all lit" by count (all once: alphabetical)
+    words = sorted(["a", "bar", "on", "top", "it", "is", "all", "lit"])
+    assert task.tokenizer.vocab_size == 4 + len(words) + 1 == task.clip.text.config.vocab_size
+    eot = 4 + len(words)
+    expected = [2, 4 + words.index("a"), 1, 4 + words.index("top"), eot] + [0] * 11  # "picture": unknown
+    assert task.tokenizer("A picture TOP")[0].tolist() == expected
+    clip = task.clip.eval()
+    images = torch.stack([pairs(2)[0][0], pairs(2)[1][0]])
+    with torch.no_grad():
+        logits = clip(images, task.tokenizer(["a bar on top", "it is all lit"]))
+    assert torch.equal(logits.argmax(-1), torch.tensor([0, 1]))
+    task.trainer.save_checkpoint(tmp_path / "clip.ckpt")
+    loaded, tokenizer = load_contrastive(tmp_path / "clip.ckpt")
+    assert torch.equal(tokenizer(["A picture TOP"]), task.tokenizer(["A picture TOP"]))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(images, tokenizer(["top"])), clip(images, task.tokenizer(["top"])))
+
+
+def test_a_word_tokenizer_needs_a_caption_table(tmp_path):
+    with pytest.raises(UserValueError, match="tokenizer: word builds its vocabulary from the training captions"):
+        quick_trainer(tmp_path, max_steps=1).fit(tiny_task(tokenizer="word"), torch.utils.data.DataLoader(pairs(4)))
 
 
 @pytest.mark.parametrize("family", ["clip", "siglip"])

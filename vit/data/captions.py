@@ -1,10 +1,15 @@
 """Image-caption pairs for contrastive training (`vit.tasks.ContrastiveTask`): a table ``path,caption``.
 
-    captions.csv ─► read_captions ─► [(image path, caption)] ─► CaptionPairs ─► (image (C, H, W), caption)
+    captions.csv ─► read_captions ─► [(image path, caption)] ─► group_captions ─► [(image path, [captions])]
+                 ─► CaptionPairs ─► (image (C, H, W), one of its captions)
     captions (T)  ─► CharCaptions (a tiny CLIP's own text side) ─► ids (T, L): <bos> chars <eot> <pad>...
+                     (`CharCaptions.words`: whole words of the training captions instead of characters)
 
 A deliberately small reader: a CSV with a header that names ``path`` and ``caption`` (paths relative to the
-table's folder), images resized to a square and normalised, no augmentation. The labels-file DataModule of
+table's folder), images resized to a square and normalised, no augmentation. An image may have several captions
+(as COCO's five): several rows with the same path. Training then sees one of them per visit, drawn anew each
+epoch from the seed, the epoch and the image (`CaptionSampler`), so a run and its resumption draw the same;
+validation always takes the image's first caption. The labels-file DataModule of
 issue 51 (`vit/data/table.py`, being written beside this) is the general reader; this one serves the
 contrastive task until it lands.
 """
@@ -13,7 +18,8 @@ from __future__ import annotations
 
 import csv
 import os
-from collections.abc import Sequence
+import random
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,10 +29,18 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from vit.data.io import load_image
-from vit.data.tokenizers import BOS_ID, PAD_ID, SPECIAL_TOKENS, CharTokenizer, Tokenizer, tokenizer_from_dict
+from vit.data.tokenizers import (
+    BOS_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    CharTokenizer,
+    Tokenizer,
+    WordTokenizer,
+    tokenizer_from_dict,
+)
 from vit.errors import UserPathError, UserValueError
 
 # What a tiny CLIP trained from scratch reads: lower-case letters, digits, spaces and simple punctuation.
@@ -59,25 +73,68 @@ def read_captions(path: str | os.PathLike) -> list[tuple[Path, str]]:
     return rows
 
 
-class CaptionPairs(Dataset):
-    """(image, caption) pairs: the image resized to ``img_size`` square, as floats normalised by mean/std."""
+def group_captions(rows: Sequence[tuple[Path, str]]) -> list[tuple[Path, list[str]]]:
+    """The rows of one image (the same path) as one entry with its captions in table order, images in the order
+    of their first row."""
+    groups: dict[Path, list[str]] = {}
+    for path, caption in rows:
+        groups.setdefault(path, []).append(caption)
+    return list(groups.items())
 
-    def __init__(self, rows: Sequence[tuple[Path, str]], img_size: int, in_chans: int, mean: Sequence[float],
-                 std: Sequence[float]) -> None:
-        self.rows = list(rows)
+
+class CaptionPairs(Dataset):
+    """(image, caption) pairs: the image resized to ``img_size`` square, as floats normalised by mean/std.
+
+    ``images`` holds each image once with its captions (`group_captions`). With ``draw`` an index
+    ``epoch * len(self) + i`` (what `CaptionSampler` yields) gives image ``i`` with a caption drawn from
+    (``seed``, epoch, i): the same in any worker and on a resumed run. Without ``draw``, the first caption."""
+
+    def __init__(self, images: Sequence[tuple[Path, Sequence[str]]], img_size: int, in_chans: int,
+                 mean: Sequence[float], std: Sequence[float], draw: bool = False, seed: int = 0) -> None:
+        self.images = [(path, list(captions)) for path, captions in images]
+        self.draw, self.seed = draw, seed
         self.img_size, self.mode = img_size, "L" if in_chans == 1 else "RGB"
         self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.images)
+
+    def caption(self, index: int) -> str:
+        """The caption an index reads (the epoch is ``index // len(self)``)."""
+        epoch, image = divmod(index, len(self))
+        captions = self.images[image][1]
+        if not self.draw or len(captions) == 1:
+            return captions[0]
+        # a str seed is hashed with SHA-512: the same draw in every process, whatever PYTHONHASHSEED
+        return captions[random.Random(f"{self.seed}:{epoch}:{image}").randrange(len(captions))]
 
     def __getitem__(self, index: int) -> tuple[Tensor, str]:
-        path, caption = self.rows[index]
+        path = self.images[index % len(self)][0]
         image = load_image(path, self.mode).resize((self.img_size, self.img_size), Image.Resampling.BICUBIC)
         pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0)
         pixels = pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1)  # (C, H, W)
-        return (pixels - self.mean) / self.std, caption
+        return (pixels - self.mean) / self.std, self.caption(index)
+
+
+class CaptionSampler(Sampler[int]):
+    """A random order of ``size`` images fixed by ``seed`` and the epoch, each index carrying the epoch
+    (``epoch * size + i``) for `CaptionPairs`' caption draw. Lightning calls ``set_epoch`` at every epoch start
+    (under DDP through the wrapper that shards a custom sampler's indices), so the draw needs no state in the
+    dataset: a worker's copy and a resumed run read the epoch from the index."""
+
+    def __init__(self, size: int, seed: int = 0) -> None:
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[int]:
+        order = random.Random(f"order:{self.seed}:{self.epoch}").sample(range(self.size), self.size)
+        return iter([self.epoch * self.size + i for i in order])
 
 
 class CaptionTable(pl.LightningDataModule):
@@ -105,30 +162,28 @@ class CaptionTable(pl.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         hp = self.hp
-        train = read_captions(hp.train)
+        train = group_captions(read_captions(hp.train))
         if hp.val is not None:
-            val = read_captions(hp.val)
+            val = group_captions(read_captions(hp.val))
         else:
             order = torch.randperm(len(train), generator=torch.Generator().manual_seed(hp.seed)).tolist()
             held = max(1, round(hp.val_fraction * len(train)))
             val, train = [train[i] for i in order[:held]], [train[i] for i in order[held:]]
-        make = lambda rows: CaptionPairs(rows, self.img_size, self.in_chans, self.mean, self.std)
-        self.splits = {"train": make(train), "val": make(val)}
+        make = lambda images, draw: CaptionPairs(images, self.img_size, self.in_chans, self.mean, self.std, draw,
+                                                 hp.seed)
+        self.splits = {"train": make(train, True), "val": make(val, False)}
 
     def captions(self, split: str = "train") -> list[str]:
         """Every caption of a split (after ``setup``)."""
-        return [caption for _, caption in self.splits[split].rows]
-
-    def loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(self.splits[split], batch_size=self.hp.batch_size, shuffle=shuffle,
-                          num_workers=self.hp.num_workers, drop_last=shuffle and len(self.splits[split]) >
-                          self.hp.batch_size)
+        return [caption for _, captions in self.splits[split].images for caption in captions]
 
     def train_dataloader(self) -> DataLoader:
-        return self.loader("train", shuffle=True)
+        train = self.splits["train"]
+        return DataLoader(train, batch_size=self.hp.batch_size, sampler=CaptionSampler(len(train), self.hp.seed),
+                          num_workers=self.hp.num_workers, drop_last=len(train) > self.hp.batch_size)
 
     def val_dataloader(self) -> DataLoader:
-        return self.loader("val", shuffle=False)
+        return DataLoader(self.splits["val"], batch_size=self.hp.batch_size, num_workers=self.hp.num_workers)
 
 
 class CharCaptions:
@@ -163,6 +218,14 @@ class CharCaptions:
             ids[row, : len(body) + 2] = torch.tensor([BOS_ID, *body, self.eot_id])
         return ids
 
+    @classmethod
+    def words(cls, texts: Iterable[str], context_length: int = 32) -> CharCaptions:
+        """Whole lower-cased words instead of characters, the vocabulary those of ``texts`` (the training
+        captions): a word they lack reads as <unk>. The ids are laid out as for characters."""
+        made = cls(context_length=context_length)
+        made.tokenizer = WordTokenizer.fit(texts, lowercase=True)
+        return made
+
     def to_dict(self) -> dict[str, Any]:
         """What `CharCaptions.from_dict` rebuilds it from (a checkpoint's)."""
         return {"tokenizer": self.tokenizer.to_dict(), "context_length": self.context_length}
@@ -175,4 +238,5 @@ class CharCaptions:
         return made
 
 
-__all__ = ["ALPHABET", "CaptionPairs", "CaptionTable", "CharCaptions", "read_captions"]
+__all__ = ["ALPHABET", "CaptionPairs", "CaptionSampler", "CaptionTable", "CharCaptions", "group_captions",
+           "read_captions"]

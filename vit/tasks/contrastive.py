@@ -7,7 +7,8 @@ captions (Goyal et al. 2023; open_clip #1054), or a small CLIP trained from scra
 
 From scratch (``pretrained`` None) the image tower is a named `ViTConfig` (``vision``, ``vision_kwargs``) ending in a
 projection to ``embed_dim``, and the text tower a `CLIPTextConfig` (``text``) that reads captions one character at
-a time (`vit.data.captions.CharCaptions`: the vocabulary is fixed, so nothing is read before training). With
+a time (`vit.data.captions.CharCaptions`: the vocabulary is fixed, so nothing is read before training), or with
+``tokenizer: word`` whole words, the vocabulary the training captions' (built in ``configure_model``). With
 ``pretrained`` (an OpenCLIP/transformers CLIP or SigLIP, `vit.checkpoints.clip.load_clip`) both towers, the scale,
 the bias and the tokenizer are the weights', read in ``configure_model`` as the classifier reads its own.
 
@@ -39,6 +40,7 @@ from vit.tasks.losses import clip_loss, siglip_loss
 from vit.tasks.optim import adamw, step_schedule, warmup_cosine
 
 LOSSES = ("clip", "siglip")
+SCRATCH_TOKENIZERS = ("char", "word")
 
 
 HEAD_INITS = ("random", "zeroshot")
@@ -67,7 +69,9 @@ class ContrastiveTask(BaseTask):
         img_size, in_chans: the images' side and channels (from scratch; the data's).
         text: from scratch: `CLIPTextConfig` overrides (``depth``, ``embed_dim``, ``num_heads``, ...).
         embed_dim: from scratch: the joint space's width (the image projection's and the text projection's).
-        context_length: from scratch: characters per caption, <bos> and <eot> included.
+        context_length: from scratch: tokens per caption, <bos> and <eot> included.
+        tokenizer: from scratch: "char" (a fixed alphabet) or "word" (the training captions' words; an unseen word
+            reads as <unk>).
         pretrained: a CLIP or SigLIP to fine-tune (a file, a hub tag or an OpenCLIP folder): then the towers, the
             loss's scale and bias and the tokenizer are the weights', and ``vision``/``text`` are not used.
         loss: "clip" (InfoNCE, softmax over the batch) or "siglip" (a sigmoid per pair, with a learnt bias).
@@ -80,9 +84,11 @@ class ContrastiveTask(BaseTask):
                  img_size: int | None = None, in_chans: int | None = None, text: dict[str, Any] | None = None,
                  embed_dim: int = 64, context_length: int = 32, pretrained: str | None = None, loss: str = "clip",
                  lr: float = 1e-3, weight_decay: float = 0.1, betas: Sequence[float] = (0.9, 0.98),
-                 warmup_epochs: float = 1.0, min_lr: float = 0.0) -> None:
+                 warmup_epochs: float = 1.0, min_lr: float = 0.0, tokenizer: str = "char") -> None:
         if loss not in LOSSES:
             raise UserValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+        if tokenizer not in SCRATCH_TOKENIZERS:
+            raise UserValueError(f"tokenizer must be one of {', '.join(SCRATCH_TOKENIZERS)}, got {tokenizer!r}")
         super().__init__()
 
     def configure_models(self) -> None:
@@ -90,13 +96,22 @@ class ContrastiveTask(BaseTask):
         hp = self.hparams
         self.clip: CLIP | None = None
         self.tokenizer: Any = None
-        if hp.pretrained is None:
+        if hp.pretrained is None and hp.tokenizer == "char":
             self.tokenizer = CharCaptions(ALPHABET, hp.context_length)
             self.clip = scratch_clip(hp, self.tokenizer.vocab_size)
 
     def configure_model(self) -> None:
-        """Read the ``pretrained`` CLIP, once (Lightning calls this inside a Trainer, before the optimiser)."""
+        """Read the ``pretrained`` CLIP, or build the word vocabulary of the training captions and the CLIP of its
+        size, once (Lightning calls this inside a Trainer, after the data's setup, before the optimiser)."""
         if self.clip is not None:
+            return
+        if self.hparams.pretrained is None:
+            captions = getattr(getattr(self.trainer, "datamodule", None), "captions", None)
+            if captions is None:
+                raise UserValueError("tokenizer: word builds its vocabulary from the training captions: fit with "
+                                     "a caption table (vit.data.captions.CaptionTable) as the data")
+            self.tokenizer = CharCaptions.words(captions("train"), self.hparams.context_length)
+            self.clip = scratch_clip(self.hparams, self.tokenizer.vocab_size)
             return
         from vit.checkpoints.clip import load_clip
 
