@@ -240,6 +240,17 @@ def test_fsdp_without_use_orig_params_is_a_clear_error(tmp_path):
     model.setup("fit")  # Lightning 2.6's default, use_orig_params=True, passes
 
 
+@pytest.mark.parametrize("ema", [None, 0.99])
+def test_an_ema_under_fsdp_is_a_clear_error(tmp_path, ema):
+    model = lora_classifier(base_file(tmp_path), optim={"ema_decay": ema})
+    model.trainer = quick_trainer(tmp_path, max_steps=1, strategy=fsdp_strategy())
+    if ema is None:
+        model.setup("fit")
+    else:
+        with pytest.raises(UserValueError, match=r"optim.ema_decay .* drop ema_decay under FSDP"):
+            model.setup("fit")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("finetune", ["lora", "dora"])
 def test_a_lora_run_killed_mid_epoch_resumes_bitwise(tmp_path, finetune):

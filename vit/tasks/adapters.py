@@ -97,6 +97,10 @@ class AdapterTraining:
         from lightning.pytorch.strategies import FSDPStrategy
 
         strategy = self.trainer.strategy
+        if isinstance(strategy, FSDPStrategy) and self.model_ema is not None:
+            # the average is a whole, unsharded copy that its update pairs with the sharded parameters by name
+            raise UserValueError("optim.ema_decay keeps an unsharded average of the weights, which FSDP's sharded "
+                                 "parameters cannot update: drop ema_decay under FSDP, or train with ddp")
         if self.adapter_trained is not None and isinstance(strategy, FSDPStrategy) and not strategy.kwargs.get(
                 "use_orig_params"):
             raise UserValueError(f"finetune: {self.hparams.finetune} freezes the base inside every block, which FSDP "
