@@ -97,8 +97,8 @@ def _logger_levels_restored() -> Iterator[None]:
 
 def quiet_run(root: Path, *configs: str, calibrate: bool | None = False) -> list[str]:
     """Arguments that run the recipe ``configs`` (the digits by default) with its outputs under ``root``,
-    quietly. Later configs (e.g. a logger's) override earlier ones. ``calibrate``: None keeps the recipe's own
-    choice (the recipe tests); False by default, since the tests of calibration ask for it."""
+    quietly. Later configs (e.g. a logger's) override earlier ones. ``calibrate``: `vit fit --calibrate` (None:
+    the recipe's own choice)."""
     return [
         *(a for config in configs or (DIGITS,) for a in ("--config", config)),
         f"--trainer.default_root_dir={root}", f"--trainer.logger.init_args.save_dir={root}/logs",

@@ -206,8 +206,7 @@ def test_fit_on_the_multilabel_recipe_ends_by_fitting_a_temperature_per_class(tm
 
     root = load_script("multilabel_digits").write_composites(tmp_path / "data", {"train": 60, "val": 30, "test": 10})
     recipe = str(Path(__file__).parents[2] / "configs" / "multilabel_cpu.yaml")
-    # no --calibrate: the default (on since `vit fit` ends by calibrating), which --calibrate true also asks
-    main(["fit", *quiet_run(tmp_path, recipe, calibrate=None), f"--data.init_args.root={root}",
+    main(["fit", *quiet_run(tmp_path, recipe, calibrate=True), f"--data.init_args.root={root}",
           "--data.init_args.num_workers=0", "--trainer.max_epochs=2", "--test_after_fit=false",
           "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}"])
     lines = capsys.readouterr().out.splitlines()

@@ -119,13 +119,12 @@ class VitCLI(LightningCLI):
             help="after `fit`, test the best checkpoint and print the test accuracy",
         )
         parser.add_argument(
-            "--calibrate", type=bool, default=True,
+            "--calibrate", type=bool, default=False,
             help="after `fit`, fit a temperature and an 'unknown' threshold on the best checkpoint and store them "
             "in it (as `vit calibrate`): vit predict and vit serve then answer 'unknown' for images far from the "
-            "training data, which also turns away about 5%% of good ones (the threshold accepts 95%% of val). "
-            "false keeps the plain argmax, as a model shared to timm or transformers answers "
-            "(configs/digits.yaml; docs/confidence.md). A multi-label model gets a temperature per class alone "
-            "(docs/multilabel.md)",
+            "training data, which also turns away about 5%% of good ones (the threshold accepts 95%% of val). Off "
+            "by default: its answers then differ from the timm and Hub exports', and its statistics add MBs to a "
+            "LoRA checkpoint (docs/confidence.md)",
         )
         parser.add_argument(
             "--num_threads", type=int | None, default=None,
