@@ -95,16 +95,15 @@ def _logger_levels_restored() -> Iterator[None]:
             logger.setLevel(before.get(name, logging.NOTSET))
 
 
-def quiet_run(root: Path, *configs: str, calibrate: bool | None = False) -> list[str]:
+def quiet_run(root: Path, *configs: str, calibrate: bool = False) -> list[str]:
     """Arguments that run the recipe ``configs`` (the digits by default) with its outputs under ``root``,
-    quietly. Later configs (e.g. a logger's) override earlier ones. ``calibrate``: `vit fit --calibrate` (None:
-    the recipe's own choice)."""
+    quietly. Later configs (e.g. a logger's) override earlier ones. ``calibrate``: `vit fit --calibrate`."""
     return [
         *(a for config in configs or (DIGITS,) for a in ("--config", config)),
         f"--trainer.default_root_dir={root}", f"--trainer.logger.init_args.save_dir={root}/logs",
         f"--checkpoint.dirpath={root}/ckpt", "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
-        *([] if calibrate is None else [f"--calibrate={str(calibrate).lower()}"]),
+        f"--calibrate={str(calibrate).lower()}",
     ]
 
 
