@@ -179,24 +179,52 @@ def fsdp_strategy(**kwargs):
                 model, sharding_strategy=self.sharding_strategy, auto_wrap_policy=policy,
                 device_id=torch.device("cpu"), **self.kwargs))
 
+        def optimizer_state(self, optimizer):
+            """Lightning's full optimiser state without offload_to_cpu: torch 2.14's FSDP gathers each state (exp_avg,
+            then exp_avg_sq) into one reused buffer and offloads views of it with ``.cpu()``, which copies on a GPU and
+            is the tensor itself on CPU ranks, so every exp_avg came back as its exp_avg_sq. Unoffloaded, it clones."""
+            from torch.distributed.fsdp import (
+                FullOptimStateDictConfig,
+                FullStateDictConfig,
+                OptimStateKeyType,
+                StateDictType,
+            )
+
+            optimizer = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer's own
+            with FullyShardedDataParallel.state_dict_type(
+                    self.model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(rank0_only=True),
+                    FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=True)):
+                state = FullyShardedDataParallel.optim_state_dict(self.model, optimizer)
+            if self.global_rank == 0:  # by parameter number, as Lightning stores it
+                state = FullyShardedDataParallel.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_ID, self.model)
+            return state
+
     # every block its own shard unit and checkpointed, as configs/finetune/mae_imagenet_vit_large_fsdp.yaml
     return CpuFSDP(auto_wrap_policy={EncoderBlock}, activation_checkpointing_policy={EncoderBlock}, **kwargs)
 
 
 def fsdp_rank(rank: int, port: int, out: str, finetune: str) -> None:
-    """One of two CPU ranks (gloo, forked): a LoRA or DoRA fit of two steps under FSDP, its checkpoint, and the
-    gathered state of the network (rank 0 writes both)."""
+    """One of two CPU ranks (gloo, forked): a LoRA or DoRA fit of two epochs (2 steps each) under FSDP, a checkpoint
+    each epoch, then the same fit resumed from the first epoch's; the gathered state of each network at its end
+    (rank 0 writes the files)."""
     import os
     import warnings
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
 
     warnings.simplefilter("ignore")  # FSDP's and Lightning's notes on a CPU run
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
                       LOCAL_RANK=str(rank), NODE_RANK="0")  # Lightning then joins these ranks, launches none
-    model = lora_classifier(Path(out, "base.safetensors"), finetune)
-    trainer = quick_trainer(Path(out), max_steps=2, devices=2, strategy=fsdp_strategy())
-    trainer.fit(model, data())
-    trainer.save_checkpoint(Path(out, "lora.ckpt"))
-    full = trainer.strategy.lightning_module_state_dict()  # every rank takes part; rank 0 gets it whole
+    full = {}
+    for name, resume in (("straight", None), ("resumed", Path(out, "ck", "epoch=0.ckpt"))):
+        model = lora_classifier(Path(out, "base.safetensors"), finetune)
+        every_epoch = ModelCheckpoint(Path(out, name if resume else "ck"), "{epoch}", save_top_k=-1)
+        # by epochs, with a val loader, as a `vit fit` run: Lightning 2.6 resumes a max_steps run's sampler at the
+        # wrong epoch, and one whose checkpoint was saved without a val loop one batch into the epoch it finished
+        trainer = quick_trainer(Path(out), max_epochs=2, devices=2, strategy=fsdp_strategy(),
+                                enable_checkpointing=True, callbacks=[every_epoch])
+        trainer.fit(model, data(), data(8), ckpt_path=resume)
+        full[name] = trainer.strategy.lightning_module_state_dict()  # every rank takes part; rank 0 gets it whole
     if rank == 0:
         torch.save(full, Path(out, "full.pt"))
 
@@ -205,17 +233,22 @@ def fsdp_rank(rank: int, port: int, out: str, finetune: str) -> None:
 @pytest.mark.parametrize("finetune", ["lora", "dora"])
 def test_fsdp_trains_the_adapters_and_saves_a_thin_checkpoint_that_loads_merged(tmp_path, finetune):
     """Lightning's FSDPStrategy on 2 CPU ranks, each block a shard unit: the adapters and head train, the base does
-    not move, the checkpoint holds what trained, and one process loads it back, merged, as the ranks left it."""
+    not move, the checkpoints hold what trained, the ranks resume from the first epoch's (the base loaded before the
+    wrap) to the straight run's weights bit for bit, and one process loads the last, merged, as the ranks left it."""
     import torch.multiprocessing as mp
 
     base = base_file(tmp_path)
     start = lora_classifier(base, finetune).model.state_dict()  # what each rank starts from (seeded)
     mp.start_processes(fsdp_rank, args=(free_port(), str(tmp_path), finetune), nprocs=2, start_method="fork")
-    full = {k.removeprefix("model."): v for k, v in torch.load(tmp_path / "full.pt").items() if k.startswith("model.")}
+    runs = torch.load(tmp_path / "full.pt")
+    assert runs["resumed"].keys() == runs["straight"].keys()
+    assert all(torch.equal(v, runs["straight"][k]) for k, v in runs["resumed"].items())  # the resume: bitwise
+    full = {k.removeprefix("model."): v for k, v in runs["straight"].items() if k.startswith("model.")}
     trained = {n for n in start if is_adapter(n) or n.startswith("head.")}
     assert full.keys() == start.keys()
     assert {n for n in start if not torch.equal(start[n], full[n])} == trained  # the base frozen, all else moved
-    saved = torch.load(tmp_path / "lora.ckpt", weights_only=True)
+    ckpt = tmp_path / "ck" / "epoch=1.ckpt"  # the last: the straight run's final weights
+    saved = torch.load(ckpt, weights_only=True)
     assert saved["state_dict"].keys() == {"model." + n for n in trained}  # thin: no base weights
     assert all(torch.equal(v, full[k.removeprefix("model.")]) for k, v in saved["state_dict"].items())
     assert len(saved["optimizer_states"][0]["state"]) == len(trained)
@@ -223,10 +256,10 @@ def test_fsdp_trains_the_adapters_and_saves_a_thin_checkpoint_that_loads_merged(
     reference.model.load_state_dict(full)
     with torch.no_grad():
         want = reference(X)
-        merged = read_classifier(tmp_path / "lora.ckpt")  # one process: the base found, the adapters merged
+        merged = read_classifier(ckpt)  # one process: the base found, the adapters merged
         assert not any(isinstance(m, LoraLinear) for m in merged.model.modules())
         torch.testing.assert_close(merged(X), want, rtol=1e-5, atol=1e-5)
-        assert torch.equal(ImageClassifier.load_from_checkpoint(tmp_path / "lora.ckpt").eval()(X), want)
+        assert torch.equal(ImageClassifier.load_from_checkpoint(ckpt).eval()(X), want)
 
 
 def test_fsdp_without_use_orig_params_is_a_clear_error(tmp_path):
@@ -238,6 +271,29 @@ def test_fsdp_without_use_orig_params_is_a_clear_error(tmp_path):
         model.setup("fit")  # Lightning's setup hook: before the strategy wraps the model
     model.trainer = quick_trainer(tmp_path, max_steps=1, strategy=fsdp_strategy())
     model.setup("fit")  # Lightning 2.6's default, use_orig_params=True, passes
+
+
+def test_a_thin_state_dict_loads_strictly_once_its_base_is_in(tmp_path):
+    """FSDP loads a checkpoint's state dict itself, after sharding and before on_load_checkpoint could complete a
+    thin one: a strict load forgives the missing base once the base is in (loaded before the wrap), never a
+    missing adapter, and says what to do when the base is not in. `vit fit --ckpt_path` keeps the base the
+    checkpoint names as pretrained (`findable_base`)."""
+    from vit.checkpoints.lora import findable_base
+
+    model, path = fitted(tmp_path)
+    thin = torch.load(path, weights_only=True)["state_dict"]
+    assert findable_base(path) == str(tmp_path / "base.safetensors")
+    resumed = lora_classifier(tmp_path / "base.safetensors", optim={"ema_decay": 0.9})
+    resumed.load_state_dict(thin)  # strict: the base left out, the base in
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in resumed.state_dict().items())
+    adapter = next(k for k in thin if ".lora_B." in k)
+    with pytest.raises(RuntimeError, match=rf"Missing key.*{adapter}"):
+        resumed.load_state_dict({k: v for k, v in thin.items() if k != adapter})
+    bare = tiny_classifier(finetune="lora", lora=LORA, optim={"ema_decay": 0.9})  # no pretrained: no base in
+    with pytest.raises(UserValueError, match=r"adapters alone, and their base was not loaded .* set model"):
+        bare.load_state_dict(thin)
+    (tmp_path / "base.safetensors").unlink()
+    assert findable_base(path) is None  # the base is gone: the resume says so as it loads (`load_base`)
 
 
 @pytest.mark.parametrize("ema", [None, 0.99])
@@ -256,8 +312,9 @@ def test_an_ema_under_fsdp_is_a_clear_error(tmp_path, ema):
 def test_a_lora_run_killed_mid_epoch_resumes_bitwise(tmp_path, finetune):
     """configs/shards_cpu.yaml at reduced size (the recipe whose loader resumes mid-epoch: tests/data/test_stream.py),
     3 epochs of 6 steps, last.ckpt every 3 steps, a crash at step 4: resumed from the thin checkpoint of step 3
-    (adapters, head, their EMA and optimiser state; the base found by the path it records, since `--ckpt_path`
-    drops pretrained), the run ends with the straight run's weights and optimiser state, bit for bit."""
+    (adapters, head, their EMA and optimiser state; `--ckpt_path` sets pretrained to the base file it records, so the
+    base loads before the checkpoint, as FSDP needs), the run ends with the straight run's weights and optimiser
+    state, bit for bit."""
     from tests.data.test_stream import _assert_same_end, _shards_fit
     from tests.formats import write_class_folders
     from vit.data.shards import write_shards
@@ -274,7 +331,7 @@ def test_a_lora_run_killed_mid_epoch_resumes_bitwise(tmp_path, finetune):
     saved = torch.load(tmp_path / "crashed/ckpt/last.ckpt", weights_only=True)
     assert saved["global_step"] == 3 and not any(k.endswith("qkv.weight") for k in saved["state_dict"])
     run = cli(_shards_fit(tmp_path, "crashed", *lora, "--ckpt_path=last", workers=0))
-    assert run.trainer.global_step == 18
+    assert run.trainer.global_step == 18 and run.model.hparams.pretrained == str(base)
     straight = torch.load(tmp_path / "straight/ckpt/last.ckpt", weights_only=False)
     _assert_same_end(straight, torch.load(tmp_path / "crashed/ckpt/last.ckpt", weights_only=False))
 

@@ -58,6 +58,25 @@ def completed(state_dict: dict[str, Tensor], base: dict[str, Tensor], prefixes: 
     return full
 
 
+def findable_base(path: str | os.PathLike) -> str | None:
+    """What ``pretrained`` should say to resume the checkpoint ``path`` when it holds adapters alone: its base's
+    file, where that is, or its tag (None: no thin adapters, the base's file is gone, or the file is unreadable)."""
+    import torch
+
+    from vit.checkpoints.meta import META_KEY
+
+    try:  # mmap: the small entries alone are read
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return None
+    base = ((checkpoint.get(META_KEY) or {}).get("lora") or {}).get("base")
+    if not base:
+        return None
+    if base.get("path"):
+        return base["path"] if Path(base["path"]).is_file() else None
+    return base["source"]
+
+
 def load_base(model: nn.Module, base: dict[str, Any], held: Collection[str], where: str | os.PathLike,
               load_pretrained: Loader) -> None:
     """Load the base ``base`` names into ``model`` (with its adapters) and check its hash against the one the
@@ -116,5 +135,5 @@ def export_adapters(checkpoint: dict[str, Any], where: str | os.PathLike, out_di
     return [out / "adapters.safetensors", out / "adapter_config.json"]
 
 
-__all__ = ["STATE_PREFIXES", "base_identity", "completed", "describe_base", "export_adapters", "held_names",
-           "load_base", "load_merged"]
+__all__ = ["STATE_PREFIXES", "base_identity", "completed", "describe_base", "export_adapters",
+           "findable_base", "held_names", "load_base", "load_merged"]

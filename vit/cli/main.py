@@ -43,6 +43,7 @@ from vit.checkpoints.io import (
     missing_message,
     read_checkpoint,
 )
+from vit.checkpoints.lora import findable_base
 from vit.checkpoints.meta import expect_task, task_of
 from vit.checkpoints.runs import checkpoint_by_name, checkpoint_folders, experiment_folder
 from vit.cli.console import ModelReport, ProgressBar, quiet_dependencies
@@ -148,7 +149,9 @@ class VitCLI(LightningCLI):
         init_args = config.get("model", {}).get("init_args") or {}
         follow_the_weights(config)  # before the pretrained source is dropped for a resume, below
         if config.get("ckpt_path") and init_args.get("pretrained"):
-            init_args["pretrained"] = None  # the checkpoint holds the weights; the original file may be gone
+            # The checkpoint holds the weights, and the original file may be gone. One of adapters alone names its
+            # base, which loads before the checkpoint (FSDP restores after sharding the model): that one stays.
+            init_args["pretrained"] = findable_base(resolved_path(config))
         elif self.subcommand == "fit" and "pretrained" in init_args and not init_args.get("pretrained") and (
                 (init_args.get("optim") or {}).get("layer_decay") or init_args.get("finetune", "full") != "full"):
             rank_zero_warn("model.init_args.pretrained is null, but this is a fine-tuning recipe (layer_decay, a "
@@ -345,6 +348,17 @@ def follow_the_weights(config: Any) -> None:
     rank_zero_info("preprocessing from " + origin + ": "
                    + (", ".join(f"{k} {data_args[k]}" for k in filled) or "nothing filled in")
                    + (f" ({'; '.join(notes)})" if notes else ""))
+
+
+def resolved_path(config: Any) -> str:
+    """``--ckpt_path`` as a file: ``best`` and ``last`` found in the config's checkpoint folders ('' for none)."""
+    path = str(config["ckpt_path"])
+    if path not in ("best", "last"):
+        return path
+    try:
+        return checkpoint_by_name(config, path)
+    except UserPathError:
+        return ""
 
 
 def data_class(config: Any) -> type | None:

@@ -18,7 +18,14 @@ from lightning.pytorch.utilities import rank_zero_info
 from timm.utils import ModelEmaV3
 from torch import nn
 
-from vit.checkpoints.lora import STATE_PREFIXES, base_identity, completed, describe_base, held_names, load_base
+from vit.checkpoints.lora import (
+    STATE_PREFIXES,
+    base_identity,
+    completed,
+    describe_base,
+    held_names,
+    load_base,
+)
 from vit.checkpoints.meta import META_KEY
 from vit.errors import UserValueError
 from vit.nn.lora import add_adapters, base_digest, base_layers, init_magnitudes
@@ -54,6 +61,7 @@ class AdapterTraining:
 
     adapter_trained: frozenset[str] | None = None  # the names that train under lora | dora; None: no adapters
     base: dict[str, Any] | None = None  # the frozen base's identity (`base_identity`), once loaded
+    network_names: frozenset[str] = frozenset()  # the network's state-dict names, adapters included
 
     @property
     def lora_options(self) -> LoraOptions:
@@ -71,6 +79,8 @@ class AdapterTraining:
         options = self.lora_options
         add_adapters(self.model, options.config(dora=hp.finetune == "dora"))
         self.adapter_trained = adapter_trained(self.model, self.roles, options)
+        self.network_names = frozenset(self.model.state_dict())  # the names of a checkpoint that holds the base
+        self.register_load_state_dict_post_hook(self.base_left_out)
         for name, p in self.model.named_parameters():
             p.requires_grad_(name in self.adapter_trained)
 
@@ -101,11 +111,16 @@ class AdapterTraining:
             # the average is a whole, unsharded copy that its update pairs with the sharded parameters by name
             raise UserValueError("optim.ema_decay keeps an unsharded average of the weights, which FSDP's sharded "
                                  "parameters cannot update: drop ema_decay under FSDP, or train with ddp")
-        if self.adapter_trained is not None and isinstance(strategy, FSDPStrategy) and not strategy.kwargs.get(
-                "use_orig_params"):
+        if self.adapter_trained is None or not isinstance(strategy, FSDPStrategy):
+            return
+        if not strategy.kwargs.get("use_orig_params"):
             raise UserValueError(f"finetune: {self.hparams.finetune} freezes the base inside every block, which FSDP "
                                  "shards only with use_orig_params: drop trainer.strategy's use_orig_params: false "
                                  "(Lightning's default is true)")
+        if strategy._state_dict_type == "sharded" and self.thin():  # each rank's files: its shard of the base
+            raise UserValueError("state_dict_type: sharded saves every rank's shard of the frozen base, which a thin "
+                                 "LoRA checkpoint leaves out: use state_dict_type: full (Lightning's default), or "
+                                 "lora.save_base: true")
 
     def thin(self) -> bool:
         """Whether checkpoints leave the base out: adapters on a base that can be found again (``pretrained``, or
@@ -130,12 +145,25 @@ class AdapterTraining:
         if self.thin():
             checkpoint["state_dict"] = held_names(checkpoint["state_dict"], self.adapter_trained)
 
+    def base_left_out(self, module: nn.Module, incompatible: Any) -> None:
+        """A ``load_state_dict`` post-hook: a thin checkpoint's missing base is no mismatch once the base is in. FSDP
+        loads a checkpoint's state dict itself, after sharding and before on_load_checkpoint could complete it; the
+        base must then be in already, loaded before the wrap by `configure_model`."""
+        frozen = {prefix + name for prefix in STATE_PREFIXES for name in self.network_names - self.adapter_trained}
+        left_out = [k for k in incompatible.missing_keys if wrapped_name(k) in frozen]
+        if left_out and self.base is None:
+            raise UserValueError("the checkpoint holds LoRA adapters alone, and their base was not loaded before "
+                                 "them (under FSDP: before the model is sharded): set model.init_args.pretrained to "
+                                 "the base the checkpoint names (vit fit --ckpt_path does, where the file is)")
+        for key in left_out:
+            incompatible.missing_keys.remove(key)
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A thin checkpoint: the base loaded as ``pretrained`` says, else as the checkpoint names it (a resumed run:
         `vit fit --ckpt_path` drops ``pretrained``), its hash checked, then the state dict completed."""
         super().on_load_checkpoint(checkpoint)
         base = (checkpoint[META_KEY].get("lora") or {}).get("base")
-        if base is None or self.adapter_trained is None:
+        if base is None or self.adapter_trained is None or "state_dict" not in checkpoint:  # FSDP: loaded already
             return
         self.configure_model()
         if self.base is None:
