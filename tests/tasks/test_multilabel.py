@@ -143,6 +143,7 @@ def test_vit_test_on_two_ddp_processes_reports_the_mAP_of_one(quadrant_run, tmp_
 
     from tests.conftest import free_port, subprocess_env
     from tests.dummies import QuadrantLabels
+    from vit.cli.main import cli
     from vit.deploy.classifier import read_classifier
 
     images, targets = QuadrantLabels().sets["test"].tensors
@@ -152,18 +153,19 @@ def test_vit_test_on_two_ddp_processes_reports_the_mAP_of_one(quadrant_run, tmp_
     padded = average_precision_score(np.r_[targets.numpy(), targets.numpy()[:1]], np.r_[probs, probs[:1]])
     assert len(images) % 2 == 1 and abs(padded - expected) > 1e-5
 
-    def reported(devices: int) -> float:
-        cmd = [sys.executable, "-m", "vit", "test", "--model=vit.tasks.ImageClassifier",
-               "--model.model=vit_digits_patch2_8", "--model.model_kwargs={depth: 2, embed_dim: 32, num_heads: 2}",
-               "--data=tests.dummies.QuadrantLabels", f"--ckpt_path={quadrant_run / 'model.ckpt'}",
-               "--trainer.accelerator=cpu", f"--trainer.devices={devices}", "--trainer.logger=false",
-               f"--trainer.strategy={'ddp' if devices > 1 else 'auto'}", "--trainer.enable_progress_bar=false"]
-        env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return float(re.search(r"test_map\s*│\s*([\d.]+)", done.stdout).group(1))
+    def command(devices: int) -> list[str]:
+        return ["test", "--model=vit.tasks.ImageClassifier", "--model.model=vit_digits_patch2_8",
+                "--model.model_kwargs={depth: 2, embed_dim: 32, num_heads: 2}", "--data=tests.dummies.QuadrantLabels",
+                f"--ckpt_path={quadrant_run / 'model.ckpt'}", "--trainer.accelerator=cpu",
+                f"--trainer.devices={devices}", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+                f"--trainer.strategy={'ddp' if devices > 1 else 'auto'}", f"--trainer.default_root_dir={tmp_path}"]
 
-    one, two = reported(1), reported(2)
+    one = float(cli(command(1)).trainer.callback_metrics["test_map"])  # in this process: one start-up less
+    env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    done = subprocess.run([sys.executable, "-m", "vit", *command(2)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = float(re.search(r"test_map\s*│\s*([\d.]+)", done.stdout).group(1))
     assert one == pytest.approx(expected, abs=1e-5)
     assert two == pytest.approx(expected, abs=1e-5)
 
