@@ -277,12 +277,12 @@ def test_a_thin_state_dict_loads_strictly_once_its_base_is_in(tmp_path):
     """FSDP loads a checkpoint's state dict itself, after sharding and before on_load_checkpoint could complete a
     thin one: a strict load forgives the missing base once the base is in (loaded before the wrap), never a
     missing adapter, and says what to do when the base is not in. `vit fit --ckpt_path` keeps the base the
-    checkpoint names as pretrained (`findable_base`)."""
-    from vit.checkpoints.lora import findable_base
+    checkpoint names as pretrained (`base_to_resume`)."""
+    from vit.checkpoints.lora import base_to_resume
 
     model, path = fitted(tmp_path)
     thin = torch.load(path, weights_only=True)["state_dict"]
-    assert findable_base(path) == str(tmp_path / "base.safetensors")
+    assert base_to_resume(path) == str(tmp_path / "base.safetensors")
     resumed = lora_classifier(tmp_path / "base.safetensors", optim={"ema_decay": 0.9})
     resumed.load_state_dict(thin)  # strict: the base left out, the base in
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in resumed.state_dict().items())
@@ -293,7 +293,23 @@ def test_a_thin_state_dict_loads_strictly_once_its_base_is_in(tmp_path):
     with pytest.raises(UserValueError, match=r"adapters alone, and their base was not loaded .* set model"):
         bare.load_state_dict(thin)
     (tmp_path / "base.safetensors").unlink()
-    assert findable_base(path) is None  # the base is gone: the resume says so as it loads (`load_base`)
+    assert base_to_resume(path) is None  # the base is gone: the resume says so as it loads (`load_base`)
+
+
+@pytest.mark.parametrize("thin", [True, False])
+def test_resuming_a_sharded_folder_of_adapters_alone_is_a_clear_error(tmp_path, thin):
+    """torch's distributed checkpoint loads every key the model has or fails: a sharded folder (FSDP's
+    state_dict_type: sharded) of adapters alone cannot resume, and says what can; one that holds its base can."""
+    from vit.checkpoints.lora import base_to_resume
+
+    base = {"source": "base.safetensors", "path": str(tmp_path / "base.safetensors"), "sha256": "0" * 64}
+    torch.save({"vit": {"lora": {"rank": 2, "base": base if thin else None}}}, tmp_path / "meta.pt")
+    (tmp_path / ".metadata").write_bytes(b"")  # with meta.pt, what makes a folder a sharded checkpoint
+    if thin:
+        with pytest.raises(UserValueError, match=r"adapters without their base in shards.*state_dict_type: full"):
+            base_to_resume(tmp_path)
+    else:
+        assert base_to_resume(tmp_path) is None  # nothing to load first: the checkpoint holds the base
 
 
 @pytest.mark.parametrize("ema", [None, 0.99])

@@ -58,20 +58,29 @@ def completed(state_dict: dict[str, Tensor], base: dict[str, Tensor], prefixes: 
     return full
 
 
-def findable_base(path: str | os.PathLike) -> str | None:
-    """What ``pretrained`` should say to resume the checkpoint ``path`` when it holds adapters alone: its base's
-    file, where that is, or its tag (None: no thin adapters, the base's file is gone, or the file is unreadable)."""
+def base_to_resume(path: str | os.PathLike) -> str | None:
+    """What ``pretrained`` should say to resume the checkpoint ``path`` when it holds adapters alone: its base's file,
+    where that is, or its tag (None: no thin adapters, the base's file is gone, or ``path`` is unreadable). The base
+    then loads before the checkpoint, as FSDP needs: it restores a checkpoint after sharding the model."""
     import torch
 
+    from vit.checkpoints.io import SHARDED_META, is_sharded
     from vit.checkpoints.meta import META_KEY
 
+    sharded = is_sharded(path)
     try:  # mmap: the small entries alone are read
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        checkpoint = torch.load(Path(path, SHARDED_META) if sharded else path, map_location="cpu", weights_only=True,
+                                mmap=True)
     except Exception:
         return None
     base = ((checkpoint.get(META_KEY) or {}).get("lora") or {}).get("base")
     if not base:
         return None
+    if sharded:  # torch.distributed.checkpoint loads every key the model has, or fails
+        raise UserValueError(f"{path} holds LoRA adapters without their base in shards, which FSDP cannot resume "
+                             "(torch's distributed checkpoint loads the whole model or nothing): resume from a "
+                             "state_dict_type: full checkpoint, or train with lora.save_base: true. It exports, "
+                             "predicts and serves as it is")
     if base.get("path"):
         return base["path"] if Path(base["path"]).is_file() else None
     return base["source"]
@@ -135,5 +144,5 @@ def export_adapters(checkpoint: dict[str, Any], where: str | os.PathLike, out_di
     return [out / "adapters.safetensors", out / "adapter_config.json"]
 
 
-__all__ = ["STATE_PREFIXES", "base_identity", "completed", "describe_base", "export_adapters",
-           "findable_base", "held_names", "load_base", "load_merged"]
+__all__ = ["STATE_PREFIXES", "base_identity", "base_to_resume", "completed", "describe_base", "export_adapters",
+           "held_names", "load_base", "load_merged"]

@@ -43,7 +43,7 @@ from vit.checkpoints.io import (
     missing_message,
     read_checkpoint,
 )
-from vit.checkpoints.lora import findable_base
+from vit.checkpoints.lora import base_to_resume
 from vit.checkpoints.meta import expect_task, task_of
 from vit.checkpoints.runs import checkpoint_by_name, checkpoint_folders, experiment_folder
 from vit.cli.console import ModelReport, ProgressBar, quiet_dependencies
@@ -151,7 +151,7 @@ class VitCLI(LightningCLI):
         if config.get("ckpt_path") and init_args.get("pretrained"):
             # The checkpoint holds the weights, and the original file may be gone. One of adapters alone names its
             # base, which loads before the checkpoint (FSDP restores after sharding the model): that one stays.
-            init_args["pretrained"] = findable_base(resolved_path(config))
+            init_args["pretrained"] = base_to_resume(resolved_path(config))
         elif self.subcommand == "fit" and "pretrained" in init_args and not init_args.get("pretrained") and (
                 (init_args.get("optim") or {}).get("layer_decay") or init_args.get("finetune", "full") != "full"):
             rank_zero_warn("model.init_args.pretrained is null, but this is a fine-tuning recipe (layer_decay, a "

@@ -117,10 +117,6 @@ class AdapterTraining:
             raise UserValueError(f"finetune: {self.hparams.finetune} freezes the base inside every block, which FSDP "
                                  "shards only with use_orig_params: drop trainer.strategy's use_orig_params: false "
                                  "(Lightning's default is true)")
-        if strategy._state_dict_type == "sharded" and self.thin():  # each rank's files: its shard of the base
-            raise UserValueError("state_dict_type: sharded saves every rank's shard of the frozen base, which a thin "
-                                 "LoRA checkpoint leaves out: use state_dict_type: full (Lightning's default), or "
-                                 "lora.save_base: true")
 
     def thin(self) -> bool:
         """Whether checkpoints leave the base out: adapters on a base that can be found again (``pretrained``, or
