@@ -249,8 +249,10 @@ def test_tensorboard_logger_config_writes_events(tmp_path):
 
 
 @pytest.mark.slow
-def test_ddp_on_two_cpu_processes_with_ema(tmp_path):
-    """The DDP path (gloo on CPU) with EMA: two ranks train, validate (EMA weights, synced metrics), save.
+def test_ddp_on_two_cpu_processes_with_ema_through_the_unfreeze(tmp_path):
+    """The DDP path (gloo on CPU) with EMA and a staged fine-tune: two ranks train the head alone for an epoch, then
+    the whole network, validate (EMA weights, synced metrics) and save. (One 2-process run for both: each costs
+    two start-ups.)
 
     The model trains 192 steps, so it is well above chance (a model at chance scores about the same whatever
     its weights), and validation stops after 2 of each rank's 3 batches, so the images seen are a subset
@@ -259,16 +261,23 @@ def test_ddp_on_two_cpu_processes_with_ema(tmp_path):
     import sys
 
     epochs, steps, batch, val_batches = 12, 16, 32, 2
-    cmd = [sys.executable, "-m", "vit", "fit", *short_run(tmp_path, steps=steps), "--trainer.strategy=ddp",
-           "--trainer.devices=2", f"--trainer.max_epochs={epochs}", f"--trainer.check_val_every_n_epoch={epochs}",
-           f"--trainer.limit_val_batches={val_batches}", f"--data.init_args.batch_size={batch}",
-           "--model.init_args.optim.warmup_epochs=0", "--test_after_fit=false",
-           "--trainer.callbacks+=tests.dummies.RecordWorldSize"]
+    cmd = [sys.executable, "-m", "vit", "fit", *short_run(tmp_path, steps=steps),
+           "--trainer.strategy=ddp_find_unused_parameters_true", "--model.init_args.finetune=staged",
+           "--model.init_args.head_epochs=1", "--trainer.devices=2", f"--trainer.max_epochs={epochs}",
+           f"--trainer.check_val_every_n_epoch={epochs}", f"--trainer.limit_val_batches={val_batches}",
+           f"--data.init_args.batch_size={batch}", "--model.init_args.optim.warmup_epochs=0", "--test_after_fit=false",
+           "--trainer.callbacks+=tests.dummies.RecordWorldSize", "--trainer.callbacks+=tests.dummies.RecordBackbone"]
     port = free_port()
     env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted((tmp_path / "world_size").read_text().split()) == ["0/2", "1/2"]
+    per_rank = {}  # every rank: the backbone unchanged by the head-only epoch, then trained, the same on both
+    for line in (tmp_path / "backbone").read_text().split():
+        rank, epoch, value = line.split(":")
+        per_rank.setdefault(rank, {})[int(epoch)] = float(value)
+    assert per_rank["0"] == per_rank["1"]
+    assert per_rank["0"][-1] == per_rank["0"][0] != per_rank["0"][1]  # start, head-only epoch 0, epoch 1
     rows = list(csv.DictReader((tmp_path / "logs" / "digits" / "version_0" / "metrics.csv").open()))
     val_acc = [float(r["val_acc"]) for r in rows if r.get("val_acc")]
     saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
