@@ -311,3 +311,9 @@ def fit_quadrant_labels(root: Path) -> None:
 def quadrant_run(tmp_path_factory) -> Path:
     """The folder of `fit_quadrant_labels`: model.ckpt, images/*.png and their targets.pt."""
     return built_once(tmp_path_factory, "quadrant_run", fit_quadrant_labels)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The integration runs (marked slow) first: with --dist worksteal the short tests then fill in around them,
+    and no long fit starts last while the other process has nothing left to take."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order within each
