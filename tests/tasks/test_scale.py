@@ -16,7 +16,7 @@ from tests.helpers import tiny_classifier
 from vit.checkpoints.io import DamagedCheckpointError, is_intact, read_checkpoint
 from vit.deploy import load_classifier
 from vit.nn.blocks import EncoderBlock
-from vit.tasks.optim import Optimization, param_groups
+from vit.tasks.optim import Optimization, describe_param_groups, network_group_table, param_groups
 
 FSDP_RECIPE = CONFIGS / "finetune" / "mae_imagenet_vit_large_fsdp.yaml"
 
@@ -72,12 +72,15 @@ def fsdp_rank(rank: int, port: int, out: str) -> None:
         task = tiny_classifier(optim=Optimization(layer_decay=0.75))
         describe = lambda groups: [(g["name"], len(g["params"]), g["lr"], g["weight_decay"]) for g in groups]
         before = describe(param_groups(task.model, 1e-3, 0.05, 0.75))
+        whole = describe_param_groups(torch.optim.AdamW(param_groups(task.model, 1e-3, 0.05, 0.75)))
         apply_activation_checkpointing(task, check_fn=lambda m: isinstance(m, EncoderBlock))
         wrapped = FullyShardedDataParallel(task, auto_wrap_policy=ModuleWrapPolicy({EncoderBlock}),
                                            use_orig_params=True, device_id=torch.device("cpu"))
-        after = describe(param_groups(task.model, 1e-3, 0.05, 0.75, ndims=task.param_ndims))
+        after = describe(param_groups(task.model, 1e-3, 0.05, 0.75, shapes=task.param_shapes))
         shapeless = describe(param_groups(task.model, 1e-3, 0.05, 0.75))  # what the flat shards alone would give
-        optimizer = torch.optim.AdamW(param_groups(task.model, 1e-3, 0.05, 0.75, ndims=task.param_ndims))
+        optimizer = torch.optim.AdamW(param_groups(task.model, 1e-3, 0.05, 0.75, shapes=task.param_shapes))
+        tables = {"whole": whole, "sharded": network_group_table(task.model, optimizer, (), task.param_shapes),
+                  "shards": describe_param_groups(optimizer)}  # each rank's flat shards, counted as they are
         torch.manual_seed(rank)
         x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
         task.train_loss(wrapped(x), y).backward()
@@ -93,7 +96,8 @@ def fsdp_rank(rank: int, port: int, out: str) -> None:
                     "vit": task.checkpoint_meta()}
             torch.save(meta, Path(out, "last.ckpt", "meta.pt"))
             torch.save(full, Path(out, "full.pt"))
-            Path(out, "groups.json").write_text(json.dumps({"before": before, "after": after, "shapeless": shapeless}))
+            Path(out, "groups.json").write_text(json.dumps({"before": before, "after": after, "shapeless": shapeless,
+                                                            "tables": tables}))
     finally:
         dist.destroy_process_group()
 
@@ -115,6 +119,8 @@ def test_layer_decay_groups_survive_real_fsdp_shards(sharded):
     # embeddings, 2 blocks and the head with and without decay, the final norm without: 9 groups
     assert len({g[0] for g in groups["before"]}) == 9
     assert groups["shapeless"] != groups["before"]  # flat 1-D shards: the test does exercise the fix
+    tables = groups["tables"]  # the table fit logs counts each parameter whole, as before the wrap
+    assert tables["sharded"] == tables["whole"] != tables["shards"]
 
 
 @pytest.mark.slow

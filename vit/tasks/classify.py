@@ -43,8 +43,8 @@ from vit.tasks.multilabel import LabelEvaluation, label_test_report
 from vit.tasks.optim import (
     Optimization,
     adamw,
-    describe_param_groups,
     global_batch,
+    network_group_table,
     one_cycle,
     param_groups,
     per_epoch_steps,
@@ -187,8 +187,8 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
         self.roles = self.backbone.roles(self.model)  # stem, tokens, blocks, pool, head: `vit.nn.roles`
         self.configure_adapters()  # finetune: lora | dora (`AdapterTraining`)
         self.model.set_grad_checkpointing(hp.grad_checkpointing)
-        # FSDP (use_orig_params) turns parameters into flat shards: the weight-decay rule needs their real ndim
-        self.param_ndims = {name: p.ndim for name, p in self.model.named_parameters()}
+        # FSDP (use_orig_params) turns parameters into flat shards: the decay rule and group table need real shapes
+        self.param_shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
         self.pretrained_loaded = False  # `configure_model` reads the weights: no I/O in the constructor
         self.model_ema = ema_copy(self.model, self.optim.ema_decay, self.adapter_trained)
         if hp.compile:
@@ -319,9 +319,8 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
 
     def param_group_table(self) -> str:
         """The optimiser's groups: name, parameters, peak lr, weight decay, and whether they train now."""
-        names = self.frozen(self.current_epoch).names
-        frozen = [p for name, p in self.model.named_parameters() if name in names]
-        return describe_param_groups(self.trainer.optimizers[0], frozen)
+        return network_group_table(self.model, self.trainer.optimizers[0], self.frozen(self.current_epoch).names,
+                                   self.param_shapes)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
@@ -405,7 +404,7 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
     def configure_optimizers(self) -> dict[str, Any]:
         o = self.optim
         lr = self.peak_lr()
-        groups = param_groups(self.model, lr, o.weight_decay, o.layer_decay, ndims=self.param_ndims, roles=self.roles)
+        groups = param_groups(self.model, lr, o.weight_decay, o.layer_decay, shapes=self.param_shapes, roles=self.roles)
         groups = self.trained_groups(groups)  # adapters: the frozen base has no place in the optimiser
         optimizer = adamw(groups, lr=lr, betas=o.betas)
         warmup, total = self.schedule_steps(o.warmup_epochs, o.warmup_steps)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +63,7 @@ class Optimization:
 
 def param_groups(
     model: nn.Module, lr: float, weight_decay: float, layer_decay: float | None = None,
-    ndims: Mapping[str, int] | None = None, roles: ParamRoles | None = None,
+    shapes: Mapping[str, tuple[int, ...]] | None = None, roles: ParamRoles | None = None,
 ) -> list[dict[str, Any]]:
     """AdamW parameter groups from the network's roles (``roles``, else what ``model`` says: `vit.nn.roles`): the
     one no-decay rule (`ParamRoles.decays`), a peak lr per layer with layer decay, and the head apart.
@@ -73,7 +73,7 @@ def param_groups(
     ``lr`` is set directly (``lr * layer_decay ** (depth + 1 - layer)``) because Lightning's scheduler
     stepping knows nothing of timm's ``lr_scale`` key. Group names: ``layer{i}_decay``,
     ``layer{i}_no_decay`` (or ``decay``/``no_decay`` without layer decay), ``head_decay``, ``head_no_decay``.
-    ``ndims``: each parameter's dimensions before FSDP wrapped the model (``use_orig_params`` leaves
+    ``shapes``: each parameter's shape before FSDP wrapped the model (``use_orig_params`` leaves
     flat 1-D shards, which would all look like biases).
     """
     roles = roles or roles_of(model)
@@ -81,7 +81,7 @@ def param_groups(
     groups: dict[tuple[int, bool], dict[str, Any]] = {}
     for name, p in model.named_parameters():
         name = wrapped_name(name)
-        no_decay = not roles.decays(name, p.ndim if ndims is None else ndims[name])
+        no_decay = not roles.decays(name, p.ndim if shapes is None else len(shapes[name]))
         layer = roles.layer(name) if layer_decay is not None else depth + 1
         head = roles.role(name) == "head"  # DeiT's second head is a head too
         scale = layer_decay ** (depth + 1 - layer) if layer_decay is not None else 1.0
@@ -197,18 +197,29 @@ def global_batch(trainer: Any) -> tuple[int, str]:
                                         f"{trainer.num_devices} devices) x {accumulate} accumulated")
 
 
+def network_group_table(network: nn.Module, optimizer: torch.optim.Optimizer, frozen_names: Collection[str],
+                        shapes: Mapping[str, tuple[int, ...]]) -> str:
+    """`describe_param_groups` for a network's optimiser: what ``frozen_names`` names does not train, and each
+    parameter counts whole, by its shape in ``shapes`` (under FSDP a rank holds a flat shard of it)."""
+    params = list(network.named_parameters())
+    sizes = {id(p): math.prod(shapes[wrapped_name(name)]) for name, p in params if wrapped_name(name) in shapes}
+    return describe_param_groups(optimizer, [p for name, p in params if name in frozen_names], sizes)
+
+
 def per_epoch_steps(trainer: Any, total: int) -> int:
     """Optimiser steps in one epoch (``total`` when the epoch length is unknown)."""
     batches = trainer.num_training_batches
     return total if math.isinf(batches) else math.ceil(batches / trainer.accumulate_grad_batches)
 
 
-def describe_param_groups(optimizer: torch.optim.Optimizer, frozen: Iterable[torch.Tensor] = ()) -> str:
-    """A table of the optimiser's groups: name, parameters, peak lr, weight decay, and whether they train."""
-    frozen_ids = {id(p) for p in frozen}
+def describe_param_groups(optimizer: torch.optim.Optimizer, frozen: Iterable[torch.Tensor] = (),
+                          sizes: Mapping[int, int] | None = None) -> str:
+    """A table of the optimiser's groups: name, parameters, peak lr, weight decay, and whether they train.
+    ``sizes``: each parameter's whole size by ``id`` where that is not its own (FSDP: a rank holds a shard)."""
+    frozen_ids, sizes = {id(p) for p in frozen}, sizes or {}
     lines = [f"{'parameter group':<20} {'params':>11} {'peak lr':>10} {'weight decay':>13}  trains now"]
     for group in optimizer.param_groups:
-        n = sum(p.numel() for p in group["params"])
+        n = sum(sizes.get(id(p), p.numel()) for p in group["params"])
         trains = "no" if all(id(p) in frozen_ids for p in group["params"]) else "yes"
         # OneCycleLR starts at max_lr / 25 ("initial_lr" is that start) and keeps the peak as "max_lr";
         # the other schedules here start from the peak, which LRScheduler saves as "initial_lr".
