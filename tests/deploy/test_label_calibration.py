@@ -61,6 +61,33 @@ def test_each_temperature_is_its_classes_bce_minimum_and_classes_without_one_kee
     assert fit_label_temperatures(logits, targets.clamp_min(0))[0] != pytest.approx(got[0], rel=1e-3)
 
 
+def test_classes_with_few_mistakes_take_the_minimum_of_every_classs_pooled_bce():
+    """One barely wrong label sets its class's own T near 0 (the case seen: T_c = 0.014 on a 20-image val set).
+    Classes with fewer than MIN_MISTAKES (5) wrong labels take the minimum of the BCE pooled over every class with
+    a minimum (scipy); a class with enough keeps its own; a pool with too few mistakes keeps 1."""
+    from vit.deploy.label_calibration import MIN_MISTAKES
+
+    rng = np.random.default_rng(2)
+    z = rng.normal(0, 3, (20, 3))
+    y = (z > 0).astype(float)
+    z[0, 0], y[0, 0] = -0.01, 1.0  # class 0: one label, barely wrong
+    y[1:5, 1] = 1 - y[1:5, 1]  # class 1: 4 wrong
+    y[:8, 2] = 1 - y[:8, 2]  # class 2: 8 wrong, a T of its own
+    assert MIN_MISTAKES == 5
+
+    def minimum(zs: np.ndarray, ys: np.ndarray) -> float:
+        best = minimize_scalar(lambda s: bce(zs / np.exp(s), ys), bounds=(-8, 5), method="bounded",
+                               options={"xatol": 1e-10})
+        return float(np.exp(best.x))
+
+    assert minimum(z[:, 0], y[:, 0]) < 0.1  # class 0 alone: its own T would all but binarise its probabilities
+    got = fit_label_temperatures(torch.tensor(z), torch.tensor(y))
+    pooled = minimum(z.ravel(), y.ravel())
+    assert got[0] == got[1] == pytest.approx(pooled, rel=1e-4) and pooled > 0.2
+    assert got[2] == pytest.approx(minimum(z[:, 2], y[:, 2]), rel=1e-4)
+    assert fit_label_temperatures(torch.tensor(z[:, :1]), torch.tensor(y[:, :1])) == [1.0]  # 1 mistake: too few
+
+
 def test_the_moved_thresholds_keep_every_images_labels_and_the_unmoved_ones_do_not():
     rng = np.random.default_rng(1)
     z = rng.normal(0, 3, (2000, 6))

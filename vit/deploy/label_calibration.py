@@ -5,7 +5,8 @@ score of `vit.deploy.calibration`.
 - T_c > 0 minimises the binary cross-entropy of sigmoid(z_c / T_c) on the validation logits (one LBFGS on log T over
   every class: the loss is a sum of one term per class, so each T_c is its own class's minimum). A class whose known
   val labels are all one outcome, or all on the right side of z = 0 (the BCE then falls as T -> 0, with no
-  minimum), keeps T_c = 1.
+  minimum), keeps T_c = 1. A class with fewer than 5 wrong val labels has too few to set its own T: it takes one
+  T fit on the pooled labels of every class with a minimum.
 - The thresholds t_c were chosen on sigmoid(z_c); the same cut on sigmoid(z_c / T_c) is sigmoid(logit(t_c) / T_c),
   so every image keeps its set of labels (checked on val before anything is stored).
 - No "unknown" score: an image with no label over its threshold already answers "none of these" (no labels).
@@ -29,41 +30,51 @@ from vit.errors import UserValueError
 from vit.progress import progress
 
 ECE_BINS = 15
+MIN_MISTAKES = 5  # wrong val labels a class needs for a T of its own; fewer: the T every class shares
 NO_UNKNOWN = ("no \"unknown\" score for a multi-label model: an image with no label over its threshold already "
               "answers \"none of these\" (an empty label set)")
 
 
-def fittable(logits: Tensor, targets: Tensor) -> Tensor:
-    """(C,) bool: the classes whose BCE in T has a minimum: val holds both outcomes among the known labels, and some
-    known label on the wrong side of z = 0 (else the loss falls as T -> 0)."""
+def mistakes(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """(C,) each: whether a class's BCE in T has a minimum (val holds both outcomes among the known labels, and some
+    known label on the wrong side of z = 0; else the loss falls as T -> 0), and its count of such wrong labels."""
     known = targets >= 0
     positive, negative = known & (targets == 1), known & (targets == 0)
-    wrong = (positive & (logits <= 0)) | (negative & (logits >= 0))
-    return positive.any(0) & negative.any(0) & wrong.any(0)
+    wrong = ((positive & (logits <= 0)) | (negative & (logits >= 0))).sum(0)
+    return positive.any(0) & negative.any(0) & (wrong > 0), wrong
 
 
 def fit_label_temperatures(logits: Tensor, targets: Tensor) -> list[float]:
-    """T_c for each class: the minimum of the mean BCE of sigmoid(z_c / T_c) over the class's known val labels
-    (targets 1 / 0; -1 is unknown and left out), from T = 1; 1 for a class not `fittable`."""
+    """T_c for each class, minimising the mean BCE of sigmoid(z_c / T_c) over its known val labels (targets 1 / 0;
+    -1 is unknown and left out), from T = 1. A class with a minimum but fewer than `MIN_MISTAKES` wrong labels
+    takes one T shared by every class with a minimum, their pooled labels' (one barely wrong label set a 20-image
+    class's own T to 0.014); 1 where there is no minimum, or the pool holds fewer than `MIN_MISTAKES` mistakes."""
     logits, targets = logits.double(), targets.double()
     known = (targets >= 0).double()
-    use = fittable(logits, targets)
-    log_t = torch.zeros(logits.shape[1], dtype=torch.float64, requires_grad=True)
-    if not bool(use.any()):
+    has_minimum, wrong = mistakes(logits, targets)
+    own = has_minimum & (wrong >= MIN_MISTAKES)
+    shared = bool(wrong[has_minimum].sum() >= MIN_MISTAKES) and bool((has_minimum & ~own).any())
+    if not bool(own.any()) and not shared:
         return [1.0] * logits.shape[1]
+    log_t = torch.zeros(logits.shape[1] + 1, dtype=torch.float64, requires_grad=True)  # the last: the shared T
     optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=500, line_search_fn="strong_wolfe",
                                   tolerance_grad=1e-10, tolerance_change=1e-12)
-    counts = known.sum(0).clamp_min(1)
+    labels = targets.clamp_min(0)
 
     def closure() -> Tensor:
         optimizer.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(logits / log_t.exp(), targets.clamp_min(0), reduction="none")
-        total = ((loss * known).sum(0) / counts)[use].sum()  # a sum of per-class means: each T_c on its own
+        loss = F.binary_cross_entropy_with_logits(logits / log_t[:-1].exp(), labels, reduction="none") * known
+        total = (loss.sum(0) / known.sum(0).clamp_min(1))[own].sum()  # a sum of per-class means: each T_c alone
+        if shared:  # and the pooled mean of every class with a minimum, at the one shared T
+            pool = F.binary_cross_entropy_with_logits(logits / log_t[-1].exp(), labels, reduction="none") * known
+            total = total + pool[:, has_minimum].sum() / known[:, has_minimum].sum()
         total.backward()
         return total
 
     optimizer.step(closure)
-    return torch.where(use, log_t.detach().exp(), torch.ones_like(log_t)).tolist()
+    found = log_t.detach().exp()
+    fallback = found[-1] if shared else torch.ones((), dtype=found.dtype)
+    return torch.where(own, found[:-1], torch.where(has_minimum, fallback, torch.ones_like(found[:-1]))).tolist()
 
 
 def moved_thresholds(thresholds: list[float], temperatures: list[float]) -> list[float]:
@@ -139,11 +150,15 @@ def fit_label_confidence(classifier: Classifier, val: Dataset, **loader: Any) ->
     if label_sets(logits, classifier.thresholds) != label_sets(logits, classifier.thresholds, calibration):
         raise UserValueError("the thresholds moved with the temperatures change some val image's labels (a float "
                              "rounding at a cut); the checkpoint is left as it was")
-    kept = [c for c, ok in enumerate(fittable(logits.double(), targets.double()).tolist()) if not ok]
+    has_minimum, wrong = mistakes(logits.double(), targets.double())
+    few = (has_minimum & (wrong < MIN_MISTAKES)).tolist()
+    pool_fit = bool(wrong[has_minimum].sum() >= MIN_MISTAKES)
+    kept = [c for c in range(len(temperatures)) if not has_minimum[c] or (few[c] and not pool_fit)]
+    shared = [c for c in range(len(temperatures)) if few[c] and pool_fit]
     report = {"before": label_figures(logits, targets), "after": label_figures(logits, targets, temperatures),
               "reliability": {"before": pooled_bins(logits, targets),
                               "after": pooled_bins(logits, targets, temperatures)},
-              "val_images": len(targets), "kept_at_one": kept, "labels_unchanged": True}
+              "val_images": len(targets), "kept_at_one": kept, "shared": shared, "labels_unchanged": True}
     return Confidence(calibration, None, report)
 
 
@@ -156,7 +171,11 @@ def describe_labels(confidence: Confidence, class_names: list[str]) -> list[str]
     if r.get("kept_at_one"):
         names = ", ".join(class_names[i] for i in r["kept_at_one"])
         lines.append(f"  T_c = 1 kept for {names}: its val labels are one outcome, or all on the right side of 0 "
-                     "(the BCE has no minimum)")
+                     f"(the BCE has no minimum), or too few wrong to set a T (under {MIN_MISTAKES}, pooled too)")
+    if r.get("shared"):
+        names = ", ".join(class_names[i] for i in r["shared"])
+        lines.append(f"  T = {t[r['shared'][0]]:.4f} for {names}, fit on every class's labels: fewer than "
+                     f"{MIN_MISTAKES} wrong val labels each, too few for a T of its own")
     if "before" in r:
         b, a = r["before"], r["after"]
         lines.append(f"  val per-class ECE (mean) {b['ece']:.4f} -> {a['ece']:.4f}, BCE {b['nll']:.4f} -> "
