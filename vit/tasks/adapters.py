@@ -6,7 +6,9 @@ the optimiser, an EMA of what trains, and checkpoints that hold what trains and 
                        for its gradients (``find_unused_parameters`` is needed only when the head trains alone first)
     configure_model    the pretrained base loaded under the adapters, DoRA's magnitudes restarted from it, its hash
     save               the state dict without the base; ``checkpoint["vit"]["lora"]``: settings, base identity
-    load               the base as ``pretrained`` found it, its hash checked, then the state dict completed
+    load               the base as ``pretrained`` found it, its hash checked, then the state dict completed; FSDP
+                       loads the state dict itself, after the wrap: the base loads first, as ``pretrained``
+                       (`vit fit --ckpt_path` keeps it), and a hook forgives its missing keys
 """
 
 from __future__ import annotations
@@ -18,14 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from timm.utils import ModelEmaV3
 from torch import nn
 
-from vit.checkpoints.lora import (
-    STATE_PREFIXES,
-    base_identity,
-    completed,
-    describe_base,
-    held_names,
-    load_base,
-)
+from vit.checkpoints.lora import STATE_PREFIXES, base_identity, completed, describe_base, held_names, load_base
 from vit.checkpoints.meta import META_KEY
 from vit.errors import UserValueError
 from vit.nn.lora import add_adapters, base_digest, base_layers, init_magnitudes
@@ -111,9 +106,8 @@ class AdapterTraining:
             # the average is a whole, unsharded copy that its update pairs with the sharded parameters by name
             raise UserValueError("optim.ema_decay keeps an unsharded average of the weights, which FSDP's sharded "
                                  "parameters cannot update: drop ema_decay under FSDP, or train with ddp")
-        if self.adapter_trained is None or not isinstance(strategy, FSDPStrategy):
-            return
-        if not strategy.kwargs.get("use_orig_params"):
+        if self.adapter_trained is not None and isinstance(strategy, FSDPStrategy) and not strategy.kwargs.get(
+                "use_orig_params"):
             raise UserValueError(f"finetune: {self.hparams.finetune} freezes the base inside every block, which FSDP "
                                  "shards only with use_orig_params: drop trainer.strategy's use_orig_params: false "
                                  "(Lightning's default is true)")
@@ -155,8 +149,8 @@ class AdapterTraining:
             incompatible.missing_keys.remove(key)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """A thin checkpoint: the base loaded as ``pretrained`` says, else as the checkpoint names it (a resumed run:
-        `vit fit --ckpt_path` drops ``pretrained``), its hash checked, then the state dict completed."""
+        """A thin checkpoint: the base loaded as ``pretrained`` says, else as the checkpoint names it (loaded without
+        ``pretrained``), its hash checked, then the state dict completed. Under FSDP the state dict is in already."""
         super().on_load_checkpoint(checkpoint)
         base = (checkpoint[META_KEY].get("lora") or {}).get("base")
         if base is None or self.adapter_trained is None or "state_dict" not in checkpoint:  # FSDP: loaded already
