@@ -44,6 +44,15 @@ def mistakes(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     return positive.any(0) & negative.any(0) & (wrong > 0), wrong
 
 
+def temperature_groups(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(C,) bool each: the classes whose BCE has a minimum (they make the shared T's pool), those with a T of their
+    own (at least `MIN_MISTAKES` wrong labels), and those that take the shared T (fewer, the pool holding enough);
+    the rest keep T = 1."""
+    has_minimum, wrong = mistakes(logits, targets)
+    own = has_minimum & (wrong >= MIN_MISTAKES)
+    return has_minimum, own, has_minimum & ~own & bool(wrong[has_minimum].sum() >= MIN_MISTAKES)
+
+
 def fit_label_temperatures(logits: Tensor, targets: Tensor) -> list[float]:
     """T_c for each class, minimising the mean BCE of sigmoid(z_c / T_c) over its known val labels (targets 1 / 0;
     -1 is unknown and left out), from T = 1. A class with a minimum but fewer than `MIN_MISTAKES` wrong labels
@@ -51,9 +60,8 @@ def fit_label_temperatures(logits: Tensor, targets: Tensor) -> list[float]:
     class's own T to 0.014); 1 where there is no minimum, or the pool holds fewer than `MIN_MISTAKES` mistakes."""
     logits, targets = logits.double(), targets.double()
     known = (targets >= 0).double()
-    has_minimum, wrong = mistakes(logits, targets)
-    own = has_minimum & (wrong >= MIN_MISTAKES)
-    shared = bool(wrong[has_minimum].sum() >= MIN_MISTAKES) and bool((has_minimum & ~own).any())
+    has_minimum, own, takes_shared = temperature_groups(logits, targets)
+    shared = bool(takes_shared.any())
     if not bool(own.any()) and not shared:
         return [1.0] * logits.shape[1]
     log_t = torch.zeros(logits.shape[1] + 1, dtype=torch.float64, requires_grad=True)  # the last: the shared T
@@ -73,8 +81,7 @@ def fit_label_temperatures(logits: Tensor, targets: Tensor) -> list[float]:
 
     optimizer.step(closure)
     found = log_t.detach().exp()
-    fallback = found[-1] if shared else torch.ones((), dtype=found.dtype)
-    return torch.where(own, found[:-1], torch.where(has_minimum, fallback, torch.ones_like(found[:-1]))).tolist()
+    return torch.where(own, found[:-1], torch.where(takes_shared, found[-1], torch.ones_like(found[:-1]))).tolist()
 
 
 def moved_thresholds(thresholds: list[float], temperatures: list[float]) -> list[float]:
@@ -150,11 +157,8 @@ def fit_label_confidence(classifier: Classifier, val: Dataset, **loader: Any) ->
     if label_sets(logits, classifier.thresholds) != label_sets(logits, classifier.thresholds, calibration):
         raise UserValueError("the thresholds moved with the temperatures change some val image's labels (a float "
                              "rounding at a cut); the checkpoint is left as it was")
-    has_minimum, wrong = mistakes(logits.double(), targets.double())
-    few = (has_minimum & (wrong < MIN_MISTAKES)).tolist()
-    pool_fit = bool(wrong[has_minimum].sum() >= MIN_MISTAKES)
-    kept = [c for c in range(len(temperatures)) if not has_minimum[c] or (few[c] and not pool_fit)]
-    shared = [c for c in range(len(temperatures)) if few[c] and pool_fit]
+    _, own, takes_shared = temperature_groups(logits.double(), targets.double())
+    kept, shared = (~own & ~takes_shared).nonzero().flatten().tolist(), takes_shared.nonzero().flatten().tolist()
     report = {"before": label_figures(logits, targets), "after": label_figures(logits, targets, temperatures),
               "reliability": {"before": pooled_bins(logits, targets),
                               "after": pooled_bins(logits, targets, temperatures)},
