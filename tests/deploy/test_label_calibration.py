@@ -86,6 +86,15 @@ def test_classes_with_few_mistakes_take_the_minimum_of_every_classs_pooled_bce()
     assert got[0] == got[1] == pytest.approx(pooled, rel=1e-4) and pooled > 0.2
     assert got[2] == pytest.approx(minimum(z[:, 2], y[:, 2]), rel=1e-4)
     assert fit_label_temperatures(torch.tensor(z[:, :1]), torch.tensor(y[:, :1])) == [1.0]  # 1 mistake: too few
+    # the boundary, both sides: 4 wrong labels take the shared T, 5 their own
+    from vit.deploy.label_calibration import temperature_groups
+
+    y5 = y.copy()
+    y5[1:6, 1] = 1 - (z[1:6, 1] > 0)  # class 1: 5 wrong
+    _, own, takes_shared = temperature_groups(torch.tensor(z), torch.tensor(y5))
+    assert own.tolist() == [False, True, True] and takes_shared.tolist() == [True, False, False]
+    _, own, takes_shared = temperature_groups(torch.tensor(z), torch.tensor(y))
+    assert own.tolist() == [False, False, True] and takes_shared.tolist() == [True, True, False]
 
 
 def test_the_moved_thresholds_keep_every_images_labels_and_the_unmoved_ones_do_not():
