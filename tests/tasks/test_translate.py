@@ -274,6 +274,22 @@ def test_tsv_config_runs_on_an_anki_export(tmp_path):
     assert [n for n, _ in dm.malformed["train"]] == [len(lines) + 1]  # reported by line number
 
 
+def test_a_translation_config_without_a_monitor_keeps_the_best_by_chrf(tmp_path):
+    """`vit fit`'s default monitor is val_acc, which a Translator never logs: it is val_chrf for one."""
+    import yaml
+
+    config = yaml.safe_load((CONFIGS / "translate_tsv.yaml").read_text())
+    del config["checkpoint"]
+    (tmp_path / "no_monitor.yaml").write_text(yaml.safe_dump(config))
+    corpus = tmp_path / "shift.tsv"
+    shifted_words(corpus, n=40)
+    run = cli(["fit", *quiet_run(tmp_path, str(tmp_path / "no_monitor.yaml")), "--trainer.accelerator=cpu",
+               f"--data.init_args.train={corpus}", "--data.init_args.tokenizer=char", "--trainer.max_epochs=1",
+               *TINY_MODEL])
+    assert run.best_checkpoint.monitor == "val_chrf" and run.best_checkpoint.mode == "max"
+    assert Path(run.best_checkpoint.best_model_path).name == "best-epoch=0-step=1.ckpt"
+
+
 @pytest.mark.slow
 def test_ddp_on_two_cpu_processes_splits_the_sentences_between_ranks(tmp_path):
     """The length-bucketing batch sampler under DDP: each rank trains on its own half, and reports once."""
