@@ -172,7 +172,8 @@ def test_translate_tsv_recipe_runs_its_whole_pipeline(tmp_path):
     ])
     assert run.trainer.global_step > 0 and all(math.isfinite(v) for v in logged(run.trainer, "train_loss"))
     assert run.datamodule.malformed["train"]  # the tab-less line is reported; the long one skipped (the recipe says so)
-    assert "val_bleu" in run.trainer.callback_metrics and Path(run.best_checkpoint.best_model_path).is_file()
+    assert {"val_bleu", "val_chrf"} <= set(run.trainer.callback_metrics) and run.best_checkpoint.monitor == "val_chrf"
+    assert Path(run.best_checkpoint.best_model_path).is_file()
     assert isinstance(run.model.model.head.weight, torch.nn.Parameter)
 
 

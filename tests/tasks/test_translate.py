@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import codecs
+import csv
 import logging
+import random
 import re
+from pathlib import Path
 
 import pytest
 import sacrebleu
 import torch
 
 from tests import CONFIGS
-from tests.conftest import free_port
+from tests.conftest import free_port, quiet_run
 from tests.helpers import quick_trainer
+from vit.cli.main import cli
 from vit.commands import main, run
+from vit.data.tokenizers import build_tokenizer
 from vit.data.translation import SyntheticTranslationDataModule, TranslationDataModule
 from vit.tasks import load_task
+from vit.tasks.text_metrics import CharF
 from vit.tasks.translate import Translator, inverse_sqrt_schedule
 
 TINY_MODEL = ["--model.init_args.embed_dim", "32", "--model.init_args.num_heads", "2",
@@ -68,6 +74,84 @@ def test_inverse_square_root_schedule():
     optimizer = model.configure_optimizers()["optimizer"]
     assert optimizer.defaults["lr"] == pytest.approx(32**-0.5 * 400**-0.5)  # the paper's peak
     assert optimizer.defaults["fused"]
+
+
+@pytest.mark.parametrize("kind", ["word", "char"])
+def test_bleu_reads_text_as_the_tokenizer_does_and_chrf_is_sacrebleus(kind):
+    """Word BLEU for a word vocabulary, character BLEU for a character one (sacrebleu's ``tokenize="char"``),
+    and chrF beside it, each as sacrebleu computes it."""
+    refs = ["the cat sat on the mat", "a dog ran home", "abcdefgh"]
+    hyps = ["the cat sat on a mat", "a dog ran to home", "abcdefgx"]
+    tokenizer = build_tokenizer(kind, refs).to_dict()
+    model = Translator({"source": tokenizer, "target": tokenizer}, embed_dim=32, num_heads=2,
+                       num_encoder_layers=1, num_decoder_layers=1)
+    model.val_metrics["bleu"].update(hyps, [[r] for r in refs])
+    model.val_metrics["chrf"].update(hyps, refs)
+    words = sacrebleu.corpus_bleu(hyps, [refs]).score / 100
+    chars = sacrebleu.corpus_bleu(hyps, [refs], tokenize="char").score / 100
+    assert abs(words - chars) > 0.1  # the two readings tell apart
+    expected = chars if kind == "char" else words
+    assert model.val_metrics["bleu"].compute().item() == pytest.approx(expected, abs=1e-5)
+    chrf = sacrebleu.corpus_chrf(hyps, [refs]).score / 100  # chrF, not chrF++ (word_order 0)
+    assert model.val_metrics["chrf"].compute().item() == pytest.approx(chrf, abs=1e-5)
+
+
+@pytest.mark.parametrize("hyps, refs", [
+    (["", "abcdefgh"], ["abc", "abcdefgh"]),  # an empty output costs its reference's recall
+    (["xyz", "abcdefgh"], ["abc", "abcdefgh"]),  # so does one that matches nothing (torchmetrics 1.9: 0.97)
+    (["abcdefgh", "ab"], ["abc", "abcd"]),  # references shorter than the 6-grams, outputs longer
+    (["a b c", "", ""], ["abc", "d", "ef"]),  # whitespace is not a character; nothing of two lines right
+    (["", ""], ["ab", "cd"]),  # nothing at all
+])
+def test_chrf_is_sacrebleus_on_empty_wrong_and_short_lines(hyps, refs):
+    metric = CharF()
+    for i in range(len(hyps)):  # a line a batch: the counts add up across updates
+        metric.update(hyps[i : i + 1], refs[i : i + 1])
+    assert metric.compute().item() == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score / 100, abs=1e-6)
+
+
+def shifted_words(path: Path, n: int = 400) -> None:
+    """A character-level TSV task: a word of 4-7 letters from a-j, each letter moved 3 on (a -> d, h -> a).
+    Every target is one "word": word 4-gram BLEU is 0 on it at any accuracy."""
+    rng = random.Random(0)
+    words: set[str] = set()
+    while len(words) < n:
+        words.add("".join(rng.choice("abcdefghij") for _ in range(rng.randint(4, 7))))
+    shift = {c: "abcdefghij"[(i + 3) % 10] for i, c in enumerate("abcdefghij")}
+    path.write_text("".join(f"{w}\t{''.join(shift[c] for c in w)}\n" for w in sorted(words)), encoding="utf-8")
+
+
+def test_the_tsv_recipe_on_a_char_task_keeps_a_trained_best_and_its_bleu_rises(tmp_path):
+    """configs/translate_tsv.yaml with the character tokenizer, tiny: its monitor moves as the model learns, so
+    `best` is a trained checkpoint (word BLEU, 0 throughout, kept epoch 0's), and BLEU read by characters rises
+    with exact match. The best checkpoint's decodings, scored by sacrebleu, give the figures logged for it."""
+    corpus = tmp_path / "shift.tsv"
+    shifted_words(corpus)
+    run = cli(["fit", *quiet_run(tmp_path, str(CONFIGS / "translate_tsv.yaml")), "--trainer.accelerator=cpu",
+               f"--data.init_args.train={corpus}", "--data.init_args.tokenizer=char", "--data.init_args.batch_size=16",
+               "--data.init_args.val_fraction=0.15", "--trainer.max_epochs=10", *TINY_MODEL,
+               "--model.init_args.drop_rate=0.0", "--model.init_args.lr=0.005", "--model.init_args.warmup_steps=30"])
+    rows = csv.DictReader((Path(run.trainer.logger.log_dir) / "metrics.csv").open())
+    epochs = {int(r["epoch"]): {k: float(v) for k, v in r.items() if k.startswith("val_") and v}
+              for r in rows if r.get("val_exact_match")}
+    assert sorted(epochs) == list(range(10))
+    exact, bleu = ([epochs[e][name] for e in range(10)] for name in ("val_exact_match", "val_bleu"))
+
+    best = Path(run.best_checkpoint.best_model_path)
+    epoch = int(re.search(r"epoch=(\d+)", best.name).group(1))
+    assert epoch > 0 and exact[epoch] > exact[0] + 0.2  # a trained model, not the first epoch's
+    assert exact[0] < 0.05 and max(exact) > 0.3 and bleu[0] < 0.1 and bleu[exact.index(max(exact))] > 0.5
+    assert torch.corrcoef(torch.tensor([bleu, exact]))[0, 1] > 0.8  # BLEU on characters rises with exact match
+    chrf = [epochs[e]["val_chrf"] for e in range(10)]
+    assert run.best_checkpoint.monitor == "val_chrf" and epoch == chrf.index(max(chrf)) and chrf[epoch] > chrf[0] + 0.3
+
+    sources, refs = zip(*run.datamodule.pairs["val"])
+    hyps = load_task(best, Translator).translate(list(sources))
+    assert epochs[epoch]["val_exact_match"] == pytest.approx(sum(map(str.__eq__, hyps, refs)) / len(refs))
+    assert epochs[epoch]["val_bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(hyps, [list(refs)], tokenize="char").score / 100, abs=1e-4)
+    assert epochs[epoch]["val_chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [list(refs)]).score / 100, abs=1e-4)
+    assert sacrebleu.corpus_bleu(hyps, [list(refs)]).score == 0.0  # what the words' BLEU said of the same outputs
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "inverse_sqrt"])
@@ -188,6 +272,22 @@ def test_tsv_config_runs_on_an_anki_export(tmp_path):
     dm = TranslationDataModule(str(corpus), tokenizer="bpe", bpe_vocab_size=120)
     _ = dm.pairs
     assert [n for n, _ in dm.malformed["train"]] == [len(lines) + 1]  # reported by line number
+
+
+def test_a_translation_config_without_a_monitor_keeps_the_best_by_chrf(tmp_path):
+    """`vit fit`'s default monitor is val_acc, which a Translator never logs: it is val_chrf for one."""
+    import yaml
+
+    config = yaml.safe_load((CONFIGS / "translate_tsv.yaml").read_text())
+    del config["checkpoint"]
+    (tmp_path / "no_monitor.yaml").write_text(yaml.safe_dump(config))
+    corpus = tmp_path / "shift.tsv"
+    shifted_words(corpus, n=40)
+    run = cli(["fit", *quiet_run(tmp_path, str(tmp_path / "no_monitor.yaml")), "--trainer.accelerator=cpu",
+               f"--data.init_args.train={corpus}", "--data.init_args.tokenizer=char", "--trainer.max_epochs=1",
+               *TINY_MODEL])
+    assert run.best_checkpoint.monitor == "val_chrf" and run.best_checkpoint.mode == "max"
+    assert Path(run.best_checkpoint.best_model_path).name == "best-epoch=0-step=1.ckpt"
 
 
 @pytest.mark.slow

@@ -201,8 +201,11 @@ class VitCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if subcommand:
             config = self.config[subcommand]
-            if subcommand == "pretrain" and config.get("checkpoint.monitor") == "val_acc":  # fit's default
-                config["checkpoint.monitor"], config["checkpoint.mode"] = "val_loss", "min"
+            if config.get("checkpoint.monitor") == "val_acc":  # fit's default, for a task that logs no accuracy
+                if subcommand == "pretrain":
+                    config["checkpoint.monitor"], config["checkpoint.mode"] = "val_loss", "min"
+                elif str(config.get("model.class_path") or "").endswith("Translator"):  # chrF moves on every tokenizer
+                    config["checkpoint.monitor"], config["checkpoint.mode"] = "val_chrf", "max"
             if subcommand not in ("fit", "pretrain") and config.get("ckpt_path") in ("best", "last"):
                 config["ckpt_path"] = checkpoint_by_name(config, config["ckpt_path"])
             check_checkpoint_exists(config)

@@ -24,6 +24,8 @@ class Tokenizer:
     """Text <-> ids. Subclasses implement ``encode``, ``_decode_tokens`` and ``to_dict``."""
 
     kind = ""
+    # How BLEU splits decoded text (sacrebleu's tokenize): into words. A character vocabulary scores characters.
+    bleu_tokenize = "13a"
 
     @property
     def vocab_size(self) -> int:
@@ -123,6 +125,8 @@ class CharTokenizer(WordTokenizer):
     """One token per character, spaces included."""
 
     kind = "char"
+    # A target is often one "word" here (a name, a transliteration): word 4-gram BLEU would be 0 at any accuracy.
+    bleu_tokenize = "char"
 
     def split(self, text: str) -> list[str]:
         return list(self.prepare(text))

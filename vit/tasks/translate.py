@@ -23,6 +23,7 @@ from vit.nn.roles import ParamRoles
 from vit.nn.text import Seq2SeqTransformer, TextConfig
 from vit.tasks.base import BaseTask
 from vit.tasks.optim import adamw, param_groups, step_schedule, warmup_cosine
+from vit.tasks.text_metrics import CharF
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ class Translator(BaseTask):
     """Sequence-to-sequence training: label-smoothed cross-entropy, AdamW, inverse-√ warm-up.
 
     Validation and test report teacher-forced loss and token accuracy, and, on decoded
-    output (greedy or beam), exact-match sequence accuracy and SacreBLEU.
+    output (greedy or beam), exact-match sequence accuracy, SacreBLEU (on words, or on characters for a
+    character tokenizer: ``Tokenizer.bleu_tokenize``) and chrF (character 6-grams: it moves on every tokenizer).
 
     Args:
         tokenizers: {"source": ..., "target": ...} as saved dicts (linked from the data module).
@@ -107,11 +109,12 @@ class Translator(BaseTask):
         ))
 
     def configure_metrics(self) -> None:
-        """One MetricCollection per stage: teacher-forced token accuracy, decoded exact match and SacreBLEU."""
+        """One MetricCollection per stage: teacher-forced token accuracy, decoded exact match, SacreBLEU and chrF."""
         metrics = MetricCollection({
             "token_acc": MulticlassAccuracy(self.target_tokenizer.vocab_size, average="micro", ignore_index=PAD_ID),
             "exact_match": MeanMetric(),
-            "bleu": SacreBLEUScore(),
+            "bleu": SacreBLEUScore(tokenize=self.target_tokenizer.bleu_tokenize),
+            "chrf": CharF(),  # sacrebleu's chrF (not torchmetrics', see vit.tasks.text_metrics)
         })
         self.val_metrics = metrics.clone(prefix="val_")
         self.test_metrics = metrics.clone(prefix="test_")
@@ -196,6 +199,7 @@ class Translator(BaseTask):
         refs = [self.target_tokenizer.normalize(t) for t in batch["target_text"]]
         metrics["exact_match"].update(torch.tensor([h == r for h, r in zip(hyps, refs)], dtype=torch.float))
         metrics["bleu"].update(hyps, [[r] for r in refs])
+        metrics["chrf"].update(hyps, refs)
         self.log_dict(metrics, batch_size=B)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
