@@ -113,7 +113,7 @@ FIGURES: dict[str, Figure] = {
          "--checkpoint.monitor=val_exact_match", "--checkpoint.mode=max"],
         data=char_tsv,
         about="configs/translate_tsv.yaml on a generated char TSV (3,000 pairs, 5% val; 300 test): char tokens, "
-              "dim 64, 2+2 layers, warm-up 200, 8 epochs, best by val_exact_match, tested"),
+              "dim 64, 2+2 layers, warm-up 300, 8 epochs, best by val_exact_match, tested"),
     "scratch_small": Figure(
         "scratch_small.yaml", "test_acc", ["--trainer.max_epochs=12", "--data.init_args.hflip=0"],
         data=digit_folder,
