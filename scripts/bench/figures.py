@@ -26,11 +26,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import date
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = Path(__file__).with_name("figures.json")
@@ -41,8 +40,7 @@ FLOOR = 0.02  # a tolerance never narrower than 2 points: 3 seeds estimate a std
 COMMON = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
-@dataclass(frozen=True)
-class Figure:
+class Figure(NamedTuple):
     """One headline figure: a recipe, its reduced options, the test metric read, and the data it needs built."""
 
     config: str
