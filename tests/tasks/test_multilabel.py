@@ -10,7 +10,7 @@ from sklearn.metrics import average_precision_score, f1_score, precision_recall_
 from torch.utils.data import DistributedSampler
 
 from vit.errors import UserValueError
-from vit.tasks.heads import MultiLabelHead, SingleLabelHead, head_for
+from vit.tasks.heads import MultiLabelHead, SingleLabelHead, data_label_kind, head_for
 from vit.tasks.multilabel import LabelScores, MultiLabelMixup, choose_thresholds, label_metrics, mix_targets
 
 
@@ -110,13 +110,18 @@ def test_every_image_counts_once_under_a_distributed_samplers_padding(size):
 
 
 def test_the_head_follows_the_data():
-    assert isinstance(head_for(SingleLabelHead(), True), MultiLabelHead)
-    assert head_for(SingleLabelHead(), False) == SingleLabelHead()
+    assert isinstance(head_for(SingleLabelHead(), "multi"), MultiLabelHead)
+    assert head_for(SingleLabelHead(), "single") == SingleLabelHead()
     assert head_for(MultiLabelHead(loss="asl"), None) == MultiLabelHead(loss="asl")
+    assert head_for(MultiLabelHead(loss="asl"), "multi") == MultiLabelHead(loss="asl")
     with pytest.raises(UserValueError, match="MultiLabelHead"):
-        head_for(SingleLabelHead(mixup_alpha=0.8), True)  # settings of a single-label head are not dropped silently
+        head_for(SingleLabelHead(mixup_alpha=0.8), "multi")  # settings of a single-label head are not dropped silently
     with pytest.raises(UserValueError, match="one label per image"):
-        head_for(MultiLabelHead(), False)
+        head_for(MultiLabelHead(), "single")
+    with pytest.raises(UserValueError, match="single, multi"):
+        head_for(SingleLabelHead(), "several")
+    # the word `vit fit` links from a DataModule's multi_label
+    assert [data_label_kind(x) for x in (True, False, None)] == ["multi", "single", None]
     with pytest.raises(UserValueError, match="'bce' or 'asl'"):
         MultiLabelHead(loss="focal")
 
