@@ -185,3 +185,20 @@ def test_positive_weights_count_the_known_labels_of_the_training_split():
     assert counts.tolist() == [[float((targets[:, c] == 1).sum()) for c in range(4)],
                                [float((targets[:, c] != -1).sum()) for c in range(4)]]
     assert (counts[1] < len(targets)).all()
+
+
+@pytest.mark.parametrize("multi", [True, False])
+def test_a_checkpoint_written_before_label_kind_loads_as_the_kind_it_says(quadrant_run, tmp_path, multi):
+    """Checkpoints from before ``label_kind`` hold ``multi_label`` beside the head as given (the default single-label
+    one, which the flag turned into the multi-label head); Lightning would drop the unknown argument silently."""
+    from vit.tasks import ImageClassifier, load_task
+
+    checkpoint = torch.load(quadrant_run / "model.ckpt", weights_only=False)
+    hparams = checkpoint["hyper_parameters"]
+    assert hparams.pop("label_kind") == "multi" and hparams["head"]["class_path"].endswith("SingleLabelHead")
+    checkpoint["hyper_parameters"] = {**hparams, "multi_label": multi}
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    task = load_task(tmp_path / "old.ckpt", ImageClassifier)
+    assert isinstance(task.head, MultiLabelHead if multi else SingleLabelHead)
+    if multi:  # and the thresholds chosen on val come back with it
+        assert task.evaluation.thresholds.tolist() == pytest.approx(checkpoint["vit"]["thresholds"])
