@@ -57,3 +57,14 @@ def test_class_names_are_checked():
         class_names(["", "  "])
     with pytest.raises(UserValueError, match="given twice: oak"):
         class_names(["oak", "oak"])
+
+
+def test_the_zero_shot_checkpoint_says_what_a_trained_classifiers_says(folder):
+    """One writer of a classifier's ``checkpoint["vit"]`` (`classify_meta`): the zero-shot file holds the same
+    entries as `vit fit`'s, so every reader finds them."""
+    from tests.helpers import tiny_classifier
+
+    _, path = folder
+    meta = zero_shot_checkpoint(load_clip(path), CLASSES, TEMPLATES[:1])["vit"]
+    assert set(meta) == set(tiny_classifier().checkpoint_meta())
+    assert meta["task"] == "classify" and meta["ema"] is False and meta["class_names"] == CLASSES

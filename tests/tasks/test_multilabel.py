@@ -10,7 +10,7 @@ from sklearn.metrics import average_precision_score, f1_score, precision_recall_
 from torch.utils.data import DistributedSampler
 
 from vit.errors import UserValueError
-from vit.tasks.heads import MultiLabelHead, SingleLabelHead, head_for
+from vit.tasks.heads import MultiLabelHead, SingleLabelHead, data_label_kind, head_for
 from vit.tasks.multilabel import LabelScores, MultiLabelMixup, choose_thresholds, label_metrics, mix_targets
 
 
@@ -110,13 +110,18 @@ def test_every_image_counts_once_under_a_distributed_samplers_padding(size):
 
 
 def test_the_head_follows_the_data():
-    assert isinstance(head_for(SingleLabelHead(), True), MultiLabelHead)
-    assert head_for(SingleLabelHead(), False) == SingleLabelHead()
+    assert isinstance(head_for(SingleLabelHead(), "multi"), MultiLabelHead)
+    assert head_for(SingleLabelHead(), "single") == SingleLabelHead()
     assert head_for(MultiLabelHead(loss="asl"), None) == MultiLabelHead(loss="asl")
+    assert head_for(MultiLabelHead(loss="asl"), "multi") == MultiLabelHead(loss="asl")
     with pytest.raises(UserValueError, match="MultiLabelHead"):
-        head_for(SingleLabelHead(mixup_alpha=0.8), True)  # settings of a single-label head are not dropped silently
+        head_for(SingleLabelHead(mixup_alpha=0.8), "multi")  # settings of a single-label head are not dropped silently
     with pytest.raises(UserValueError, match="one label per image"):
-        head_for(MultiLabelHead(), False)
+        head_for(MultiLabelHead(), "single")
+    with pytest.raises(UserValueError, match="single, multi"):
+        head_for(SingleLabelHead(), "several")
+    # the word `vit fit` links from a DataModule's multi_label
+    assert [data_label_kind(x) for x in (True, False, None)] == ["multi", "single", None]
     with pytest.raises(UserValueError, match="'bce' or 'asl'"):
         MultiLabelHead(loss="focal")
 
@@ -180,3 +185,20 @@ def test_positive_weights_count_the_known_labels_of_the_training_split():
     assert counts.tolist() == [[float((targets[:, c] == 1).sum()) for c in range(4)],
                                [float((targets[:, c] != -1).sum()) for c in range(4)]]
     assert (counts[1] < len(targets)).all()
+
+
+@pytest.mark.parametrize("multi", [True, False])
+def test_a_checkpoint_written_before_label_kind_loads_as_the_kind_it_says(quadrant_run, tmp_path, multi):
+    """Checkpoints from before ``label_kind`` hold ``multi_label`` beside the head as given (the default single-label
+    one, which the flag turned into the multi-label head); Lightning would drop the unknown argument silently."""
+    from vit.tasks import ImageClassifier, load_task
+
+    checkpoint = torch.load(quadrant_run / "model.ckpt", weights_only=False)
+    hparams = checkpoint["hyper_parameters"]
+    assert hparams.pop("label_kind") == "multi" and hparams["head"]["class_path"].endswith("SingleLabelHead")
+    checkpoint["hyper_parameters"] = {**hparams, "multi_label": multi}
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    task = load_task(tmp_path / "old.ckpt", ImageClassifier)
+    assert isinstance(task.head, MultiLabelHead if multi else SingleLabelHead)
+    if multi:  # and the thresholds chosen on val come back with it
+        assert task.evaluation.thresholds.tolist() == pytest.approx(checkpoint["vit"]["thresholds"])

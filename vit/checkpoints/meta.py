@@ -8,6 +8,7 @@ is rebuilt from the file alone (`vit.deploy.load_classifier`).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import Tensor
@@ -15,6 +16,36 @@ from torch import Tensor
 from vit.errors import UserValueError
 
 META_KEY = "vit"  # checkpoint["vit"]: what the task wrote for loading without the training config
+# A multi-label classifier says so under this key, with its cut per class: {"multi_label": true, "thresholds": [...]}
+# in a checkpoint's meta and a timm folder's config.json, {"multi_label": {"thresholds": [...]}} in an ONNX file's
+# metadata (`vit.deploy.metadata`); no key: one label per image. `label_meta` writes it, `label_thresholds` reads it.
+MULTI_LABEL_KEY = "multi_label"
+THRESHOLDS_KEY = "thresholds"
+
+
+def label_meta(thresholds: Sequence[float] | None) -> dict[str, Any]:
+    """What a classifier's meta says about its labels: a multi-label one's flag and cut per class; nothing for one
+    label per image (``thresholds`` None)."""
+    if thresholds is None:
+        return {}
+    return {MULTI_LABEL_KEY: True, THRESHOLDS_KEY: [float(t) for t in thresholds]}
+
+
+def label_thresholds(meta: Mapping[str, Any]) -> list[float] | None:
+    """A multi-label classifier's cut per class from its meta (a checkpoint's or a timm folder's config), or None for
+    one label per image: the one reading of the label kind of a file."""
+    if not meta.get(MULTI_LABEL_KEY):
+        return None
+    return [float(t) for t in meta[THRESHOLDS_KEY]]
+
+
+def classify_meta(model_name: str, model_config: Mapping[str, Any], class_names: Sequence[str],
+                  preprocessing: Mapping[str, Any], **more: Any) -> dict[str, Any]:
+    """A classifier's ``checkpoint["vit"]``, the one writer of it (`vit fit`'s and `vit zeroshot`'s): the network by
+    name and config, the classes, the input preparation (``Preprocessing.to_dict()``) and ``more`` (``ema``, the
+    backbone's, `label_meta`, the adapters')."""
+    return {"task": "classify", "model_name": model_name, "model_config": dict(model_config),
+            "class_names": list(class_names), **preprocessing, **more}
 
 
 def classifier_checkpoint(meta: dict[str, Any], weights: dict[str, Tensor], **extra: Any) -> dict[str, Any]:

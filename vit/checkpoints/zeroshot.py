@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vit.checkpoints.clip import LoadedCLIP
-from vit.checkpoints.meta import classifier_checkpoint
+from vit.checkpoints.meta import classifier_checkpoint, classify_meta
 from vit.data.clip_text import TextTokenizer
 from vit.errors import UserValueError
 from vit.nn.clip import CLIP
@@ -53,7 +53,7 @@ def zero_shot_checkpoint(loaded: LoadedCLIP, classes: Sequence[str], templates: 
     """A `vit fit`-format classify checkpoint of ``loaded``'s image tower with the classes' text head."""
     classes = class_names(classes)
     model = loaded.model.classifier(class_embeddings(loaded.model, loaded.tokenizer, classes, templates, batch_size))
-    meta = {"task": "classify", "model_name": f"{loaded.model.family}_zeroshot",
-            "model_config": model.config.to_dict(), "class_names": classes, **loaded.preprocessing.to_dict()}
+    meta = classify_meta(f"{loaded.model.family}_zeroshot", model.config.to_dict(), classes,
+                         loaded.preprocessing.to_dict())
     about = {"source": loaded.source, "family": loaded.model.family, "templates": list(templates)}
     return classifier_checkpoint(meta, model.state_dict(), zeroshot=about)

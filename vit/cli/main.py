@@ -64,7 +64,7 @@ from vit.preprocessing import DATA_KEYS, PREPROCESSING_KEYS, pretrained_preproce
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
 # skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.
 LINKED_FROM_DATA: tuple[str, ...] = (
-    "num_classes", "class_names", "multi_label", "img_size", "in_chans", *PREPROCESSING_KEYS, "tokenizers",
+    "num_classes", "class_names", "img_size", "in_chans", *PREPROCESSING_KEYS, "tokenizers",
 )
 
 
@@ -101,6 +101,11 @@ class VitCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for name in LINKED_FROM_DATA:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+        from vit.tasks.heads import data_label_kind  # here: `vit.tasks` imports the models, which --help need not
+
+        # the data's kind of label, in the word the heads read ("single", "multi": `vit.tasks.heads.head_for`)
+        parser.link_arguments("data.multi_label", "model.init_args.label_kind", compute_fn=data_label_kind,
+                              apply_on="instantiate")
         # The best checkpoint, configurable as `checkpoint.*` (another monitor, a fixed folder, ...),
         # saved after validation; its every_n_train_steps is last.ckpt's interval (see BestCheckpoint).
         parser.add_lightning_class_args(BestCheckpoint, "checkpoint")

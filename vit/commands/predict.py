@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from vit.data.io import find_images
 from vit.deploy.backends import BACKENDS, load_classifier
+from vit.deploy.classifier import is_multi_label
 from vit.deploy.image_files import check_some_readable, describe_run, failures
 from vit.deploy.inference import PRECISIONS, can_reject
 from vit.deploy.predict import predict_files, write_predictions
@@ -100,7 +101,7 @@ def add_tta_argument(parser: argparse.ArgumentParser) -> None:
 
 def rejection_note(classifier: object, path: str, accept_all: bool) -> str | None:
     """One line when the model cannot answer "unknown" (saved or exported before `vit calibrate`), else None."""
-    if accept_all or getattr(classifier, "thresholds", None) is not None:  # multi-label: "none of these" is no label
+    if accept_all or is_multi_label(classifier):  # multi-label: "none of these" is no label
         return None
     if not can_reject(classifier):
         return (f"note: {path} has no unknown score (saved or exported before calibration, or a backend that does "

@@ -341,7 +341,7 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
     `vit.data` datamodule) and store them in it (or in a copy at ``out``); prints what it found, and draws the
     reliability diagram before and after T as reliability.png in ``figure_dir`` (default: beside the checkpoint).
     A multi-label checkpoint gets a temperature per class alone (`vit.deploy.label_calibration`)."""
-    from vit.deploy.classifier import read_classifier
+    from vit.deploy.classifier import is_multi_label, read_classifier
 
     classifier = read_classifier(path, device)
     val = getattr(data, "val_set", None)
@@ -352,9 +352,9 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
     workers = {"num_workers": getattr(data, "num_workers", 0)}
     train, val = (data.eval_split(split) for split in ("train", "val"))
     for name, split in (("training", train), ("validation", val)):
-        if len(split) > MAX_SPLIT_IMAGES and (name == "validation" or classifier.thresholds is None):
+        if len(split) > MAX_SPLIT_IMAGES and (name == "validation" or not is_multi_label(classifier)):
             say(f"calibration reads a seeded {MAX_SPLIT_IMAGES:,} of the {len(split):,} {name} images")
-    if classifier.thresholds is not None:  # multi-label: a sigmoid per class, cut at per-class thresholds
+    if is_multi_label(classifier):  # a sigmoid per class, cut at per-class thresholds
         from vit.deploy.label_calibration import NO_UNKNOWN, describe_labels, fit_label_confidence
 
         if outliers is not None:

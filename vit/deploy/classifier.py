@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from vit.checkpoints.io import read_checkpoint
 from vit.checkpoints.lora import load_merged
-from vit.checkpoints.meta import evaluated_weights, expect_task
+from vit.checkpoints.meta import evaluated_weights, expect_task, label_thresholds
 from vit.checkpoints.weights import load_pretrained
 from vit.deploy.confidence import CHECKPOINT_KEY, Calibration, Confidence, layer_features
 from vit.errors import UserValueError
@@ -67,6 +67,14 @@ class ModelInput(Prepared):
         self.model_name, self.class_names = values["model_name"], list(values["class_names"])
         self.img_size, self.in_chans = tuple(values["img_size"]), int(values["in_chans"])
         self.preprocessing = Preprocessing.from_dict(values)
+
+
+def is_multi_label(model: Any) -> bool:
+    """Whether a loaded model (a `Classifier`, an ONNX or OpenVINO runner, or a wrapper of one) answers several labels
+    per image, a sigmoid per class cut at its ``thresholds``, rather than one by softmax. The one test of the label
+    kind once a model is loaded: each file stores it its way (`vit.checkpoints.meta.label_thresholds`,
+    `vit.deploy.metadata.exported_thresholds`) and each loader sets ``thresholds`` from it."""
+    return getattr(model, "thresholds", None) is not None
 
 
 # ---- a trained classifier, without Lightning --------------------------------------------------
@@ -176,7 +184,7 @@ def read_hub_classifier(source: str | os.PathLike, device: str | torch.device = 
     names = config.get("label_names") or [str(i) for i in range(n)]
     classifier = Classifier(model, model_name=config["architecture"], class_names=names, img_size=img_size,
                             **asdict(Preprocessing.from_dict(cfg)))
-    classifier.thresholds = config.get("thresholds") if config.get("multi_label") else None
+    classifier.thresholds = label_thresholds(config)
     return classifier.to(device).eval()
 
 
@@ -203,8 +211,7 @@ def read_classifier(path: str | os.PathLike, device: str | torch.device = "cpu")
         model.load_state_dict(weights)
     classifier = Classifier(model, model_name=meta["model_name"], class_names=meta["class_names"],
                             img_size=meta.get("img_size"), timm_args=timm_args, **asdict(Preprocessing.from_dict(meta)))
-    if meta.get("multi_label"):
-        classifier.thresholds = [float(t) for t in meta["thresholds"]]
+    classifier.thresholds = label_thresholds(meta)
     if checkpoint.get(CHECKPOINT_KEY):
         classifier.confidence = Confidence.from_checkpoint(checkpoint[CHECKPOINT_KEY])
     return classifier.to(device).eval()

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from vit.checkpoints.meta import label_meta
 from vit.deploy.classifier import Classifier
 from vit.deploy.confidence import METADATA_KEY, SCORE_OUTPUT, Answering
 from vit.deploy.metadata import label_metadata, set_metadata
@@ -254,8 +255,7 @@ def timm_config(classifier: Classifier) -> dict[str, Any]:
         **pool,
         "label_names": list(classifier.class_names),
     }
-    if classifier.thresholds is not None:  # a multi-label model: a sigmoid per class, cut at these
-        config.update(multi_label=True, thresholds=list(classifier.thresholds))
+    config.update(label_meta(classifier.thresholds))  # a multi-label model's flag and cuts; nothing for one label
     if model_args:
         config["model_args"] = model_args
     config["pretrained_cfg"] = {  # timm's names; `vit.preprocessing` reads it back from a hub folder

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vit.deploy.classifier import Classifier, ModelInput, read_classifier
+from vit.deploy.classifier import Classifier, ModelInput, is_multi_label, read_classifier
 from vit.deploy.confidence import (
     DEFAULT_LABEL,
     METADATA_KEY,
@@ -191,15 +191,15 @@ def answered(classifier: Any, images: Tensor, k: int, accept_all: bool = False,
              tta: str | None = None) -> list[tuple[list[dict], dict]]:
     """Each image's top-k entries with calibrated probabilities (softmax(logits / T)) and, for a model with an
     unknown score, its answer: ``{"answer", "unknown", "nearest", "score"}`` (else ``{}``); ``accept_all``: never
-    unknown; ``tta``: "none" or "flip" (None: `chosen_tta`). A multi-label model (``thresholds``) answers
+    unknown; ``tta``: "none" or "flip" (None: `chosen_tta`). A multi-label model (`is_multi_label`) answers
     `label_answers` (with its temperature per class when calibrated). `vit predict` and `vit serve` answer with this."""
     # the class's own `answer` (a wrapper such as torch-bf16's hands attributes on to the fp32 model inside)
     answer = getattr(classifier, "answer", None) if hasattr(type(classifier), "answer") else None
     logits, scores = answer(images) if answer is not None else (classifier(images), None)
     logits = tta_logits(classifier, images, chosen_tta(classifier, tta), logits)
     calibration: Calibration | None = getattr(classifier, "calibration", None)
-    if (thresholds := getattr(classifier, "thresholds", None)) is not None:
-        return label_answers(logits, thresholds, k, classifier.class_names, calibration)
+    if is_multi_label(classifier):
+        return label_answers(logits, classifier.thresholds, k, classifier.class_names, calibration)
     temperature = calibration.temperature if calibration is not None else 1.0
     entries = ranked(logits.float() / temperature, k, classifier.class_names)
     if scores is None:

@@ -12,18 +12,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+from vit.checkpoints.meta import MULTI_LABEL_KEY, THRESHOLDS_KEY
 from vit.deploy.classifier import CARD_KEYS
 from vit.errors import UserValueError
 
 # What `vit predict model.onnx` reads back from the metadata (JSON strings): the input card.
 METADATA_KEYS = CARD_KEYS
-# A multi-label model's: {"thresholds": [one per class]}; absent for a single-label one
-LABELS_KEY = "multi_label"
+# A multi-label model's: {"thresholds": [one per class]}; absent for a single-label one (`vit.checkpoints.meta`)
+LABELS_KEY = MULTI_LABEL_KEY
 
 
 def label_metadata(thresholds: list[float] | None) -> dict[str, Any]:
     """What a multi-label model adds to its export's metadata (nothing for a single-label one)."""
-    return {} if thresholds is None else {LABELS_KEY: {"thresholds": [float(t) for t in thresholds]}}
+    return {} if thresholds is None else {LABELS_KEY: {THRESHOLDS_KEY: [float(t) for t in thresholds]}}
 
 
 def exported_thresholds(meta: dict[str, str], path: str | os.PathLike) -> list[float] | None:
@@ -31,7 +32,7 @@ def exported_thresholds(meta: dict[str, str], path: str | os.PathLike) -> list[f
     if LABELS_KEY not in meta:
         return None
     try:
-        return [float(t) for t in json.loads(meta[LABELS_KEY])["thresholds"]]
+        return [float(t) for t in json.loads(meta[LABELS_KEY])[THRESHOLDS_KEY]]
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise UserValueError(f"{path}: the metadata's {LABELS_KEY!r} is not {{\"thresholds\": [...]}} ({e}); "
                              "export the model again with `vit export`") from e

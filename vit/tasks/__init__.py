@@ -14,7 +14,7 @@ from vit.tasks.base import BaseTask, VisionTask
 from vit.tasks.classify import ImageClassifier, upgraded_hparams
 from vit.tasks.convnet import ConvNetClassifier
 from vit.tasks.distill import DistilledClassifier
-from vit.tasks.heads import ClassificationHead, SingleLabelHead
+from vit.tasks.heads import ClassificationHead, SingleLabelHead, renamed_hparams
 from vit.tasks.optim import Optimization
 from vit.tasks.pretrain import MaskedAutoencoder
 from vit.tasks.translate import Translator
@@ -36,9 +36,11 @@ def load_task(path: str | os.PathLike, task_class: type[Task], map_location: str
     meta = expect_task(checkpoint, task_class.task, path)
     if not issubclass(task_class, ImageClassifier):
         return task_class.load_from_checkpoint(path, map_location=map_location, weights_only=True).eval()
-    upgraded = upgraded_hparams(checkpoint.get("hyper_parameters") or {}, meta)
-    if upgraded is None:
-        task = task_class.load_from_checkpoint(path, map_location=map_location, weights_only=True, pretrained=None)
+    hparams = checkpoint.get("hyper_parameters") or {}
+    upgraded = upgraded_hparams(hparams, meta)
+    if upgraded is None:  # (a multi-label checkpoint's `multi_label` comes back as its `label_kind`)
+        task = task_class.load_from_checkpoint(path, map_location=map_location, weights_only=True, pretrained=None,
+                                               **renamed_hparams(hparams))
         return task.eval()
     if "distillation" in upgraded and not issubclass(task_class, DistilledClassifier):
         raise UserValueError(f"{path} was written by a distilling run of vit 0.1: load_task(path, "

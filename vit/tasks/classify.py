@@ -14,13 +14,11 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from vit.checkpoints.meta import META_KEY
+from vit.checkpoints.meta import META_KEY, classify_meta
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vit.errors import UserValueError
 from vit.preprocessing import Prepared, Preprocessing
@@ -28,6 +26,7 @@ from vit.tasks.adapters import AdapterTraining, ema_copy
 from vit.tasks.backbones import backbone_named
 from vit.tasks.base import VisionTask, from_config
 from vit.tasks.contrastive import check_head_init
+from vit.tasks.evaluation import Run
 from vit.tasks.finetune import (
     ADAPTERS,
     Frozen,
@@ -38,8 +37,6 @@ from vit.tasks.finetune import (
     unfreeze_epoch,
 )
 from vit.tasks.heads import ClassificationHead, SingleLabelHead, head_for
-from vit.tasks.mistakes import ConfidentMistakes, test_figures
-from vit.tasks.multilabel import LabelEvaluation, label_test_report
 from vit.tasks.optim import (
     Optimization,
     adamw,
@@ -102,8 +99,8 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
             not by the constructor; a new head is fine.
         backbone: what builds the network (`vit.tasks.backbones`): "vit" (ours, every family), "timm", or the
             import path of a ``Backbone`` subclass.
-        head: what the labels mean (`vit.tasks.heads`): the losses, metrics and answer. The default, single-label
-            cross-entropy, takes ``label_smoothing``, mixup/cutmix and ``class_weighting``:
+        head: what the labels mean (`vit.tasks.heads`): the losses, metrics, evaluation and answer. The default,
+            single-label cross-entropy, takes ``label_smoothing``, mixup/cutmix and ``class_weighting``:
             ``head: {init_args: {mixup_alpha: 0.8}}``.
         optim: how it trains (`vit.tasks.optim.Optimization`): ``lr``, ``lr_base_batch``, ``weight_decay``,
             ``betas``, ``warmup_epochs``/``warmup_steps``, ``min_lr``, ``schedule``, ``layer_decay``, ``ema_decay``.
@@ -120,8 +117,8 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
         compile: ``torch.compile`` the trained model (in place: checkpoints keep the same state-dict keys).
             Off by default: the first steps pay the compile, and on CPUs the gain is small; measure first.
         class_names: names of the classes, stored in the checkpoint (linked from the datamodule).
-        multi_label: whether an image has several labels (linked from the datamodule): the default head becomes
-            `vit.tasks.heads.MultiLabelHead`; ``None`` follows the head.
+        label_kind: "single" or "multi" label per image (linked from the datamodule): "multi" makes the default
+            head `vit.tasks.heads.MultiLabelHead`; ``None`` follows the head.
         mean, std: normalisation the data used, stored in the checkpoint (linked from the datamodule);
             ``None``: ImageNet's for 3 channels, 0.5 otherwise.
         crop_pct: evaluation centre-crop fraction the data used, stored in the checkpoint (linked).
@@ -155,7 +152,7 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
         grad_checkpointing: bool = False,
         compile: bool = False,
         class_names: list[str] | None = None,
-        multi_label: bool | None = None,
+        label_kind: str | None = None,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         crop_pct: float = 1.0,
@@ -181,7 +178,7 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
         hp = self.hparams
         self.backbone = backbone_named(hp.backbone)
         self.head: ClassificationHead = head_for(from_config(hp.head, ClassificationHead, SingleLabelHead()),
-                                                 hp.multi_label)
+                                                 hp.label_kind)
         self.optim: Optimization = from_config(hp.optim, Optimization, Optimization())
         self.model: nn.Module = self.build_network()
         self.roles = self.backbone.roles(self.model)  # stem, tokens, blocks, pool, head: `vit.nn.roles`
@@ -252,18 +249,9 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
             rank_zero_info("class weights: " + ", ".join(f"{n} {w:.2f}" for n, w in zip(self.class_names, weights)))
 
     def configure_metrics(self) -> None:
-        """The head's MetricCollections, one per stage; and the test report's per-class accuracy, confusion matrix
-        and most confident mistakes."""
-        n = self.hparams.num_classes
-        train, val = self.head.metrics(n)
-        self.train_metrics = train.clone(prefix="train_")
-        self.val_metrics = val.clone(prefix="val_")
-        self.test_metrics = val.clone(prefix="test_")
-        self.test_class_acc = MulticlassAccuracy(n, average=None)
-        self.test_confusion = MulticlassConfusionMatrix(n)
-        self.test_mistakes = ConfidentMistakes(16)  # errors.png: the most confident mistakes, with rollout
-        # several labels: every image's scores, synced once per epoch; the thresholds chosen on val
-        self.label_eval = LabelEvaluation(n, self.head.min_positives) if self.head.multi_label else None
+        """The head's training metrics, and its evaluation: validation and test (`vit.tasks.evaluation`)."""
+        self.train_metrics = self.head.metrics(self.hparams.num_classes)[0].clone(prefix="train_")
+        self.evaluation = self.head.evaluation(self.hparams.num_classes)
 
     # --- what prediction needs -------------------------------------------------------------
     @property
@@ -335,59 +323,36 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
         if stage == "test" and getattr(self, "test_tta", "none") == "flip":  # `vit fit` sets it: what val chose
             logits = (logits + self(x.flip(-1))) / 2
         self.log(f"{stage}_loss", self.eval_loss(logits, y), prog_bar=stage == "val", sync_dist=True)
-        if self.label_eval is not None:
-            self.label_eval.update(stage, x, logits, y)
-            return logits
-        metrics = self.val_metrics if stage == "val" else self.test_metrics
-        metrics.update(logits, y)
-        self.log_dict(metrics, prog_bar=True)
+        self.log_dict(self.evaluation.step(stage, x, logits, y), prog_bar=True)
         return logits
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, "val")
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        logits = self._eval_step(batch, "test")
-        if self.label_eval is not None:
-            return
-        x, y = self.unpack(batch)
-        self.test_class_acc.update(logits, y)
-        self.test_confusion.update(logits, y)
-        self.test_mistakes.update(x, logits, y)
+        self._eval_step(batch, "test")
 
-    # --- several labels: every image's scores, once (`vit.tasks.multilabel`) ---------------------
+    # --- the evaluation's epochs: the head's (`vit.tasks.evaluation`) -----------------------------
     def on_validation_epoch_start(self) -> None:
-        if self.label_eval is not None:
-            self.label_eval.start("val", self.trainer.val_dataloaders)
+        self.evaluation.start("val", self.trainer.val_dataloaders)
 
     def on_test_epoch_start(self) -> None:
-        if self.label_eval is not None:
-            self.label_eval.start("test", self.trainer.test_dataloaders)
+        self.evaluation.start("test", self.trainer.test_dataloaders)
 
-    def on_validation_epoch_end(self) -> None:
-        if self.label_eval is not None:  # the thresholds of the val epoch a checkpoint is saved after
-            values, _, _ = self.label_eval.end("val", choose=not self.trainer.sanity_checking)
-            self.log_dict(values, prog_bar=True, sync_dist=True)  # already global: averaging equal values
+    def on_validation_epoch_end(self) -> None:  # values already global: averaging equal values changes nothing
+        self.log_dict(self.evaluation.end("val", self.evaluated_run()), prog_bar=True, sync_dist=True)
 
     def on_test_epoch_end(self) -> None:
-        if self.label_eval is not None:
-            return label_test_report(self)
-        confusion = self.test_confusion.compute().cpu()  # already global: torchmetrics syncs ranks on compute
-        # A class without test images has no accuracy (torchmetrics says 0.0): NaN, left out and said.
-        per_class = self.test_class_acc.compute().cpu().masked_fill(confusion.sum(1) == 0, float("nan"))
-        for name, acc in zip(self.class_names, per_class.tolist()):
-            if acc == acc:  # averaging equal values across ranks changes nothing, and tells Lightning it is synced
-                self.log(f"test_acc_class/{name}", acc, sync_dist=True)
-        if absent := [name for name, acc in zip(self.class_names, per_class.tolist()) if acc != acc]:
-            rank_zero_info(f"no test images of {', '.join(map(repr, absent))}: no test accuracy for them")
-        self.test_class_acc.reset()
-        self.test_confusion.reset()
-        self.last_confusion_matrix = confusion
-        test_figures(self, confusion, per_class.tolist())
-        self.test_mistakes.reset()
+        self.log_dict(self.evaluation.end("test", self.evaluated_run()), sync_dist=True)
+
+    def evaluated_run(self) -> Run:
+        """What the evaluation's epoch end reads of this run: classes, normalisation, model, run folder, rank."""
+        t = self.trainer
+        return Run(self.class_names, self.mean, self.std, self.eval_model, t.log_dir, t.is_global_zero, t.loggers,
+                   self.global_step, counted=not t.sanity_checking)
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
-        """The head's answer (class probabilities (B, num_classes)); the batch is images or (images, anything)."""
+        """The head's answer (e.g. class probabilities (B, num_classes)); the batch is images or (images, anything)."""
         return self.head.predict(self(self.unpack(batch)[0]))
 
     # --- optimiser -------------------------------------------------------------------------
@@ -427,23 +392,20 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
 
     # --- checkpoint (checked on loading by VisionTask.on_load_checkpoint) ---------------------
     def checkpoint_meta(self) -> dict[str, Any]:
-        """What `vit.deploy.load_classifier` needs besides the weights: task, model, classes, preparation."""
-        return {
-            "task": self.task,
-            "model_name": self.model_name,
-            "model_config": dict(self.model_config),
-            "class_names": list(self.class_names),
-            **self.preprocessing.to_dict(),  # mean, std, crop_pct, interpolation
-            "ema": self.model_ema is not None,
+        """What `vit.deploy.load_classifier` needs besides the weights: task, model, classes, preparation, and what
+        the evaluation chose (a multi-label model's thresholds)."""
+        return classify_meta(
+            self.model_name, self.model_config, self.class_names,
+            self.preprocessing.to_dict(),  # mean, std, crop_pct, interpolation
+            ema=self.model_ema is not None,
             **self.backbone.meta(self.hparams.img_size),
-            **({"multi_label": True, "thresholds": self.label_eval.thresholds.tolist()} if self.label_eval else {}),
+            **self.evaluation.checkpoint_meta(),
             **self.adapter_meta(),
-        }
+        )
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
-        if self.label_eval is not None and "thresholds" in checkpoint[META_KEY]:
-            self.label_eval.thresholds = torch.tensor(checkpoint[META_KEY]["thresholds"], dtype=torch.float32)
+        self.evaluation.load_meta(checkpoint[META_KEY])
 
 
 __all__ = ["MOVED", "ImageClassifier", "old_arguments", "upgraded_hparams"]

@@ -11,14 +11,18 @@ A head is picked in the task's config (``model.init_args.head``) by its class, a
       class_path: vit.tasks.heads.MultiLabelHead  # several labels per image (picked for multi-label data)
       init_args: {loss: asl}
 
-A new kind of label is a new subclass with its own loss, metrics and answer; the
-task does not change. A head is a frozen dataclass of settings: it builds what it needs (losses, metrics, mixup)
-for a number of classes, and holds no state of its own.
+A new kind of label is a new subclass with its own loss, metrics, evaluation and answer; the task does not change.
+A head is a frozen dataclass of settings: it builds what it needs (losses, metrics, mixup, its validation and test
+`evaluation`) for a number of classes, and holds no state of its own.
+
+The kind of label is one word, ``label_kind`` ("single" or "multi"): each head says which it is for, and `vit fit`
+links the data's kind to the classifier's ``label_kind`` argument, which `head_for` reads (the default head becomes
+the data's kind's). Checkpoints written before the word say ``multi_label`` (`renamed_hparams`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,18 +32,23 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MultilabelF1Score
 
 from vit.errors import UserValueError
+from vit.tasks.evaluation import Evaluation
 from vit.tasks.losses import MaskedAsymmetricLoss, MaskedBCEWithLogits, SoftTargetCrossEntropy
-from vit.tasks.multilabel import MultiLabelMixup
+from vit.tasks.mistakes import SingleLabelEvaluation
+from vit.tasks.multilabel import MultiLabelEvaluation, MultiLabelMixup
 
 # (images, labels) -> (images, targets): an augmentation that mixes labels along with images (mixup, cutmix)
 TargetMixer = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+# The kinds of label: one per image, or several (targets (B, C) of 1/0/-1)
+SINGLE, MULTI = "single", "multi"
+LABEL_KINDS = (SINGLE, MULTI)
 
 
 class ClassificationHead:
     """What a classifier's logits mean. Subclasses are frozen dataclasses of their settings."""
 
     picked_by_class: ClassVar[bool] = True  # a config names the class (`vit.tasks.base.as_config`)
-    multi_label: ClassVar[bool] = False  # several labels per image: targets (B, C) of 1/0/-1 (`MultiLabelHead`)
+    label_kind: ClassVar[str] = SINGLE  # the data it is for: one of `LABEL_KINDS`
     class_weighting: bool = False  # whether the task should count each class's training images (`class_weights`)
 
     def train_loss(self, num_classes: int, class_weights: Tensor | None = None) -> nn.Module:
@@ -57,6 +66,11 @@ class ClassificationHead:
     def metrics(self, num_classes: int) -> tuple[MetricCollection, MetricCollection]:
         """(training metrics, validation metrics) of (logits, labels), without prefixes."""
         raise NotImplementedError
+
+    def evaluation(self, num_classes: int) -> Evaluation:
+        """What validation and test measure (`vit.tasks.evaluation`): by default, one label per image's (the
+        `metrics`' validation half per stage, and the test's per-class accuracy, confusion matrix and mistakes)."""
+        return SingleLabelEvaluation(self.metrics(num_classes)[1], num_classes)
 
     def class_weights(self, counts: Tensor, class_names: Sequence[str]) -> Tensor | None:
         """The loss weight of each class from its training-image counts, or None to weigh them alike."""
@@ -167,7 +181,7 @@ class SingleLabelHead(MixingHead):
 class MultiLabelHead(MixingHead):
     """Several labels per image (targets (B, C): 1, 0, or -1 for unknown): a sigmoid per class, binary
     cross-entropy (or timm's asymmetric loss) over the known labels, macro mAP, and per-class thresholds chosen on
-    val (`vit.tasks.multilabel`). The classifier picks it when its data is multi-label (``multi_label: true``).
+    val (`vit.tasks.multilabel`). The classifier picks it when its data is multi-label (``label_kind: multi``).
 
     Args:
         loss: "bce" (binary cross-entropy with logits, the mean over the known labels) or "asl" (timm's
@@ -183,7 +197,7 @@ class MultiLabelHead(MixingHead):
         min_positives: a class with fewer known positives in val keeps the threshold 0.5 (too rare to tune).
     """
 
-    multi_label: ClassVar[bool] = True
+    label_kind: ClassVar[str] = MULTI
     loss: str = "bce"
     asl_gamma_neg: float = 4.0
     asl_gamma_pos: float = 1.0
@@ -219,6 +233,10 @@ class MultiLabelHead(MixingHead):
         f1 = MultilabelF1Score(num_classes, average="micro", ignore_index=-1)
         return MetricCollection({"f1": f1}), MetricCollection({})
 
+    def evaluation(self, num_classes: int) -> Evaluation:
+        """Every image's scores at once, the thresholds chosen on val, mAP and F1 (`MultiLabelEvaluation`)."""
+        return MultiLabelEvaluation(num_classes, self.min_positives)
+
     def class_weights(self, counts: Tensor, class_names: Sequence[str]) -> Tensor | None:
         """With ``class_weighting``: negatives / positives per class (``counts``: (2, C), positives and known
         labels), capped at ``max_pos_weight``."""
@@ -245,19 +263,35 @@ class MultiLabelHead(MixingHead):
         return logits.detach().sigmoid(), targets.long()
 
 
-def head_for(head: ClassificationHead, multi_label: bool | None) -> ClassificationHead:
-    """The head for data that is multi-label or not (``None``: as the head says): the default single-label head
-    becomes the default `MultiLabelHead`; a head set for the other kind of data is an error that says so."""
-    if multi_label is None or multi_label == head.multi_label:
+def head_for(head: ClassificationHead, label_kind: str | None) -> ClassificationHead:
+    """The head for data of ``label_kind`` ("single", "multi"; None: as the head says): the default single-label
+    head becomes the default `MultiLabelHead`; a head set for the other kind of data is an error that says so."""
+    if label_kind not in (None, *LABEL_KINDS):
+        raise UserValueError(f"label_kind must be one of {', '.join(LABEL_KINDS)} (or null), got {label_kind!r}")
+    if label_kind is None or label_kind == head.label_kind:
         return head
-    if multi_label and head == SingleLabelHead():
+    if label_kind == MULTI and head == SingleLabelHead():
         return MultiLabelHead()
-    if multi_label:
+    if label_kind == MULTI:
         raise UserValueError(f"the data has several labels per image, but the head is {head}: set "
                              "model.init_args.head.class_path: vit.tasks.heads.MultiLabelHead (it takes "
                              "label_smoothing, mixup and class_weighting too)")
     raise UserValueError(f"the head is {type(head).__name__}, for several labels per image, but the data has one "
                          "label per image: drop model.init_args.head, or give a multi-label labels file")
+
+
+def data_label_kind(multi_label: bool | None) -> str | None:
+    """The label kind of a DataModule's ``multi_label`` (what `vit fit` links to the classifier's ``label_kind``)."""
+    return None if multi_label is None else MULTI if multi_label else SINGLE
+
+
+def renamed_hparams(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """A classifier checkpoint's label kind under its new name, for hyperparameters written before it had one
+    (``multi_label: true``, which Lightning would drop silently); nothing for a checkpoint of this version."""
+    old = "multi_label"
+    if old not in hparams or "label_kind" in hparams:
+        return {}
+    return {"label_kind": data_label_kind(hparams[old])}
 
 
 class EvenMixup:
@@ -273,5 +307,5 @@ class EvenMixup:
         return self.mixup(images, labels)
 
 
-__all__ = ["ClassificationHead", "EvenMixup", "MixingHead", "MultiLabelHead", "SingleLabelHead", "TargetMixer",
-           "head_for"]
+__all__ = ["LABEL_KINDS", "ClassificationHead", "EvenMixup", "MixingHead", "MultiLabelHead", "SingleLabelHead",
+           "TargetMixer", "data_label_kind", "head_for", "renamed_hparams"]

@@ -1,6 +1,7 @@
-"""What a test run got wrong, as pictures: the most confident mistakes with their attention rollout, and the
-accuracy per class. Written into the run folder beside the confusion matrix, and logged as images to
-TensorBoard or W&B when they are the run's loggers.
+"""One label per image: its evaluation (`SingleLabelEvaluation`: the head's metrics per stage, the test's accuracy
+per class, confusion matrix and most confident mistakes), and what a test run got wrong, as pictures: the most
+confident mistakes with their attention rollout, and the accuracy per class. Written into the run folder beside the
+confusion matrix, and logged as images to TensorBoard or W&B when they are the run's loggers.
 
 The mistakes are kept while the test batches stream by (the top ``n`` by confidence, on the CPU); the rollout
 is computed at the end from the model under test, so the overlays are that checkpoint's own attention.
@@ -10,16 +11,19 @@ Under DDP each rank sees its shard of the test set: the grid shows rank 0's mist
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from vit.explain import collect_attention, overlay, to_display_image
 from vit.nn.vision import VisionTransformer
 from vit.reports import class_accuracy_figure, error_grid_figure, save_figure
+from vit.tasks.evaluation import Evaluation, Run
 
 log = logging.getLogger(__name__)
 
@@ -102,19 +106,63 @@ def log_figures(loggers: Sequence[Any], figures: dict[str, Any], step: int, pref
             logger.log_image(key=f"{prefix}/figures", images=images, caption=list(figures), step=step)
 
 
-def test_figures(task: Any, confusion: Tensor, per_class: Sequence[float]) -> None:
+def test_figures(run: Run, confusion: Tensor, per_class: Sequence[float], mistakes: ConfidentMistakes) -> None:
     """A single-label classifier's test figures in its run folder (rank 0): the confusion matrix, per-class
     accuracy and the most confident mistakes, logged to its loggers too."""
     from lightning.pytorch.utilities import rank_zero_info
 
     from vit.reports import save_confusion_matrix
 
-    out_dir = task.trainer.log_dir  # the logger's run folder, else default_root_dir
-    if out_dir is None or not task.trainer.is_global_zero:
+    if run.out_dir is None or not run.is_global_zero:  # out_dir: the logger's run folder, else default_root_dir
         return
-    path = save_confusion_matrix(confusion, task.class_names, Path(out_dir) / "confusion_matrix.png")
-    figures = save_error_report(task.eval_model, task.test_mistakes, per_class, task.class_names, task.mean,
-                                task.std, out_dir)
-    log_figures(task.trainer.loggers, figures, task.global_step)
+    path = save_confusion_matrix(confusion, run.class_names, Path(run.out_dir) / "confusion_matrix.png")
+    figures = save_error_report(run.model, mistakes, per_class, run.class_names, run.mean, run.std, run.out_dir)
+    log_figures(run.loggers, figures, run.step)
     rank_zero_info(f"confusion matrix, per-class accuracy and most confident mistakes saved to {path.parent} "
                    "(confusion_matrix.png, class_accuracy.png, errors.png)")
+
+
+class SingleLabelEvaluation(Evaluation):
+    """One label per image: the head's validation metrics per stage (``val_acc``, ...), and in test each class's
+    accuracy, the confusion matrix and the ``mistakes`` most confident mistakes, with their figures."""
+
+    def __init__(self, metrics: MetricCollection, num_classes: int, mistakes: int = 16) -> None:
+        super().__init__()
+        self.metrics = nn.ModuleDict({"val": metrics.clone(prefix="val_"), "test": metrics.clone(prefix="test_")})
+        self.class_acc = MulticlassAccuracy(num_classes, average=None)
+        self.confusion = MulticlassConfusionMatrix(num_classes)
+        self.mistakes = ConfidentMistakes(mistakes)  # errors.png: the most confident mistakes, with rollout
+        self.last_confusion_matrix: Tensor | None = None  # the last test's, (true, predicted)
+
+    def step(self, stage: str, images: Tensor, logits: Tensor, targets: Tensor) -> Mapping[str, Any]:
+        """Update the stage's metrics (logged as they are: Lightning computes them per epoch); in test also the
+        per-class accuracy, confusion matrix and mistakes."""
+        self.metrics[stage].update(logits, targets)
+        if stage == "test":
+            self.class_acc.update(logits, targets)
+            self.confusion.update(logits, targets)
+            self.mistakes.update(images, logits, targets)
+        return self.metrics[stage]
+
+    def end(self, stage: str, run: Run) -> dict[str, float]:
+        """After test: each class's accuracy (``test_acc_class/NAME``) and the figures; nothing after val."""
+        if stage != "test":
+            return {}
+        from lightning.pytorch.utilities import rank_zero_info
+
+        confusion = self.confusion.compute().cpu()  # already global: torchmetrics syncs ranks on compute
+        # A class without test images has no accuracy (torchmetrics says 0.0): NaN, left out and said.
+        per_class = self.class_acc.compute().cpu().masked_fill(confusion.sum(1) == 0, float("nan")).tolist()
+        # averaging equal values across ranks changes nothing, and tells Lightning it is synced
+        values = {f"test_acc_class/{name}": acc for name, acc in zip(run.class_names, per_class) if acc == acc}
+        if absent := [name for name, acc in zip(run.class_names, per_class) if acc != acc]:
+            rank_zero_info(f"no test images of {', '.join(map(repr, absent))}: no test accuracy for them")
+        self.class_acc.reset()
+        self.confusion.reset()
+        self.last_confusion_matrix = confusion
+        test_figures(run, confusion, per_class, self.mistakes)
+        self.mistakes.reset()
+        return values
+
+
+__all__ = ["ConfidentMistakes", "SingleLabelEvaluation", "log_figures", "save_error_report", "test_figures"]

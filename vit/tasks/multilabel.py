@@ -1,4 +1,5 @@
-"""Several labels per image: mixing multi-hot targets, the per-class thresholds chosen on val, and the evaluation.
+"""Several labels per image: mixing multi-hot targets, the per-class thresholds chosen on val, and the evaluation
+(`MultiLabelEvaluation`, the head's: `vit.tasks.evaluation`).
 
 Targets are float (B, C): 1 the label applies, 0 it does not, -1 unknown (left out of the loss and the metrics).
 
@@ -13,7 +14,7 @@ as many; `LabelScores` gathers every rank's scores and drops the padding, so no 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,9 @@ from torchmetrics.functional.classification import (
     multilabel_hamming_distance,
 )
 from torchmetrics.utilities import dim_zero_cat
+
+from vit.checkpoints.meta import label_meta, label_thresholds
+from vit.tasks.evaluation import Evaluation, Run
 
 DEFAULT_THRESHOLD = 0.5
 
@@ -154,7 +158,7 @@ def class_ap(probs: Tensor, targets: Tensor) -> Tensor:
     return ap.masked_fill((labels == 1).sum(0) == 0, float("nan"))
 
 
-class LabelEvaluation(nn.Module):
+class MultiLabelEvaluation(Evaluation):
     """What a multi-label classifier's validation and test keep: every image's scores (`LabelScores`), the
     thresholds chosen on val (the checkpoint's), and the test's worst false positives and negatives per class."""
 
@@ -171,22 +175,35 @@ class LabelEvaluation(nn.Module):
         self.scores[stage].set_sampler(getattr(loader, "sampler", None))
 
     @torch.no_grad()
-    def update(self, stage: str, images: Tensor, logits: Tensor, targets: Tensor) -> None:
-        """One batch's probabilities and targets (and, in test, its mistakes)."""
+    def step(self, stage: str, images: Tensor, logits: Tensor, targets: Tensor) -> Mapping[str, Any]:
+        """One batch's probabilities and targets (and, in test, its mistakes); nothing to log before the epoch ends."""
         probs = logits.float().sigmoid()
         self.scores[stage].update(probs, targets)
         if stage == "test":
             self.mistakes.update(images, probs, targets, self.thresholds)
+        return {}
 
-    def end(self, stage: str, choose: bool) -> tuple[dict[str, float], Tensor, Tensor]:
-        """The epoch's metrics (``stage_map``, ...), after choosing the thresholds on these scores when ``choose``
-        (val); and the scores themselves, every image once, in the dataset's order."""
+    def end(self, stage: str, run: Run) -> dict[str, float]:
+        """The epoch's metrics (``val_map``, ...) on every image at once: after val, with the thresholds chosen on
+        these scores (unless ``run`` is Lightning's sanity check); after test, with the report (`label_report`)."""
         probs, targets = self.scores[stage].compute()
         self.scores[stage].reset()
-        if choose:
+        if stage == "val" and run.counted:  # the thresholds of the val epoch a checkpoint is saved after
             self.thresholds = choose_thresholds(probs.cpu(), targets.cpu(), self.min_positives)
         values = label_metrics(probs, targets, self.thresholds, test=stage == "test")
-        return {f"{stage}_{k}": float(v) for k, v in values.items()}, probs.cpu(), targets.cpu()
+        if stage == "test":
+            label_report(run, probs.cpu(), targets.cpu(), self.thresholds, self.mistakes)
+            self.mistakes.reset()
+        return {f"{stage}_{k}": float(v) for k, v in values.items()}
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """The multi-label flag and the thresholds chosen on val."""
+        return label_meta(self.thresholds.tolist())
+
+    def load_meta(self, meta: Mapping[str, Any]) -> None:
+        """The thresholds a checkpoint holds."""
+        if (thresholds := label_thresholds(meta)) is not None:
+            self.thresholds = torch.tensor(thresholds, dtype=torch.float32)
 
 
 # ---- the false positives and negatives the gallery shows ------------------------------------------
@@ -247,23 +264,20 @@ def caption(kind: str, c: int, probs: Tensor, targets: Tensor, thresholds: Tenso
     return f"{kind} {names[c]} {probs[c]:.2f}\ntrue {', '.join(true) or '-'}\nsaid {', '.join(said) or '-'}"
 
 
-__all__ = ["LabelEvaluation", "LabelMistakes", "LabelScores", "MultiLabelMixup", "choose_thresholds", "class_ap",
-           "label_metrics", "mix_targets", "save_label_report"]
-
-
-def label_test_report(task: Any) -> None:
-    """A multi-label classifier's test report: mAP, F1, exact-set accuracy, Hamming loss, per-class AP, figures."""
+def label_report(run: Run, probs: Tensor, targets: Tensor, thresholds: Tensor, mistakes: LabelMistakes) -> None:
+    """A multi-label classifier's test figures in its run folder (rank 0): per-class AP, label co-occurrence and
+    each class's worst false positive and negative, logged to its loggers too."""
     from lightning.pytorch.utilities import rank_zero_info
 
     from vit.tasks.mistakes import log_figures
 
-    values, probs, targets = task.label_eval.end("test", choose=False)
-    task.log_dict(values, sync_dist=True)
-    out_dir = task.trainer.log_dir
-    if out_dir is not None and task.trainer.is_global_zero:
-        figures = save_label_report(probs, targets, task.label_eval.thresholds, task.label_eval.mistakes,
-                                    task.class_names, task.mean, task.std, out_dir)
-        log_figures(task.trainer.loggers, figures, task.global_step)
-        rank_zero_info(f"per-class AP, label co-occurrence and each class's worst false positive and negative "
-                       f"saved to {out_dir} ({', '.join(name + '.png' for name in figures)})")
-    task.label_eval.mistakes.reset()
+    if run.out_dir is None or not run.is_global_zero:
+        return
+    figures = save_label_report(probs, targets, thresholds, mistakes, run.class_names, run.mean, run.std, run.out_dir)
+    log_figures(run.loggers, figures, run.step)
+    rank_zero_info(f"per-class AP, label co-occurrence and each class's worst false positive and negative "
+                   f"saved to {run.out_dir} ({', '.join(name + '.png' for name in figures)})")
+
+
+__all__ = ["LabelMistakes", "LabelScores", "MultiLabelEvaluation", "MultiLabelMixup", "choose_thresholds", "class_ap",
+           "label_metrics", "label_report", "mix_targets", "save_label_report"]
