@@ -370,6 +370,20 @@ def data_class(config: Any) -> type | None:
         return None
 
 
+def model_task(class_path: str) -> str | None:
+    """The registry's task (`vit.checkpoints.meta.TASK_CLASSES`) of the model class ``class_path`` names, or None."""
+    from vit.tasks import TASKS
+
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError):
+        cls = None
+    cls = cls or next((c for c in TASKS.values() if c.__name__ == name), None)  # a bare class name
+    task = getattr(cls, "task", None)
+    return task if task in TASKS else None
+
+
 def check_checkpoint_exists(config: Any) -> None:
     """A short error listing the checkpoints that exist when ``--ckpt_path`` names a file that does not (Lightning's
     own is a traceback from deep in its loading)."""
@@ -386,12 +400,10 @@ def check_checkpoint_task(config: Any) -> None:
     class_path = (config.get("model") or {}).get("class_path")
     if not ckpt_path or not Path(ckpt_path).is_file() or not class_path:
         return
-    from vit.tasks import TASKS
-
     checkpoint = read_checkpoint(ckpt_path, mmap=True)  # a damaged file: an error naming it and its neighbours
-    wanted = [task for task, cls in TASKS.items() if cls.__name__ == class_path.rsplit(".", 1)[-1]]
-    if wanted:  # one of the package's tasks (a user's subclass is checked by its on_load_checkpoint)
-        expect_task(checkpoint, wanted[0], f"--ckpt_path {ckpt_path}")
+    wanted = model_task(class_path)
+    if wanted:  # a task of the registry, subclasses included (another task is checked by its on_load_checkpoint)
+        expect_task(checkpoint, wanted, f"--ckpt_path {ckpt_path}")
     from vit.tasks.classify import ImageClassifier, old_arguments
 
     # only a classifier's: a Translator's lr and warmup_steps are its own arguments still
