@@ -15,13 +15,17 @@ from torch import Tensor
 from vit.errors import UserValueError
 
 META_KEY = "vit"  # checkpoint["vit"]: what the task wrote for loading without the training config
+# The one prefix table of a classifier's state dict: its network under "model.", the EMA copy (when training kept
+# one) under "model_ema.module.", the copy it validated and tested.
+MODEL_PREFIX, EMA_PREFIX = "model.", "model_ema.module."
+STATE_PREFIXES = (MODEL_PREFIX, EMA_PREFIX)
 
 
 def classifier_checkpoint(meta: dict[str, Any], weights: dict[str, Tensor], **extra: Any) -> dict[str, Any]:
     """A `vit fit`-format classify checkpoint outside a Trainer (`vit probe`'s): a VisionTransformer's ``weights``
     as the evaluated ones, ``meta`` from ``ImageClassifier.checkpoint_meta()``, and ``extra`` entries."""
-    state = {f"model.{k}": v.detach().cpu().clone() for k, v in weights.items()}
-    # The weights are under "model.", whichever copy (EMA or not) they came from.
+    state = {MODEL_PREFIX + k: v.detach().cpu().clone() for k, v in weights.items()}
+    # The weights are under MODEL_PREFIX, whichever copy (EMA or not) they came from.
     return {META_KEY: {**meta, "ema": False}, "state_dict": state, **extra}
 
 
@@ -78,5 +82,5 @@ def describe_task(task: str | None) -> str:
 
 def evaluated_weights(state_dict: dict[str, Tensor], ema: bool) -> dict[str, Tensor]:
     """The VisionTransformer's weights inside an ImageClassifier's state dict: the EMA copy if trained with one."""
-    prefix = "model_ema.module." if ema else "model."
+    prefix = EMA_PREFIX if ema else MODEL_PREFIX
     return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}

@@ -45,6 +45,7 @@ from vit.checkpoints.io import (
 )
 from vit.checkpoints.lora import base_to_resume
 from vit.checkpoints.meta import expect_task, task_of
+from vit.checkpoints.pretrained_cfg import pretrained_preprocessing
 from vit.checkpoints.runs import checkpoint_by_name, checkpoint_folders, experiment_folder
 from vit.cli.console import ModelReport, ProgressBar, quiet_dependencies
 from vit.cli.parser import VitArgumentParser
@@ -59,7 +60,7 @@ from vit.cli.training import (
 )
 from vit.data.base import no_test_reason
 from vit.errors import UserPathError, UserValueError
-from vit.preprocessing import DATA_KEYS, PREPROCESSING_KEYS, pretrained_preprocessing
+from vit.preprocessing import DATA_KEYS, PREPROCESSING_KEYS
 
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
 # skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.

@@ -16,9 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from vit.checkpoints.io import read_checkpoint
-from vit.checkpoints.lora import load_merged
 from vit.checkpoints.meta import evaluated_weights, expect_task
-from vit.checkpoints.weights import load_pretrained
+from vit.checkpoints.weights import load_merged, load_pretrained
 from vit.deploy.confidence import CHECKPOINT_KEY, Calibration, Confidence, layer_features
 from vit.errors import UserValueError
 from vit.nn.vision import VisionTransformer, build_model
@@ -155,7 +154,8 @@ def read_hub_classifier(source: str | os.PathLike, device: str | torch.device = 
     import json
     from pathlib import Path
 
-    from vit.checkpoints.weights import hub_folder, load_pretrained, read_state_dict
+    from vit.checkpoints.hub import hub_folder
+    from vit.checkpoints.weights import read_state_dict
     from vit.nn.configs import MODEL_CONFIGS
     from vit.nn.vision import create_model
 
@@ -198,7 +198,7 @@ def read_classifier(path: str | os.PathLike, device: str | torch.device = "cpu")
         model, timm_args = build_model(meta["model_config"]), None
     weights = evaluated_weights(checkpoint["state_dict"], meta["ema"])
     if meta.get("lora"):  # adapters (finetune: lora | dora): merged into plain weights, the base found first
-        load_merged(model, weights, meta["lora"], path, load_pretrained)
+        load_merged(model, weights, meta["lora"], path)
     else:
         model.load_state_dict(weights)
     classifier = Classifier(model, model_name=meta["model_name"], class_names=meta["class_names"],
