@@ -325,9 +325,11 @@ def describe(confidence: Confidence) -> list[str]:
     return lines
 
 
-def save_confidence(path: str | os.PathLike, confidence: Confidence, out: str | os.PathLike | None = None) -> Path:
-    """Write ``confidence`` into the checkpoint at ``path`` (or a copy at ``out``), atomically."""
-    checkpoint = read_checkpoint(path)
+def save_confidence(path: str | os.PathLike, confidence: Confidence, out: str | os.PathLike | None = None,
+                    checkpoint: dict[str, Any] | None = None) -> Path:
+    """Write ``confidence`` into the checkpoint at ``path`` (or a copy at ``out``), atomically; ``checkpoint``: the
+    file's contents when the caller read them already."""
+    checkpoint = read_checkpoint(path) if checkpoint is None else checkpoint
     checkpoint[CHECKPOINT_KEY] = confidence.to_checkpoint()
     return save_checkpoint(checkpoint, out or path)
 
@@ -341,9 +343,10 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
     `vit.data` datamodule) and store them in it (or in a copy at ``out``); prints what it found, and draws the
     reliability diagram before and after T as reliability.png in ``figure_dir`` (default: beside the checkpoint).
     A multi-label checkpoint gets a temperature per class alone (`vit.deploy.label_calibration`)."""
-    from vit.deploy.classifier import read_classifier
+    from vit.deploy.classifier import checkpoint_classifier
 
-    classifier = read_classifier(path, device)
+    checkpoint = read_checkpoint(path)  # read once: the classifier is built from it, and it is written back
+    classifier = checkpoint_classifier(checkpoint, path, device)
     val = getattr(data, "val_set", None)
     if val is None or len(val) == 0:
         raise UserValueError(f"cannot calibrate {path}: the data ({type(data).__name__}) has no validation split, "
@@ -365,7 +368,7 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
         confidence = fit_confidence(classifier, sample(train), sample(val), acceptance=acceptance, label=label,
                                     outliers=outliers, layers=layers, covariance=covariance, **workers)
         lines, answers = describe(confidence), f"T and {label!r}"
-    saved = save_confidence(path, confidence, out)
+    saved = save_confidence(path, confidence, out, checkpoint)
     for line in lines:
         say(line)
     drawn = draw_reliability(confidence, saved, figure_dir)

@@ -186,7 +186,13 @@ def read_classifier(path: str | os.PathLike, device: str | torch.device = "cpu")
     A model in timm's hub layout (`is_hub_model`) is read by `read_hub_classifier`."""
     if is_hub_model(path):
         return read_hub_classifier(path, device)
-    checkpoint = read_checkpoint(path)
+    return checkpoint_classifier(read_checkpoint(path), path, device)
+
+
+def checkpoint_classifier(checkpoint: dict[str, Any], path: str | os.PathLike,
+                          device: str | torch.device = "cpu") -> Classifier:
+    """`read_classifier` of a checkpoint read already (``path`` names it in errors): for a caller that writes it back
+    (`vit.deploy.calibration.calibrate_checkpoint`), so the file is read once."""
     meta = expect_task(checkpoint, "classify", path)
     if meta.get("model_source") == "timm":  # a timm network `vit fit` trained (backbone: timm)
         import timm
