@@ -22,6 +22,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from vit.checkpoints.io import read_checkpoint, save_checkpoint
+from vit.data.protocol import ImageSplits
 from vit.deploy.classifier import Classifier
 from vit.deploy.confidence import (
     CHECKPOINT_KEY,
@@ -347,12 +348,11 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
 
     checkpoint = read_checkpoint(path)  # read once: the classifier is built from it, and it is written back
     classifier = checkpoint_classifier(checkpoint, path, device)
-    val = getattr(data, "val_set", None)
-    if val is None or len(val) == 0:
+    if not isinstance(data, ImageSplits) or data.val_set is None or len(data.val_set) == 0:
         raise UserValueError(f"cannot calibrate {path}: the data ({type(data).__name__}) has no validation split, "
                              "and T and the threshold are fit on it. Give it one (e.g. --data.init_args.val_fraction "
                              "0.1, or a val/ folder beside train/)")
-    workers = {"num_workers": getattr(data, "num_workers", 0)}
+    workers = {"num_workers": data.num_workers}
     train, val = (data.eval_split(split) for split in ("train", "val"))
     for name, split in (("training", train), ("validation", val)):
         if len(split) > MAX_SPLIT_IMAGES and (name == "validation" or classifier.thresholds is None):
