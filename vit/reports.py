@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
@@ -30,6 +31,42 @@ def save_figure(fig: Figure, path: str | os.PathLike, dpi: int = 100) -> Path:
     """Write a figure as a PNG file, atomically."""
     data = png_bytes(fig, dpi)
     return save_atomic(lambda f: f.write(data), path)
+
+
+def to_display_image(
+    image: Tensor | np.ndarray,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    *,
+    min_side: int | None = None,
+) -> np.ndarray:
+    """An image as float (H, W, 3) in [0, 1] for plotting; undoes mean/std normalisation if given.
+
+    Accepts a tensor (C, H, W) or an array (H, W), (H, W, C) with values in [0, 1] or [0, 255].
+    ``min_side`` repeats pixels (nearest neighbour) until the short side reaches it, so a small
+    input such as an 8x8 digit gets a smooth heat map over visible square pixels.
+    """
+    if isinstance(image, Tensor):
+        if image.dim() != 3:
+            raise ValueError(f"expected an image tensor shaped (channels, H, W), got {tuple(image.shape)}")
+        image = image.detach().cpu().float()
+        if mean is not None and std is not None:
+            image = image * torch.tensor(std).view(-1, 1, 1) + torch.tensor(mean).view(-1, 1, 1)
+        array = image.permute(1, 2, 0).numpy()  # (C, H, W) -> (H, W, C)
+    else:
+        array = np.asarray(image, dtype=np.float32)
+        if array.ndim == 2:
+            array = array[..., None]
+        if array.max() > 1.0:
+            array = array / 255.0
+    if array.ndim != 3 or array.shape[-1] not in (1, 3):
+        raise ValueError(f"expected a grayscale or RGB image, got shape {array.shape}")
+    if array.shape[-1] == 1:
+        array = np.repeat(array, 3, axis=-1)
+    if min_side is not None and min(array.shape[:2]) < min_side:
+        factor = -(-min_side // min(array.shape[:2]))  # ceiling division
+        array = array.repeat(factor, axis=0).repeat(factor, axis=1)
+    return np.clip(array, 0.0, 1.0)
 
 
 def confusion_matrix_figure(confusion: Tensor, class_names: Sequence[str]) -> Figure:
@@ -236,8 +273,6 @@ def reconstruction_figure(images: Tensor, reconstructions: Tensor, mask: Tensor,
     """MAE at work, one column per image: the original, the masked input the encoder saw (hidden patches grey)
     and the reconstruction. ``images`` and ``reconstructions`` are normalised (B, C, H, W); ``mask`` (B, h*w)
     is 1 where a patch was hidden."""
-    from vit.explain.plot import to_display_image
-
     (ph, pw), n = patch_size, len(images)
     h, w = images.shape[-2] // ph, images.shape[-1] // pw
     fig = Figure(figsize=(max(4.0, 1.3 * n), 4.4))

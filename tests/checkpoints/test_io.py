@@ -133,3 +133,15 @@ def test_a_damaged_checkpoint_is_named_with_the_intact_ones_beside_it(tmp_path):
     assert "best-epoch=2-step=20.ckpt (epoch 2, step 20)" in message and "other.ckpt (epoch 3, step 30)" in message
     lines = describe_checkpoints(tmp_path)
     assert len(lines) == 4 and any(line.endswith("last.ckpt (damaged)") for line in lines)
+
+
+def test_the_best_checkpoint_state_is_found_by_the_best_callbacks_own_key():
+    from vit.checkpoints.io import best_checkpoint_state
+    from vit.cli.training import BestCheckpoint
+
+    state = {"best_model_path": "/run/best-1.ckpt", "best_model_score": 0.9}
+    key = BestCheckpoint(monitor="val_acc", mode="max").state_key  # as Lightning keys it in a checkpoint
+    assert best_checkpoint_state({"callbacks": {key: state, "LastCheckpoint{}": {"best_model_path": "x"}}}) == state
+    assert best_checkpoint_state({"callbacks": {"LastCheckpoint{}": {"best_model_path": "x"}}}) is None
+    assert best_checkpoint_state({}) is None
+    assert best_checkpoint_state({"callbacks": {key: state, key + "'": state}}) is None  # two: neither is chosen

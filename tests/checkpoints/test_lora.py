@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 
 import vit
 from tests.nn.test_vision import perturb
-from vit.checkpoints.lora import base_identity, completed, describe_base, export_adapters, held_names, load_merged
-from vit.checkpoints.weights import load_pretrained, read_state_dict
+from vit.checkpoints.lora import base_identity, completed, describe_base, export_adapters, held_names
+from vit.checkpoints.weights import load_merged, read_state_dict
 from vit.errors import UserPathError, UserValueError
 from vit.nn.lora import LoraConfig, add_adapters, base_digest
 
@@ -60,7 +60,7 @@ def test_load_merged_finds_the_base_and_refuses_another(tmp_path):
     weights = {k[len("model."):]: v for k, v in checkpoint["state_dict"].items()}
     x = torch.randn(2, 1, 8, 8)
     merged = vit.create_model("vit_digits_patch2_8", **OPTIONS).eval()
-    load_merged(merged, weights, checkpoint["vit"]["lora"], "run.ckpt", load_pretrained)
+    load_merged(merged, weights, checkpoint["vit"]["lora"], "run.ckpt")
     with torch.no_grad():
         torch.testing.assert_close(merged(x), adapted(x), rtol=1e-5, atol=1e-5)
     torch.save(checkpoint, tmp_path / "run.ckpt")  # load_pretrained (vit probe, pretrained:) reads it merged
@@ -70,11 +70,11 @@ def test_load_merged_finds_the_base_and_refuses_another(tmp_path):
     save_file({k: v.contiguous() for k, v in other.state_dict().items()}, tmp_path / "base.safetensors")
     with pytest.raises(UserValueError, match="now holds other weights"):
         load_merged(vit.create_model("vit_digits_patch2_8", **OPTIONS), weights, checkpoint["vit"]["lora"],
-                    "run.ckpt", load_pretrained)
+                    "run.ckpt")
     (tmp_path / "base.safetensors").unlink()
     with pytest.raises(UserPathError, match=r"run.ckpt holds LoRA adapters on the file .*base.safetensors"):
         load_merged(vit.create_model("vit_digits_patch2_8", **OPTIONS), weights, checkpoint["vit"]["lora"],
-                    "run.ckpt", load_pretrained)
+                    "run.ckpt")
 
 
 def test_export_adapters_writes_what_trained_and_the_settings(tmp_path):

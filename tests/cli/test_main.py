@@ -409,3 +409,20 @@ def test_vit_version(capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"vit {vit.__version__} ") and lightning.__version__ in out
     assert f"torch {torch.__version__.split('+')[0]}" in out  # the wheel's local tag (+cpu, +cu124) aside
+
+
+@pytest.mark.parametrize(("model", "held", "said"), [
+    ("vit.tasks.contrastive.ContrastiveTask", "classify",
+     r"holds the ImageClassifier task \('classify'\), but the ContrastiveTask task \('contrastive'\) is needed"),
+    ("vit.tasks.ImageClassifier", "contrastive",
+     r"holds the ContrastiveTask task \('contrastive'\), but the ImageClassifier task \('classify'\) is needed"),
+])
+def test_ckpt_path_of_another_task_is_named_for_contrastive_runs_too(tmp_path, model, held, said):
+    from vit.cli.main import check_checkpoint_task
+
+    path = tmp_path / "other.ckpt"
+    torch.save({"vit": {"task": held}, "state_dict": {}}, path)
+    with pytest.raises(ValueError, match=rf"--ckpt_path .*other\.ckpt {said}"):
+        check_checkpoint_task({"ckpt_path": str(path), "model": {"class_path": model}})
+    torch.save({"vit": {"task": "contrastive" if held == "classify" else "classify"}, "state_dict": {}}, path)
+    check_checkpoint_task({"ckpt_path": str(path), "model": {"class_path": model}})  # its own task: no error

@@ -77,6 +77,10 @@ def test_fit_ends_by_calibrating_its_best_checkpoint(tmp_path, capsys):
     drawn = [line.rsplit(": ", 1)[1] for line in last_lines if line.startswith("reliability diagram (val")]
     assert len(drawn) == 1 and Path(drawn[0]).stat().st_size > 10_000 and Path(drawn[0]).parent != best.parent
     stored = read_checkpoint(best)["confidence"]
+    # the test uses the TTA calibration stored (handed over, not read back from the file)
+    said_tta = [line for line in lines if line.startswith("testing with TTA ")]
+    assert said_tta == ([f"testing with TTA {stored['tta']}: calibration measured it better on val"]
+                        if stored["tta"] != "none" else [])
     layers = stored["stats"]["layers"]  # the one block's mean patch token and the pooled features
     # 10 classes of width 32 fit the byte budget: a covariance (stored as a float16 whitening factor or a
     # float32 precision) per class

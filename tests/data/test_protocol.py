@@ -16,11 +16,15 @@ from vit.data.protocol import (
     CountsReplacements,
     EvaluationSplits,
     Fingerprinted,
+    FractionSplit,
     ImageFileSamples,
     ImageSplits,
     IndexedSubset,
     LabelledImages,
     ReadableImages,
+    SplitFolders,
+    TableRows,
+    ValSize,
 )
 
 
@@ -64,3 +68,25 @@ def test_a_split_without_a_transform_is_refused_by_name():
 
     with pytest.raises(TypeError, match="NoTransform has no `transform`"):  # (Digits overrides it: the base's)
         ImageDataModule.without_augmentation(Digits(img_size=8), NoTransform())
+
+
+def test_each_datamodule_offers_what_its_consumers_ask(tmp_path):
+    from vit.commands.probe import test_split_hint
+    from vit.data.cifar import CIFAR
+    from vit.data.folder import ImageFolder
+    from vit.data.table import LabelsFile
+
+    for name in ("a", "b"):
+        (tmp_path / "train" / name).mkdir(parents=True)  # the split layout (read when split_folders is asked)
+    folder, table, cifar, digits = ImageFolder(tmp_path), LabelsFile(tmp_path), CIFAR(tmp_path), Digits(img_size=8)
+    assert isinstance(table, TableRows) and not isinstance(folder, TableRows)  # `vit audit`'s bad rows
+    assert isinstance(folder, SplitFolders) and isinstance(folder, FractionSplit)
+    assert isinstance(cifar, ValSize) and not isinstance(cifar, (FractionSplit, SplitFolders))
+    assert isinstance(digits, FractionSplit) and not isinstance(digits, (SplitFolders, ValSize))
+    for dataset in (folder, cifar, digits):
+        assert isinstance(dataset.num_workers, int)  # ImageSplits' loader workers (calibration)
+    # `vit probe`'s hint names the option each one has
+    assert test_split_hint(folder) == f"add a test/ folder next to {tmp_path}/train and val"
+    assert test_split_hint(digits) == "set --data.test_fraction (e.g. 0.1)"
+    assert test_split_hint(cifar).startswith("set --data.val_size")
+    assert test_split_hint(object()) == "give the datamodule a test split apart from val"

@@ -181,7 +181,8 @@ def test_a_split_past_the_cap_is_a_seeded_sample_and_one_at_it_is_whole(size):
         assert indices == sample(dataset, limit=5, seed=3).indices  # the same images every time
 
 
-def test_calibration_reads_at_most_the_cap_of_each_split(fitted, tmp_path, monkeypatch):
+def test_calibration_reads_the_file_once_and_at_most_the_cap_of_each_split(fitted, tmp_path, monkeypatch):
+    import vit.checkpoints.io
     from vit.data import Digits
 
     ckpt = tmp_path / "c.ckpt"
@@ -189,8 +190,15 @@ def test_calibration_reads_at_most_the_cap_of_each_split(fitted, tmp_path, monke
     data = Digits(img_size=16)
     data.setup("fit")
     monkeypatch.setattr("vit.deploy.calibration.MAX_SPLIT_IMAGES", 300)
+    calls = []  # every read and write of a checkpoint file, wherever it is imported from
+    for name in ("read_checkpoint", "save_checkpoint"):
+        real = getattr(vit.checkpoints.io, name)
+        counted = lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k)
+        for module in ("vit.checkpoints.io", "vit.deploy.calibration", "vit.deploy.classifier"):
+            monkeypatch.setattr(f"{module}.{name}", counted, raising=False)
     said = []
     confidence = calibrate_checkpoint(ckpt, data, layers="pooled", say=said.append)
+    assert calls == ["read_checkpoint", "save_checkpoint"]  # once each (`vit fit --calibrate` read it three times)
     train, val = len(data.eval_split("train")), len(data.eval_split("val"))
     assert val < 300 < train
     assert confidence.report["train_images"] == 300 and confidence.report["val_images"] == val

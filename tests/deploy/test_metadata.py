@@ -19,3 +19,13 @@ def test_onnx_metadata_holds_what_prediction_needs(exported):
             "in_chans": 1, "mean": list(classifier.mean), "std": list(classifier.std), "crop_pct": 1.0,
             "interpolation": "bilinear",
         }
+
+
+def test_load_proto_reads_a_file_or_bytes_and_says_none_for_anything_else(exported, tmp_path):
+    from vit.deploy.metadata import load_proto
+
+    names = [p.key for p in onnx.load(exported.onnx).metadata_props]
+    assert [p.key for p in load_proto(exported.onnx).metadata_props] == names
+    assert [p.key for p in load_proto(exported.onnx.read_bytes()).metadata_props] == names
+    (tmp_path / "x.onnx").write_text("not a model")
+    assert load_proto(tmp_path / "x.onnx") is None and load_proto(b"\xff\x00") is None

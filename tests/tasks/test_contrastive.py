@@ -221,3 +221,15 @@ def test_zeroshot_start_loads_a_model_of_the_towers_architecture(tmp_path):
     model = vit.create_model(DIGITS_VIT, **TOWER, num_classes=3).eval()
     zeroshot_start(model, path, ["a", "b", "c"], str(tmp_path / "templates.txt"))
     torch.testing.assert_close(model.head.weight.norm(dim=1), task.clip.logit_scale.exp().detach().expand(3))
+
+
+def test_a_checkpoint_of_another_task_is_named_not_a_key_error(tmp_path):
+    """`expect_task(…, "contrastive")` once indexed a registry without contrastive while building its message."""
+    torch.save({"vit": {"task": "classify"}, "state_dict": {}}, tmp_path / "classifier.ckpt")
+    said = (r"classifier\.ckpt holds the ImageClassifier task \('classify'\), but the ContrastiveTask task "
+            r"\('contrastive'\) is needed here: give a checkpoint that `vit fit` wrote with "
+            r"vit\.tasks\.ContrastiveTask")
+    with pytest.raises(UserValueError, match=said):
+        load_contrastive(tmp_path / "classifier.ckpt")
+    with pytest.raises(UserValueError, match=r"the checkpoint holds the ImageClassifier task"):
+        tiny_task().on_load_checkpoint({"vit": {"task": "classify"}})

@@ -35,6 +35,7 @@ from vit.audit.report import (
 )
 from vit.audit.scan import EditedThumbnails, ImageRecord, cached_scan_split
 from vit.audit.verify import MIN_SCORE
+from vit.data.protocol import TableRows
 from vit.features import blas_threads, cached_features
 from vit.files import save_atomic
 
@@ -222,8 +223,7 @@ def positives(datasets: dict[str, Any], class_names: Sequence[str]) -> dict[str,
 def table_rows(data: Any, inv: dict[str, Any]) -> list[dict[str, Any]]:
     """A labels table's bad rows (`vit.data.LabelsFile`), left out for the audit: missing files join the bad
     files; all are listed by line."""
-    read = getattr(data, "read", None)
-    bad = read().bad if callable(read) else []
+    bad = data.read().bad if isinstance(data, TableRows) else []
     inv["bad_files"] += [{"path": b.detail, "split": "table", "problem": f"missing (line {b.line} of the table)"}
                          for b in bad if b.kind == "missing file"]
     return [{"line": b.line, "kind": b.kind, "detail": b.detail} for b in bad]
@@ -238,7 +238,7 @@ def run_audit(module: Any, data: Any, options: AuditOptions, *, labels_skipped: 
     started = time.perf_counter() if started is None else started
     if isinstance(data, ImageFolder):
         data.check_images = False  # bad files are a finding here, not a reason to stop
-    if hasattr(data, "skip_bad_rows"):
+    if isinstance(data, TableRows):
         data.skip_bad_rows = True  # and so are a labels table's bad rows
     data.prepare_data()
     data.setup("fit")

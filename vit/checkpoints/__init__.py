@@ -4,7 +4,9 @@ weights from timm, torchvision, big_vision, DINOv2 and CLIP files or the hub.
     io.py       checkpoint files: atomic writes, reads with clear errors (damaged, missing, sharded)
     meta.py     ``checkpoint["vit"]``: the task and what rebuilds its model
     runs.py     a config's run folders and their best/last checkpoints
-    weights.py  `load_pretrained`: others' weights into our ViT, all or nothing
+    weights.py  `load_pretrained`: others' weights into our ViT, all or nothing (LoRA checkpoints merged)
+    hub.py      the Hugging Face hub and its cache: a tag's or a shared model's files, offline in seconds
+    pretrained_cfg.py  what a pretrained source says its images went through (`vit fit` follows the weights)
     convert.py  the key converters from other layouts to timm's
 """
 

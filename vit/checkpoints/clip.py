@@ -23,15 +23,8 @@ import torch
 from torch import Tensor
 
 from vit.checkpoints.convert_clip import split_towers, text_config, vision_config
-from vit.checkpoints.weights import (
-    HF_HUB,
-    QUICK_GELU_TAGS,
-    SUFFIXES,
-    _check_reachable,
-    _hub_repo,
-    hub_cache,
-    read_state_dict,
-)
+from vit.checkpoints.hub import HF_HUB, cached_file, check_reachable, hub_cache, hub_repo
+from vit.checkpoints.weights import QUICK_GELU_TAGS, SUFFIXES, read_state_dict
 from vit.data.clip_text import TextTokenizer, load_tokenizer
 from vit.errors import UserPathError, UserValueError, WeightsUnavailableError
 from vit.nn.clip import CLIP
@@ -184,24 +177,21 @@ def _config_beside(path: Path) -> dict[str, Any]:
 
 def hub_folder(tag: str) -> Path:
     """The cached (else downloaded) snapshot folder of a tag's hub repo with its OpenCLIP weights and tokenizer."""
-    from huggingface_hub import try_to_load_from_cache
-
     name = tag.removeprefix(HF_HUB)
     if not tag.startswith(HF_HUB) and not any(f in name.lower() for f in ("clip", "siglip")):
         raise UserValueError(f"{tag!r} has no text tower (an image-only model): zero-shot needs CLIP or SigLIP "
                              "weights, e.g. vit_base_patch16_clip_224.openai or vit_base_patch16_siglip_224.webli")
     try:
-        repo = _hub_repo(tag)
+        repo = hub_repo(tag)
     except Exception:  # timm does not know the name
         repo = None
     if repo is None:
         raise UserPathError(f"{tag!r} is neither a file, a folder nor a timm tag published on the hub")
     repo_id, revision = repo
-    for filename in OPEN_CLIP_WEIGHTS:
-        cached = try_to_load_from_cache(repo_id, filename, revision=revision, cache_dir=hub_cache())
-        if isinstance(cached, str):
-            return Path(cached).parent
-    _check_reachable(tag, repo_id)
+    cached = cached_file(repo_id, revision, OPEN_CLIP_WEIGHTS)
+    if cached:
+        return Path(cached).parent
+    check_reachable(tag, repo_id)
     return _download(tag, repo_id, revision)
 
 

@@ -106,13 +106,24 @@ def _named_best(path: Path) -> str | None:
     """The file name of the run's best checkpoint as ``path``'s BestCheckpoint state recorded it when ``path``
     was saved, or None (no such state, or a damaged file, which whoever loads it will name)."""
     try:
-        callbacks = read_checkpoint(path, mmap=True).get("callbacks") or {}
+        state = best_checkpoint_state(read_checkpoint(path, mmap=True))
     except (UserValueError, UserPathError):
         return None
-    # Lightning (2.6) keys a callback's state by its class name and settings: "BestCheckpoint{'monitor': ...}"
-    states = [state for key, state in callbacks.items() if str(key).startswith("BestCheckpoint")]
-    best = states[0].get("best_model_path") if len(states) == 1 and isinstance(states[0], dict) else None
+    best = (state or {}).get("best_model_path")
     return Path(best).name if best else None
+
+
+# The class of `vit fit`'s best-checkpoint callback (`vit.cli.training.BestCheckpoint`): Lightning (2.6) keys a
+# callback's state in a checkpoint by its class name and settings, "BestCheckpoint{'monitor': ...}".
+BEST_CALLBACK = "BestCheckpoint"
+
+
+def best_checkpoint_state(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """What `vit fit`'s best-checkpoint callback kept in ``checkpoint`` when it was saved (``best_model_path``,
+    ``best_model_score``, ...), or None: no such state, or several to choose from."""
+    callbacks = checkpoint.get("callbacks") or {}
+    states = [state for key, state in callbacks.items() if str(key).startswith(BEST_CALLBACK)]
+    return states[0] if len(states) == 1 and isinstance(states[0], dict) else None
 
 
 def damaged_message(path: str | os.PathLike, reason: str) -> str:

@@ -10,25 +10,22 @@ A `vit fit` checkpoint of a LoRA run keeps, under ``state_dict``, the adapters, 
 ``sha256`` the hash of the base tensors the checkpoint leaves out (`vit.nn.lora.base_digest`). Loading finds the
 base as ``pretrained`` did (the file where it was, else the source as given), checks the hash, and only then
 completes the state dict. With ``save_base: true`` (or no ``pretrained``: a random base cannot be found again)
-the checkpoint holds the whole network and ``base`` is None.
+the checkpoint holds the whole network and ``base`` is None. Loading the base and merging the adapters is
+`vit.checkpoints.weights.load_merged`'s (a LoRA checkpoint is pretrained weights too).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from vit.errors import UserError, UserPathError, UserValueError
-from vit.nn.lora import LoraConfig, add_adapters, base_digest, base_layers, init_magnitudes, merge_adapters
-
-Loader = Callable[[nn.Module, str], Any]  # `vit.checkpoints.weights.load_pretrained`, handed in: it reads us too
-
-STATE_PREFIXES = ("model.", "model_ema.module.")  # the networks inside a classifier's state dict
+from vit.checkpoints.meta import META_KEY, STATE_PREFIXES, evaluated_weights
+from vit.errors import UserValueError
 
 
 def base_identity(source: str, digest: str) -> dict[str, Any]:
@@ -65,7 +62,6 @@ def base_to_resume(path: str | os.PathLike) -> str | None:
     import torch
 
     from vit.checkpoints.io import SHARDED_META, is_sharded
-    from vit.checkpoints.meta import META_KEY
 
     sharded = is_sharded(path)
     try:  # mmap: the small entries alone are read
@@ -86,47 +82,12 @@ def base_to_resume(path: str | os.PathLike) -> str | None:
     return base["source"]
 
 
-def load_base(model: nn.Module, base: dict[str, Any], held: Collection[str], where: str | os.PathLike,
-              load_pretrained: Loader) -> None:
-    """Load the base ``base`` names into ``model`` (with its adapters) and check its hash against the one the
-    checkpoint ``where`` recorded; ``held``: the names the checkpoint holds itself (left out of the hash)."""
-    found = base["path"] if base.get("path") and Path(base["path"]).is_file() else base["source"]
-    try:
-        with base_layers(model):
-            load_pretrained(model, found)
-    except (UserError, FileNotFoundError) as error:
-        raise UserPathError(f"{where} holds LoRA adapters on {describe_base(base)}, which cannot be loaded here "
-                            f"({str(error).splitlines()[0]}). Put that file back, or train with lora.save_base: true "
-                            "for a self-contained checkpoint") from None
-    init_magnitudes(model)
-    digest = base_digest(model.state_dict(), held)
-    if digest != base["sha256"]:
-        raise UserValueError(f"{where} holds LoRA adapters trained on {describe_base(base)}, but {found} now holds "
-                             f"other weights (sha256 {digest[:16]}…): give the base it was trained on")
-
-
-def load_merged(model: nn.Module, weights: dict[str, Tensor], lora: dict[str, Any], where: str | os.PathLike,
-                load_pretrained: Loader) -> None:
-    """A LoRA or DoRA checkpoint's evaluated ``weights`` into the plain ``model``, merged: the base its ``lora``
-    entry names loaded and checked first, unless the checkpoint holds it. ``model`` ends with plain layers."""
-    settings = {k: lora[k] for k in ("rank", "alpha", "dropout", "targets", "last_blocks", "dora")}
-    add_adapters(model, LoraConfig(**settings))
-    if lora.get("base"):
-        load_base(model, lora["base"], weights, where, load_pretrained)
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    if unexpected or (missing and not lora.get("base")):
-        raise UserValueError(f"{where}: its adapters do not fit its model (unexpected {unexpected[:3]}, missing "
-                             f"{missing[:3]})")
-    merge_adapters(model)
-
-
 def export_adapters(checkpoint: dict[str, Any], where: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
     """`vit export --format adapters`: what trained (adapters, head and the rest that trained; the EMA copy when
     training kept one) as ``adapters.safetensors``, and ``adapter_config.json``: the adapters' settings, the base's
     identity, the model's name and config and the class names, for a user who keeps one base and many tasks."""
     from safetensors.torch import save_file
 
-    from vit.checkpoints.meta import META_KEY, evaluated_weights
     from vit.nn.lora import is_adapter
 
     meta = checkpoint[META_KEY]
@@ -145,4 +106,4 @@ def export_adapters(checkpoint: dict[str, Any], where: str | os.PathLike, out_di
 
 
 __all__ = ["STATE_PREFIXES", "base_identity", "base_to_resume", "completed", "describe_base", "export_adapters",
-           "held_names", "load_base", "load_merged"]
+           "held_names"]

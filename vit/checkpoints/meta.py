@@ -1,7 +1,7 @@
 """What a `vit` checkpoint says about itself: ``checkpoint["vit"]``, written by every task.
 
-The task ("classify", "pretrain" or "translate"; `expect_task` checks it) and, for a classifier, the model
-config, class names and the image preparation (size, mean/std, crop_pct, interpolation), so the trained model
+The task (a key of `TASK_CLASSES`, the one registry of tasks; `expect_task` checks it) and, for a classifier, the
+model config, class names and the image preparation (size, mean/std, crop_pct, interpolation), so the trained model
 is rebuilt from the file alone (`vit.deploy.load_classifier`).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import Tensor
 
@@ -46,24 +46,44 @@ def classify_meta(model_name: str, model_config: Mapping[str, Any], class_names:
     backbone's, `label_meta`, the adapters')."""
     return {"task": "classify", "model_name": model_name, "model_config": dict(model_config),
             "class_names": list(class_names), **preprocessing, **more}
+# The one prefix table of a classifier's state dict: its network under "model.", the EMA copy (when training kept
+# one) under "model_ema.module.", the copy it validated and tested.
+MODEL_PREFIX, EMA_PREFIX = "model.", "model_ema.module."
+STATE_PREFIXES = (MODEL_PREFIX, EMA_PREFIX)
 
 
 def classifier_checkpoint(meta: dict[str, Any], weights: dict[str, Tensor], **extra: Any) -> dict[str, Any]:
     """A `vit fit`-format classify checkpoint outside a Trainer (`vit probe`'s): a VisionTransformer's ``weights``
     as the evaluated ones, ``meta`` from ``ImageClassifier.checkpoint_meta()``, and ``extra`` entries."""
-    state = {f"model.{k}": v.detach().cpu().clone() for k, v in weights.items()}
-    # The weights are under "model.", whichever copy (EMA or not) they came from.
+    state = {MODEL_PREFIX + k: v.detach().cpu().clone() for k, v in weights.items()}
+    # The weights are under MODEL_PREFIX, whichever copy (EMA or not) they came from.
     return {META_KEY: {**meta, "ema": False}, "state_dict": state, **extra}
 
 
-# The tasks a checkpoint can hold: checkpoint["vit"]["task"] -> (its LightningModule in vit.tasks, the command
-# that writes it). Named here, not imported, since nothing in this module imports Lightning.
-TASK_CLASSES = {"classify": ("ImageClassifier", "vit fit"), "pretrain": ("MaskedAutoencoder", "vit pretrain"),
-                "translate": ("Translator", "vit fit")}
+class TaskEntry(NamedTuple):
+    """A task a checkpoint can hold: its LightningModule (an import path) and the command that writes it."""
+
+    class_path: str
+    command: str
+
+    @property
+    def class_name(self) -> str:
+        """The LightningModule's class name: "ImageClassifier"."""
+        return self.class_path.rpartition(".")[2]
+
+
+# The one registry of tasks: checkpoint["vit"]["task"] -> its entry. `vit.tasks.TASKS` is this table with the
+# classes imported; they are named here, not imported, since nothing in `vit.checkpoints` imports Lightning.
+TASK_CLASSES: dict[str, TaskEntry] = {
+    "classify": TaskEntry("vit.tasks.ImageClassifier", "vit fit"),
+    "pretrain": TaskEntry("vit.tasks.MaskedAutoencoder", "vit pretrain"),
+    "translate": TaskEntry("vit.tasks.Translator", "vit fit"),
+    "contrastive": TaskEntry("vit.tasks.ContrastiveTask", "vit fit"),
+}
 
 
 def task_of(checkpoint: dict[str, Any]) -> str | None:
-    """The task a `vit` checkpoint was written by ("classify", "pretrain" or "translate"), or None."""
+    """The task a `vit` checkpoint was written by (a key of `TASK_CLASSES`), or None."""
     meta = checkpoint.get(META_KEY)
     return meta.get("task") if isinstance(meta, dict) else None
 
@@ -76,9 +96,9 @@ def expect_task(checkpoint: dict[str, Any], task: str, where: str | os.PathLike)
     """
     found = task_of(checkpoint)
     if found != task:
-        raise UserValueError(f"{where} holds {describe_task(found)}, but {describe_task(task)} is needed here: "
-                             f"give a checkpoint that `{TASK_CLASSES[task][1]}` wrote with vit.tasks."
-                             f"{TASK_CLASSES[task][0]}")
+        entry = TASK_CLASSES.get(task)  # a task outside the table (a user's) is named, not looked up
+        fix = f": give a checkpoint that `{entry.command}` wrote with {entry.class_path}" if entry else ""
+        raise UserValueError(f"{where} holds {describe_task(found)}, but {describe_task(task)} is needed here{fix}")
     return checkpoint[META_KEY]
 
 
@@ -88,10 +108,10 @@ def describe_task(task: str | None) -> str:
         return "no `vit` task (no checkpoint['vit'] entry of `vit fit` or `vit pretrain`)"
     if task not in TASK_CLASSES:
         return f"an unknown task {task!r}"
-    return f"the {TASK_CLASSES[task][0]} task ({task!r})"
+    return f"the {TASK_CLASSES[task].class_name} task ({task!r})"
 
 
 def evaluated_weights(state_dict: dict[str, Tensor], ema: bool) -> dict[str, Tensor]:
     """The VisionTransformer's weights inside an ImageClassifier's state dict: the EMA copy if trained with one."""
-    prefix = "model_ema.module." if ema else "model."
+    prefix = EMA_PREFIX if ema else MODEL_PREFIX
     return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}

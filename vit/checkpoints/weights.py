@@ -1,5 +1,6 @@
 """Load real pretrained checkpoints (timm, torchvision, big_vision .npz, DINOv2, OpenAI CLIP, OpenCLIP,
-DeiT III) into a `VisionTransformer`.
+DeiT III) into a `VisionTransformer`: `load_pretrained`, from a file, a hub folder or a tag whose file
+`vit.checkpoints.hub` finds (the cache, else the hub).
 
 Every format is converted to timm's state-dict names (`vit.checkpoints.convert`), the names our model uses, then
 adapted to the model: a different head is left freshly initialised, a different patch grid
@@ -13,28 +14,27 @@ import logging
 import math
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from vit.checkpoints.convert import to_timm_names
-from vit.checkpoints.lora import load_merged
-from vit.checkpoints.meta import evaluated_weights
-from vit.errors import UserPathError, UserValueError, WeightsUnavailableError
-from vit.network import unreachable
+from vit.checkpoints.hub import HF_HUB, HUB_WEIGHTS, cached_file, check_reachable, hub_folder, hub_repo, hub_weights
+from vit.checkpoints.lora import describe_base
+from vit.checkpoints.meta import EMA_PREFIX, META_KEY, MODEL_PREFIX, evaluated_weights
+from vit.errors import UserError, UserPathError, UserValueError, WeightsUnavailableError
+from vit.nn.lora import LoraConfig, add_adapters, base_digest, base_layers, init_magnitudes, merge_adapters
 from vit.nn.vision import VisionTransformer, build_model, resample_pos_embed
 
 log = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = {".pth", ".pt", ".bin", ".ckpt"}
 SUFFIXES = PICKLE_SUFFIXES | {".safetensors", ".npz"}
-# The weights file of a Hugging Face hub folder, as `vit export` writes it and timm publishes it (`timm/<name>`).
-HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
-HF_HUB = "hf-hub:"  # a model shared on the Hub in timm's layout (`vit export --format hub`): hf-hub:owner/name[@rev]
 
 
 @dataclass
@@ -95,7 +95,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
 
 def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
     """Find the state dict inside the containers that training scripts save."""
-    meta = obj.get("vit") if isinstance(obj, dict) else None
+    meta = obj.get(META_KEY) if isinstance(obj, dict) else None
     if isinstance(meta, dict) and meta.get("model_source") == "timm":  # a backbone: timm checkpoint
         raise UserValueError(f"{path} holds timm's {meta.get('model_name')}, a convnet (configs/teacher_small.yaml "
                              "trains one): a ViT's pretrained weights come from a ViT. A convnet teaches a ViT "
@@ -110,7 +110,7 @@ def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
         raise UserValueError(f"{path}: expected a state dict of tensors, found {type(obj).__name__}")
     # Lightning prefixes the model's keys with its attribute name, DDP with 'module.'. A `vit fit`
     # checkpoint with EMA holds both copies; the EMA weights are the ones it validated and tested.
-    for prefix in ("model_ema.module.", "model.", "module."):
+    for prefix in (EMA_PREFIX, MODEL_PREFIX, "module."):
         inner = {k[len(prefix):]: v for k, v in obj.items() if k.startswith(prefix)}
         if inner and any(k.startswith("blocks.") or k.startswith("encoder.") for k in inner):
             return inner
@@ -119,11 +119,51 @@ def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
 
 def merged_weights(checkpoint: dict, path: Path) -> dict[str, Tensor]:
     """A LoRA or DoRA `vit fit` checkpoint's evaluated weights with the adapters merged (its base found first)."""
-    meta = checkpoint["vit"]
+    meta = checkpoint[META_KEY]
     model = build_model(meta["model_config"])
-    load_merged(model, evaluated_weights(checkpoint["state_dict"], meta.get("ema", False)), meta["lora"], path,
-                load_pretrained)
+    load_merged(model, evaluated_weights(checkpoint["state_dict"], meta.get("ema", False)), meta["lora"], path)
     return model.state_dict()
+
+
+# ---------------------------------------------------------------------------- adapters on their base
+# Here, not in `vit.checkpoints.lora`: a LoRA checkpoint's base loads as any pretrained weights do, and a LoRA
+# checkpoint is itself pretrained weights that `read_state_dict` merges. One recursion, kept in one module.
+
+Loader = Callable[[nn.Module, str], Any]  # a backbone's own way to load a source (`load_pretrained` by default)
+
+
+def load_base(model: nn.Module, base: dict[str, Any], held: Collection[str], where: str | os.PathLike,
+              loader: Loader | None = None) -> None:
+    """Load the base ``base`` names into ``model`` (with its adapters) and check its hash against the one the
+    checkpoint ``where`` recorded; ``held``: the names the checkpoint holds itself (left out of the hash);
+    ``loader``: how the task's backbone loads weights (None: `load_pretrained`)."""
+    found = base["path"] if base.get("path") and Path(base["path"]).is_file() else base["source"]
+    try:
+        with base_layers(model):
+            (loader or load_pretrained)(model, found)
+    except (UserError, FileNotFoundError) as error:
+        raise UserPathError(f"{where} holds LoRA adapters on {describe_base(base)}, which cannot be loaded here "
+                            f"({str(error).splitlines()[0]}). Put that file back, or train with lora.save_base: true "
+                            "for a self-contained checkpoint") from None
+    init_magnitudes(model)
+    digest = base_digest(model.state_dict(), held)
+    if digest != base["sha256"]:
+        raise UserValueError(f"{where} holds LoRA adapters trained on {describe_base(base)}, but {found} now holds "
+                             f"other weights (sha256 {digest[:16]}…): give the base it was trained on")
+
+
+def load_merged(model: nn.Module, weights: dict[str, Tensor], lora: dict[str, Any], where: str | os.PathLike) -> None:
+    """A LoRA or DoRA checkpoint's evaluated ``weights`` into the plain ``model``, merged: the base its ``lora``
+    entry names loaded and checked first, unless the checkpoint holds it. ``model`` ends with plain layers."""
+    settings = {k: lora[k] for k in ("rank", "alpha", "dropout", "targets", "last_blocks", "dora")}
+    add_adapters(model, LoraConfig(**settings))
+    if lora.get("base"):
+        load_base(model, lora["base"], weights, where)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or (missing and not lora.get("base")):
+        raise UserValueError(f"{where}: its adapters do not fit its model (unexpected {unexpected[:3]}, missing "
+                             f"{missing[:3]})")
+    merge_adapters(model)
 
 
 # ---------------------------------------------------------------------------- adapting
@@ -213,61 +253,11 @@ def _check(sd: dict[str, Tensor], model: VisionTransformer, result: LoadResult) 
 # ---------------------------------------------------------------------------- public
 
 
-HUB_PROBE_SECONDS = 5.0
-
-
 def _from_timm_hub(name: str) -> dict[str, Tensor]:
-    """The weights of a timm pretrained name, in timm's names, from the Hugging Face cache or hub.
-
-    timm publishes its ViT weights as ``timm/<name>`` repositories holding a timm-format
-    ``model.safetensors`` (or ``pytorch_model.bin``): read straight from the cache when it holds one,
-    else downloaded, without building timm's model. Weights published elsewhere or in another layout go
-    through ``timm.create_model``. Offline, this fails within seconds: huggingface_hub itself retries an
-    unreachable hub for about 25 s per file. A shared model (``hf-hub:owner/name``) takes the same way.
-    """
-    hub = _hub_repo(name)
-    if hub is None:
-        return _from_timm_create_model(name)
-    repo_id, revision = hub
-    cached = _cached_file(repo_id, revision)
-    if cached:
-        return read_state_dict(cached)
-    _check_reachable(name, repo_id)
-    return read_state_dict(_download(name, repo_id, revision, HUB_WEIGHTS))
-
-
-def _download(name: str, repo_id: str, revision: str | None, filenames: Sequence[str]) -> str:
-    """The first of ``filenames`` the repository has, downloaded into the cache (its path there)."""
-    import timm
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
-
-    missing = []
-    for filename in filenames:
-        try:
-            return hf_hub_download(repo_id, filename, revision=revision, cache_dir=hub_cache(),
-                                   library_name="timm", library_version=timm.__version__)
-        except EntryNotFoundError as e:  # not in the repository: try the next
-            missing.append(f"{filename}: {type(e).__name__}")
-        except Exception as e:  # network, authentication, a broken cache: the same advice
-            raise WeightsUnavailableError(_hub_advice(name, repo_id, f"{type(e).__name__}: {e}")) from e
-    raise WeightsUnavailableError(_hub_advice(name, repo_id, "; ".join(missing)))
-
-
-def hub_folder(name: str) -> Path:
-    """The folder of a shared model ``hf-hub:owner/name[@revision]`` (config.json and its weights): the Hugging
-    Face cache's snapshot when it holds both, else downloaded there; offline and not cached, an error in one line.
-    The same look-up as a timm tag's weights (`load_pretrained`)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    repo_id, revision = _hub_repo(name) or (name, None)
-    weights = _cached_file(repo_id, revision)
-    config = try_to_load_from_cache(repo_id, "config.json", revision=revision, cache_dir=hub_cache())
-    if weights and isinstance(config, str) and Path(config).parent == Path(weights).parent:
-        return Path(weights).parent
-    _check_reachable(name, repo_id)
-    config = _download(name, repo_id, revision, ("config.json",))
-    return Path(_download(name, repo_id, revision, HUB_WEIGHTS)).parent
+    """The weights of a timm pretrained name or a shared model (``hf-hub:owner/name``), in timm's names: the hub's
+    file (`vit.checkpoints.hub.hub_weights`), else, for weights timm publishes elsewhere, ``timm.create_model``'s."""
+    found = hub_weights(name)
+    return read_state_dict(found) if found else _from_timm_create_model(name)
 
 
 def check_available(source: str | os.PathLike) -> None:
@@ -280,9 +270,9 @@ def check_available(source: str | os.PathLike) -> None:
     if str(source).startswith(HF_HUB):
         hub_folder(str(source))
         return
-    hub = _hub_repo(str(source))  # unknown names and weights outside the hub: left to load_pretrained
-    if hub is not None and _cached_file(*hub) is None:
-        _check_reachable(str(source), hub[0])
+    hub = hub_repo(str(source))  # unknown names and weights outside the hub: left to load_pretrained
+    if hub is not None and cached_file(*hub) is None:
+        check_reachable(str(source), hub[0])
 
 
 def _names_a_file(source: str | os.PathLike) -> bool:
@@ -291,68 +281,6 @@ def _names_a_file(source: str | os.PathLike) -> bool:
         return False
     path = Path(source)
     return path.suffix.lower() in SUFFIXES or path.exists() or os.sep in str(source)
-
-
-def _hub_repo(name: str) -> tuple[str, str | None] | None:
-    """(repository, revision) of a timm name whose weights timm publishes as a timm-format hub repository, else
-    None (unknown names, other hosts or files: `timm.create_model` fetches those). ``hf-hub:owner/name[@revision]``:
-    that repository."""
-    from timm.models import get_pretrained_cfg
-
-    if name.startswith(HF_HUB):
-        repo_id, _, revision = name.removeprefix(HF_HUB).partition("@")
-        return repo_id, revision or None
-
-    cfg = get_pretrained_cfg(name)
-    if cfg is None or not cfg.hf_hub_id or cfg.hf_hub_filename or cfg.source:
-        return None
-    repo_id, _, revision = cfg.hf_hub_id.partition("@")
-    return repo_id, revision or None
-
-
-def _cached_file(repo_id: str, revision: str | None) -> str | None:
-    """The repository's weights file in the Hugging Face cache, if it holds one."""
-    from huggingface_hub import try_to_load_from_cache
-
-    for filename in HUB_WEIGHTS:
-        cached = try_to_load_from_cache(repo_id, filename, revision=revision, cache_dir=hub_cache())
-        if isinstance(cached, str):
-            return cached
-    return None
-
-
-def _check_reachable(name: str, repo_id: str) -> None:
-    """Raise with the ways on when weights not in the cache cannot be downloaded (offline mode, no answer)."""
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        raise WeightsUnavailableError(_hub_advice(name, repo_id, "not in the cache, and HF_HUB_OFFLINE is set"))
-    why = _unreachable(constants.ENDPOINT)
-    if why:
-        raise WeightsUnavailableError(_hub_advice(name, repo_id, f"not in the cache, and {why}"))
-
-
-def hub_cache() -> str:
-    """The Hugging Face cache folder as the environment says now: $HF_HUB_CACHE, else $HF_HOME/hub.
-
-    huggingface_hub reads these once, when it is imported (timm imports it early); a process that sets them
-    afterwards (a test, a notebook) would otherwise be looked up in the old place."""
-    from huggingface_hub import constants
-
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    if os.environ.get("HF_HOME"):
-        return os.path.join(os.environ["HF_HOME"], "hub")
-    return constants.HF_HUB_CACHE
-
-
-def _unreachable(endpoint: str, timeout: float = HUB_PROBE_SECONDS) -> str | None:
-    """Why the hub at ``endpoint`` cannot be reached within ``timeout`` seconds, or None."""
-    from urllib.parse import urlparse
-
-    url = urlparse(endpoint)
-    why = unreachable(url.hostname or "", url.port or (443 if url.scheme == "https" else 80), timeout)
-    return why and f"the hub at {endpoint} is unreachable: {why}"
 
 
 def _from_timm_create_model(name: str) -> dict[str, Tensor]:
@@ -369,25 +297,6 @@ def _from_timm_create_model(name: str) -> dict[str, Tensor]:
             "(--model.init_args.pretrained null keeps this recipe's fine-tuning lr, which random weights learn "
             "little from)."
         ) from e
-
-
-def _hub_advice(name: str, repo_id: str, reason: str) -> str:
-    """Where the weights of a timm name were looked for, and the three ways on without network."""
-    folder = Path(hub_cache()) / f"models--{repo_id.replace('/', '--')}"
-    if name.startswith(HF_HUB):  # a shared model: no timm file to point at instead
-        return (f"cannot load {name!r}: {reason}; looked in {folder}: fill it on a connected machine "
-                f"(`hf download {repo_id}`), copy it here and set HF_HUB_OFFLINE=1")
-    return (
-        f"cannot load pretrained weights {name!r}: {reason}.\n"
-        f"Looked in the Hugging Face cache: {folder} ($HF_HUB_CACHE, else $HF_HOME/hub).\n"
-        "Three ways on:\n"
-        f"  1. fill the cache on a connected machine (`hf download {repo_id} model.safetensors`), copy "
-        f"{folder.name} here and set HF_HUB_OFFLINE=1;\n"
-        f"  2. pass a local file: --model.init_args.pretrained path/to/model.safetensors (or .pth, .npz; "
-        f"from https://huggingface.co/{repo_id});\n"
-        "  3. train from scratch: vit fit --config configs/scratch_small.yaml --data.init_args.root YOUR_FOLDER\n"
-        "     (not --model.init_args.pretrained null here: random weights at a fine-tuning lr learn little)."
-    )
 
 
 QUICK_GELU_TAGS = (".openai", "metaclip")  # weights trained with QuickGELU (timm's own tags for them included)

@@ -19,9 +19,10 @@ from torch import Tensor
 
 from vit.checkpoints.clip import LoadedCLIP
 from vit.checkpoints.meta import classifier_checkpoint, classify_meta
-from vit.data.clip_text import TextTokenizer
+from vit.data.clip_text import TextTokenizer, check_template
 from vit.errors import UserValueError
 from vit.nn.clip import CLIP
+from vit.nn.vision import VisionTransformer
 
 
 def class_names(names: Sequence[str]) -> list[str]:
@@ -48,11 +49,21 @@ def class_embeddings(model: CLIP, tokenizer: TextTokenizer, classes: Sequence[st
     return F.normalize(per_class, dim=-1)
 
 
+def zeroshot_classifier(model: CLIP, tokenizer: TextTokenizer, classes: Sequence[str], templates: Sequence[str],
+                        batch_size: int = 256) -> VisionTransformer:
+    """The image tower as a classifier of ``classes``, its head the classes' text embeddings averaged over the
+    ``templates`` (`class_embeddings`, `CLIP.classifier`): the one builder of a zero-shot head, for `vit zeroshot`
+    and for the contrastive task's ``head_init: zeroshot``."""
+    for template in templates:
+        check_template(template, "a zero-shot template")
+    return model.classifier(class_embeddings(model, tokenizer, classes, templates, batch_size))
+
+
 def zero_shot_checkpoint(loaded: LoadedCLIP, classes: Sequence[str], templates: Sequence[str],
                          batch_size: int = 256) -> dict[str, Any]:
     """A `vit fit`-format classify checkpoint of ``loaded``'s image tower with the classes' text head."""
     classes = class_names(classes)
-    model = loaded.model.classifier(class_embeddings(loaded.model, loaded.tokenizer, classes, templates, batch_size))
+    model = zeroshot_classifier(loaded.model, loaded.tokenizer, classes, templates, batch_size)
     meta = classify_meta(f"{loaded.model.family}_zeroshot", model.config.to_dict(), classes,
                          loaded.preprocessing.to_dict())
     about = {"source": loaded.source, "family": loaded.model.family, "templates": list(templates)}

@@ -20,7 +20,6 @@ back to the newest intact checkpoint); ``--test_after_fit`` and ``--num_threads`
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -45,9 +44,10 @@ from vit.checkpoints.io import (
 )
 from vit.checkpoints.lora import base_to_resume
 from vit.checkpoints.meta import expect_task, task_of
+from vit.checkpoints.pretrained_cfg import pretrained_preprocessing
 from vit.checkpoints.runs import checkpoint_by_name, checkpoint_folders, experiment_folder
 from vit.cli.console import ModelReport, ProgressBar, quiet_dependencies
-from vit.cli.parser import VitArgumentParser
+from vit.cli.parser import VitArgumentParser, imported_class
 from vit.cli.training import (
     AtomicCheckpointIO,
     BestCheckpoint,
@@ -59,7 +59,7 @@ from vit.cli.training import (
 )
 from vit.data.base import no_test_reason
 from vit.errors import UserPathError, UserValueError
-from vit.preprocessing import DATA_KEYS, PREPROCESSING_KEYS, pretrained_preprocessing
+from vit.preprocessing import DATA_KEYS, PREPROCESSING_KEYS
 
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
 # skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.
@@ -257,13 +257,13 @@ class VitCLI(LightningCLI):
 
     def after_fit(self) -> None:
         config = self._subcommand_config(self.config)
-        if config.get("calibrate"):  # first: the test report uses the TTA it chose on val
-            self.calibrate_best()
+        tta = self.calibrate_best() if config.get("calibrate") else "none"  # first: the test uses what val chose
         if config.get("test_after_fit"):
-            self.test_best()
+            self.test_best(tta)
 
-    def calibrate_best(self) -> None:
-        """Fit T and the unknown score on the best checkpoint and store them in it (`vit.deploy.calibration`)."""
+    def calibrate_best(self) -> str:
+        """Fit T and the unknown score on the best checkpoint and store them in it (`vit.deploy.calibration`): the
+        checkpoint read once and written once. Returns the TTA calibration chose on val, in every process."""
         from vit.data.base import ImageDataModule
         from vit.tasks import ImageClassifier
 
@@ -271,32 +271,34 @@ class VitCLI(LightningCLI):
         best = checkpoint.best_model_path if checkpoint is not None else ""
         if self.trainer.fast_dev_run or not best or not isinstance(self.model, ImageClassifier) or \
                 not isinstance(self.datamodule, ImageDataModule):
-            return
+            return "none"
         if self.trainer.world_size > 1 and isinstance(self.datamodule.train_set, IterableDataset):
             # streamed shards read by one process broadcast to the others, which are not reading: it would hang
             self.say(f"calibration: streamed data is calibrated in one process; run vit calibrate --ckpt {best} "
                      "--config CONFIG")
-            return
+            return "none"
+        tta = "none"
         if self.trainer.is_global_zero:
             from vit.deploy.calibration import calibrate_checkpoint
 
             try:
-                calibrate_checkpoint(best, self.datamodule, figure_dir=self.trainer.log_dir, say=self.say)
+                tta = calibrate_checkpoint(best, self.datamodule, figure_dir=self.trainer.log_dir,
+                                           say=self.say).calibration.tta
             except Exception as e:  # a post-hoc step: the trained checkpoint stands whatever happens here
                 self.say(f"calibration skipped ({type(e).__name__}: {e}); the checkpoint is as trained. "
                          f"Retry with: vit calibrate --ckpt {best} --config CONFIG")
-        self.trainer.strategy.barrier("calibration")  # the other processes test the calibrated checkpoint
+        return self.trainer.strategy.broadcast(tta)  # also the barrier: the others test the calibrated checkpoint
 
-    def test_best(self) -> None:
+    def test_best(self, tta: str = "none") -> None:  # with the TTA calibration chose on val
         checkpoint = self.best_checkpoint
         best = checkpoint.best_model_path if checkpoint is not None else ""
         if self.trainer.fast_dev_run or not best:
             self.say("test_after_fit: no best checkpoint was saved; testing the final weights")
-            best = None
+            best, tta = None, "none"
         monitor = (checkpoint.monitor if checkpoint is not None else None) or "val_acc"
-        self.model.test_tta = (read_checkpoint(best).get("confidence") or {}).get("tta", "none") if best else "none"
-        if self.model.test_tta != "none":
-            self.say(f"testing with TTA {self.model.test_tta}: calibration measured it better on val")
+        self.model.test_tta = tta
+        if tta != "none":
+            self.say(f"testing with TTA {tta}: calibration measured it better on val")
         no_test = no_test_reason(self.datamodule)
         if no_test:
             # Nothing held out: report val, named as such (it chose the checkpoint, so it flatters).
@@ -371,11 +373,17 @@ def resolved_path(config: Any) -> str:
 
 def data_class(config: Any) -> type | None:
     """The DataModule class the config names (resolved to a full import path by the parser), if it imports."""
-    module, _, name = str((config.get("data") or {}).get("class_path") or "").rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name) if module else None
-    except (ImportError, AttributeError):
-        return None
+    return imported_class(str((config.get("data") or {}).get("class_path") or ""))
+
+
+def model_task(class_path: str) -> str | None:
+    """The registry's task (`vit.checkpoints.meta.TASK_CLASSES`) of the model class ``class_path`` names, or None."""
+    from vit.tasks import TASKS
+
+    bare = class_path.rpartition(".")[2]  # a bare class name: one of the package's
+    task = getattr(imported_class(class_path) or next((c for c in TASKS.values() if c.__name__ == bare), None),
+                   "task", None)
+    return task if task in TASKS else None
 
 
 def check_checkpoint_exists(config: Any) -> None:
@@ -394,12 +402,10 @@ def check_checkpoint_task(config: Any) -> None:
     class_path = (config.get("model") or {}).get("class_path")
     if not ckpt_path or not Path(ckpt_path).is_file() or not class_path:
         return
-    from vit.tasks import TASKS
-
     checkpoint = read_checkpoint(ckpt_path, mmap=True)  # a damaged file: an error naming it and its neighbours
-    wanted = [task for task, cls in TASKS.items() if cls.__name__ == class_path.rsplit(".", 1)[-1]]
-    if wanted:  # one of the package's tasks (a user's subclass is checked by its on_load_checkpoint)
-        expect_task(checkpoint, wanted[0], f"--ckpt_path {ckpt_path}")
+    wanted = model_task(class_path)
+    if wanted:  # a task of the registry, subclasses included (another task is checked by its on_load_checkpoint)
+        expect_task(checkpoint, wanted, f"--ckpt_path {ckpt_path}")
     from vit.tasks.classify import ImageClassifier, old_arguments
 
     # only a classifier's: a Translator's lr and warmup_steps are its own arguments still

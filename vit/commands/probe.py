@@ -37,6 +37,7 @@ import torch
 from vit.checkpoints.io import save_checkpoint
 from vit.checkpoints.meta import classifier_checkpoint
 from vit.checkpoints.runs import new_run_folder
+from vit.data.protocol import FractionSplit, SplitFolders, ValSize
 from vit.features import weights_key
 from vit.files import cache_dir
 from vit.probe import C_GRID, K_GRID, fit_probes, folded_head, probe_state_dict, split_features
@@ -88,11 +89,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def test_split_hint(data: Any) -> str:
     """How to give this datamodule a held-out test split."""
-    if getattr(data, "split_folders", False):
+    if isinstance(data, SplitFolders) and data.split_folders:
         return f"add a test/ folder next to {data.root}/train and val"
-    if hasattr(data, "test_fraction"):
+    if isinstance(data, FractionSplit):
         return "set --data.test_fraction (e.g. 0.1)"
-    if hasattr(data, "val_size"):
+    if isinstance(data, ValSize):
         return "set --data.val_size (e.g. 5000) to hold val out of the training images"
     return "give the datamodule a test split apart from val"
 

@@ -77,11 +77,14 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
           f"saved to {out} (vit predict --ckpt {out} IMAGES)")
     result: dict[str, Any] = {"checkpoint": str(out)}
     if args.eval:
+        from vit.data.io import describe_bad_files
         from vit.deploy.classifier import read_classifier
         from vit.deploy.zeroshot import score_folder
 
         score = score_folder(read_classifier(out, args.device), args.eval, args.batch_size)
         print(f"{args.eval}: top-1 {score.top1:.4f} on {score.count} images\nconfusion (rows: true, columns: "
               f"predicted):\n{score.table()}")
-        result |= {"top1": score.top1, "confusion": score.confusion.tolist()}
+        if score.unreadable:  # reported and left out, as vit predict does
+            print(describe_bad_files(score.unreadable, score.count + len(score.unreadable)) + "\n(left out of top-1)")
+        result |= {"top1": score.top1, "confusion": score.confusion.tolist(), "unreadable": score.unreadable}
     return result

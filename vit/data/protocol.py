@@ -11,7 +11,9 @@ new dataset knows from one file what to offer for each feature. Imports no Light
     Fingerprinted      a split that hashes what it holds (the feature cache's key)
     CountsReplacements a split that replaces undecodable files and counts them
     EvaluationSplits   data with val and test splits (the held-out test check)
-    ImageSplits        a DataModule's classes, splits and evaluation view of a split
+    ImageSplits        a DataModule's classes, splits, loader workers and evaluation view of a split (calibration)
+    TableRows          data read from a labels table, whose bad rows can be left out and listed (`vit audit`)
+    SplitFolders, FractionSplit, ValSize   how a DataModule holds a test split out (the hint of `vit probe`)
 """
 
 from __future__ import annotations
@@ -91,17 +93,54 @@ class ImageSplits(EvaluationSplits, Protocol):
 
     class_names: list[str]
     train_set: Any
+    num_workers: int
 
     def eval_split(self, split: str) -> Any: ...
+
+
+@runtime_checkable
+class TableRows(Protocol):
+    """Data read from a labels table (`vit.data.LabelsFile`): ``read()`` gives its usable rows and lists the bad ones
+    (``.bad``); ``skip_bad_rows`` leaves those out, listed, instead of stopping."""
+
+    skip_bad_rows: bool
+
+    def read(self) -> Any: ...
+
+
+@runtime_checkable
+class SplitFolders(Protocol):
+    """Data under ``root`` that may come as train/, val/ (and test/) folders (``split_folders``)."""
+
+    root: Any
+    split_folders: bool
+
+
+@runtime_checkable
+class FractionSplit(Protocol):
+    """Data that holds a fraction of its images out as the test split."""
+
+    test_fraction: float | None
+
+
+@runtime_checkable
+class ValSize(Protocol):
+    """Data whose val split is a number of images held out of the training images (CIFAR's)."""
+
+    val_size: int
 
 
 __all__ = [
     "CountsReplacements",
     "EvaluationSplits",
     "Fingerprinted",
+    "FractionSplit",
     "ImageFileSamples",
     "ImageSplits",
     "IndexedSubset",
     "LabelledImages",
     "ReadableImages",
+    "SplitFolders",
+    "TableRows",
+    "ValSize",
 ]

@@ -22,6 +22,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from vit.checkpoints.io import read_checkpoint, save_checkpoint
+from vit.data.protocol import ImageSplits
 from vit.deploy.classifier import Classifier
 from vit.deploy.confidence import (
     CHECKPOINT_KEY,
@@ -325,9 +326,11 @@ def describe(confidence: Confidence) -> list[str]:
     return lines
 
 
-def save_confidence(path: str | os.PathLike, confidence: Confidence, out: str | os.PathLike | None = None) -> Path:
-    """Write ``confidence`` into the checkpoint at ``path`` (or a copy at ``out``), atomically."""
-    checkpoint = read_checkpoint(path)
+def save_confidence(path: str | os.PathLike, confidence: Confidence, out: str | os.PathLike | None = None,
+                    checkpoint: dict[str, Any] | None = None) -> Path:
+    """Write ``confidence`` into the checkpoint at ``path`` (or a copy at ``out``), atomically; ``checkpoint``: the
+    file's contents when the caller read them already."""
+    checkpoint = read_checkpoint(path) if checkpoint is None else checkpoint
     checkpoint[CHECKPOINT_KEY] = confidence.to_checkpoint()
     return save_checkpoint(checkpoint, out or path)
 
@@ -341,15 +344,15 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
     `vit.data` datamodule) and store them in it (or in a copy at ``out``); prints what it found, and draws the
     reliability diagram before and after T as reliability.png in ``figure_dir`` (default: beside the checkpoint).
     A multi-label checkpoint gets a temperature per class alone (`vit.deploy.label_calibration`)."""
-    from vit.deploy.classifier import is_multi_label, read_classifier
+    from vit.deploy.classifier import checkpoint_classifier, is_multi_label
 
-    classifier = read_classifier(path, device)
-    val = getattr(data, "val_set", None)
-    if val is None or len(val) == 0:
+    checkpoint = read_checkpoint(path)  # read once: the classifier is built from it, and it is written back
+    classifier = checkpoint_classifier(checkpoint, path, device)
+    if not isinstance(data, ImageSplits) or data.val_set is None or len(data.val_set) == 0:
         raise UserValueError(f"cannot calibrate {path}: the data ({type(data).__name__}) has no validation split, "
                              "and T and the threshold are fit on it. Give it one (e.g. --data.init_args.val_fraction "
                              "0.1, or a val/ folder beside train/)")
-    workers = {"num_workers": getattr(data, "num_workers", 0)}
+    workers = {"num_workers": data.num_workers}
     train, val = (data.eval_split(split) for split in ("train", "val"))
     for name, split in (("training", train), ("validation", val)):
         if len(split) > MAX_SPLIT_IMAGES and (name == "validation" or not is_multi_label(classifier)):
@@ -365,7 +368,7 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
         confidence = fit_confidence(classifier, sample(train), sample(val), acceptance=acceptance, label=label,
                                     outliers=outliers, layers=layers, covariance=covariance, **workers)
         lines, answers = describe(confidence), f"T and {label!r}"
-    saved = save_confidence(path, confidence, out)
+    saved = save_confidence(path, confidence, out, checkpoint)
     for line in lines:
         say(line)
     drawn = draw_reliability(confidence, saved, figure_dir)

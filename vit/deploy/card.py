@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from vit.checkpoints.io import best_checkpoint_state
 from vit.deploy.classifier import Classifier
 
 # The test metrics the card reports (when the run has them), with their Hub metric types.
@@ -103,7 +104,7 @@ def run_facts(checkpoint: dict[str, Any], path: str | os.PathLike, run: str | os
     rows = list(csv.DictReader((facts.run / "metrics.csv").open())) if (facts.run / "metrics.csv").is_file() else []
     seen = [r for r in rows if _int(r.get("epoch")) <= (facts.epoch or 0) and _int(r.get("step")) <= (facts.step or 0)]
     facts.val_acc = _last(seen, "val_acc")
-    best = _best_path(checkpoint)
+    best = (best_checkpoint_state(checkpoint) or {}).get("best_model_path")
     if best and Path(best).name != Path(path).name:
         facts.tested = Path(best).name  # `vit fit` tests its best checkpoint, not this one
     elif best:
@@ -115,14 +116,6 @@ def run_facts(checkpoint: dict[str, Any], path: str | os.PathLike, run: str | os
 
 def _int(value: str | None) -> int:
     return int(float(value)) if value else -1
-
-
-def _best_path(checkpoint: dict[str, Any]) -> str | None:
-    """The best checkpoint's path as the checkpoint's own best-checkpoint callback recorded it."""
-    for name, state in (checkpoint.get("callbacks") or {}).items():
-        if name.startswith("BestCheckpoint") and isinstance(state, dict) and state.get("best_model_path"):
-            return state["best_model_path"]
-    return None
 
 
 # ---- the card ------------------------------------------------------------------------------------

@@ -16,9 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from vit.checkpoints.io import read_checkpoint
-from vit.checkpoints.lora import load_merged
 from vit.checkpoints.meta import evaluated_weights, expect_task, label_thresholds
-from vit.checkpoints.weights import load_pretrained
+from vit.checkpoints.weights import load_merged, load_pretrained
 from vit.deploy.confidence import CHECKPOINT_KEY, Calibration, Confidence, layer_features
 from vit.errors import UserValueError
 from vit.nn.vision import VisionTransformer, build_model
@@ -163,7 +162,8 @@ def read_hub_classifier(source: str | os.PathLike, device: str | torch.device = 
     import json
     from pathlib import Path
 
-    from vit.checkpoints.weights import hub_folder, load_pretrained, read_state_dict
+    from vit.checkpoints.hub import hub_folder
+    from vit.checkpoints.weights import read_state_dict
     from vit.nn.configs import MODEL_CONFIGS
     from vit.nn.vision import create_model
 
@@ -194,7 +194,13 @@ def read_classifier(path: str | os.PathLike, device: str | torch.device = "cpu")
     A model in timm's hub layout (`is_hub_model`) is read by `read_hub_classifier`."""
     if is_hub_model(path):
         return read_hub_classifier(path, device)
-    checkpoint = read_checkpoint(path)
+    return checkpoint_classifier(read_checkpoint(path), path, device)
+
+
+def checkpoint_classifier(checkpoint: dict[str, Any], path: str | os.PathLike,
+                          device: str | torch.device = "cpu") -> Classifier:
+    """`read_classifier` of a checkpoint read already (``path`` names it in errors): for a caller that writes it back
+    (`vit.deploy.calibration.calibrate_checkpoint`), so the file is read once."""
     meta = expect_task(checkpoint, "classify", path)
     if meta.get("model_source") == "timm":  # a timm network `vit fit` trained (backbone: timm)
         import timm
@@ -206,7 +212,7 @@ def read_classifier(path: str | os.PathLike, device: str | torch.device = "cpu")
         model, timm_args = build_model(meta["model_config"]), None
     weights = evaluated_weights(checkpoint["state_dict"], meta["ema"])
     if meta.get("lora"):  # adapters (finetune: lora | dora): merged into plain weights, the base found first
-        load_merged(model, weights, meta["lora"], path, load_pretrained)
+        load_merged(model, weights, meta["lora"], path)
     else:
         model.load_state_dict(weights)
     classifier = Classifier(model, model_name=meta["model_name"], class_names=meta["class_names"],

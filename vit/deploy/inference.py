@@ -33,7 +33,7 @@ from vit.deploy.confidence import (
     tta_logits,
 )
 from vit.deploy.cpu import has_native_bf16
-from vit.deploy.metadata import _load_proto, exported_thresholds, is_int8, onnx_metadata
+from vit.deploy.metadata import exported_thresholds, is_int8, load_proto, onnx_metadata
 from vit.errors import MissingPackageError, UserPathError, UserValueError
 
 PRECISIONS = ("fp32", "bf16")
@@ -75,7 +75,7 @@ class OnnxClassifier(ModelInput):
         options = onnxruntime.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
-        proto = _load_proto(data if data is not None else path)
+        proto = load_proto(data if data is not None else path)
         self.int8 = proto is not None and is_int8(proto)
         self.backend = "onnx-int8" if self.int8 else "onnx"
         self.fused: dict[str, int] = {}  # fusion name -> count (`vit.deploy.fusion.fuse_attention`)

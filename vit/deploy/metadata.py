@@ -48,7 +48,7 @@ def set_metadata(proto: Any, values: dict[str, Any]) -> None:
         entry.key, entry.value = key, json.dumps(value)
 
 
-def _load_proto(model: Path | bytes) -> Any:
+def load_proto(model: Path | bytes) -> Any:
     """An ONNX ModelProto from a file or bytes, or None when it is not one (onnxruntime then names the problem)."""
     try:
         import onnx

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from vit.reports import to_display_image  # the figures' own; here too, where the maps are drawn over it
+
 
 def upsample_map(heat: Tensor, size: tuple[int, int]) -> Tensor:
     """Resize a map (h, w) or a batch (..., h, w) to ``size`` (H, W), bilinearly."""
@@ -31,42 +33,6 @@ def normalise_map(heat: Tensor | np.ndarray) -> np.ndarray:
     heat = heat.detach().cpu().float().numpy() if isinstance(heat, Tensor) else np.asarray(heat, np.float32)
     low, high = float(heat.min()), float(heat.max())
     return (heat - low) / (high - low) if high > low else np.zeros_like(heat)
-
-
-def to_display_image(
-    image: Tensor | np.ndarray,
-    mean: Sequence[float] | None = None,
-    std: Sequence[float] | None = None,
-    *,
-    min_side: int | None = None,
-) -> np.ndarray:
-    """An image as float (H, W, 3) in [0, 1] for plotting; undoes mean/std normalisation if given.
-
-    Accepts a tensor (C, H, W) or an array (H, W), (H, W, C) with values in [0, 1] or [0, 255].
-    ``min_side`` repeats pixels (nearest neighbour) until the short side reaches it, so a small
-    input such as an 8x8 digit gets a smooth heat map over visible square pixels.
-    """
-    if isinstance(image, Tensor):
-        if image.dim() != 3:
-            raise ValueError(f"expected an image tensor shaped (channels, H, W), got {tuple(image.shape)}")
-        image = image.detach().cpu().float()
-        if mean is not None and std is not None:
-            image = image * torch.tensor(std).view(-1, 1, 1) + torch.tensor(mean).view(-1, 1, 1)
-        array = image.permute(1, 2, 0).numpy()  # (C, H, W) -> (H, W, C)
-    else:
-        array = np.asarray(image, dtype=np.float32)
-        if array.ndim == 2:
-            array = array[..., None]
-        if array.max() > 1.0:
-            array = array / 255.0
-    if array.ndim != 3 or array.shape[-1] not in (1, 3):
-        raise ValueError(f"expected a grayscale or RGB image, got shape {array.shape}")
-    if array.shape[-1] == 1:
-        array = np.repeat(array, 3, axis=-1)
-    if min_side is not None and min(array.shape[:2]) < min_side:
-        factor = -(-min_side // min(array.shape[:2]))  # ceiling division
-        array = array.repeat(factor, axis=0).repeat(factor, axis=1)
-    return np.clip(array, 0.0, 1.0)
 
 
 def overlay(
@@ -131,3 +97,6 @@ def plot_attention(
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
+
+
+__all__ = ["normalise_map", "overlay", "plot_attention", "to_display_image", "upsample_map"]

@@ -1,4 +1,5 @@
-"""LightningModules: what to train (image classification, MAE pre-training, translation), and how to reload one."""
+"""LightningModules: what to train (image classification, MAE pre-training, translation, CLIP/SigLIP contrastive
+pre-training), and how to reload one."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from typing import TypeVar
 import torch
 
 from vit.checkpoints.io import read_checkpoint
-from vit.checkpoints.meta import expect_task
+from vit.checkpoints.meta import TASK_CLASSES, expect_task
 from vit.errors import UserValueError
 from vit.tasks.base import BaseTask, VisionTask
 from vit.tasks.classify import ImageClassifier, upgraded_hparams
+from vit.tasks.contrastive import ContrastiveTask
 from vit.tasks.convnet import ConvNetClassifier
 from vit.tasks.distill import DistilledClassifier
 from vit.tasks.heads import ClassificationHead, SingleLabelHead, renamed_hparams
@@ -19,8 +21,8 @@ from vit.tasks.optim import Optimization
 from vit.tasks.pretrain import MaskedAutoencoder
 from vit.tasks.translate import Translator
 
-# checkpoint["vit"]["task"] -> the class that writes it
-TASKS: dict[str, type[BaseTask]] = {cls.task: cls for cls in (ImageClassifier, MaskedAutoencoder, Translator)}
+# checkpoint["vit"]["task"] -> the class that writes it: the checkpoints' registry (`TASK_CLASSES`), imported
+TASKS: dict[str, type[BaseTask]] = {task: globals()[entry.class_name] for task, entry in TASK_CLASSES.items()}
 Task = TypeVar("Task", bound=BaseTask)
 
 
@@ -51,5 +53,6 @@ def load_task(path: str | os.PathLike, task_class: type[Task], map_location: str
     return task.to(map_location).eval()
 
 
-__all__ = ["TASKS", "BaseTask", "ClassificationHead", "ConvNetClassifier", "DistilledClassifier", "ImageClassifier",
-           "MaskedAutoencoder", "Optimization", "SingleLabelHead", "Translator", "VisionTask", "load_task"]
+__all__ = ["TASKS", "BaseTask", "ClassificationHead", "ContrastiveTask", "ConvNetClassifier", "DistilledClassifier",
+           "ImageClassifier", "MaskedAutoencoder", "Optimization", "SingleLabelHead", "Translator", "VisionTask",
+           "load_task"]

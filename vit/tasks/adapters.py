@@ -20,8 +20,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from timm.utils import ModelEmaV3
 from torch import nn
 
-from vit.checkpoints.lora import STATE_PREFIXES, base_identity, completed, describe_base, held_names, load_base
+from vit.checkpoints.lora import STATE_PREFIXES, base_identity, completed, describe_base, held_names
 from vit.checkpoints.meta import META_KEY
+from vit.checkpoints.weights import load_base
 from vit.errors import UserValueError
 from vit.nn.lora import add_adapters, base_digest, base_layers, init_magnitudes
 from vit.nn.roles import wrapped_name

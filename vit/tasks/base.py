@@ -44,7 +44,7 @@ class BaseTask(LightningModule):
     """A LightningModule that saves its arguments, sets itself up through three hooks, and writes its task
     (``checkpoint["vit"]["task"]``) into every checkpoint, which it checks again on loading."""
 
-    task: ClassVar[str]  # what checkpoint["vit"]["task"] says: "classify", "pretrain" or "translate"
+    task: ClassVar[str]  # what checkpoint["vit"]["task"] says: a key of vit.checkpoints.meta.TASK_CLASSES
     planned_steps: int | None = None  # the optimiser steps this fit's lr schedule spans (`VisionTask.schedule_steps`)
     resumed_plan: int | None = None  # and those of the run whose checkpoint this one resumes
 

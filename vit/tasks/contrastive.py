@@ -30,6 +30,7 @@ from torch import Tensor
 from vit.checkpoints.average import TRAINING_ONLY
 from vit.checkpoints.io import read_checkpoint
 from vit.checkpoints.meta import META_KEY, expect_task
+from vit.checkpoints.zeroshot import zeroshot_classifier
 from vit.data.captions import ALPHABET, CharCaptions
 from vit.errors import UserValueError
 from vit.nn.clip import CLIP, CLIPTextConfig
@@ -194,18 +195,6 @@ def load_contrastive(path: str | os.PathLike) -> tuple[CLIP, Any]:
     clip, tokenizer = rebuilt(meta)
     clip.load_state_dict({k.removeprefix("clip."): v for k, v in checkpoint["state_dict"].items()})
     return clip.eval(), tokenizer
-
-
-def zeroshot_classifier(clip: CLIP, tokenizer: Any, class_names: Sequence[str],
-                        templates: Sequence[str]) -> VisionTransformer:
-    """The image tower as a classifier of ``class_names``, its head the classes' text embeddings averaged over the
-    ``templates`` (`vit.checkpoints.zeroshot.class_embeddings`, `CLIP.classifier`)."""
-    from vit.checkpoints.zeroshot import class_embeddings
-    from vit.data.clip_text import check_template
-
-    for template in templates:
-        check_template(template, "a zero-shot template")
-    return clip.classifier(class_embeddings(clip, tokenizer, class_names, templates))
 
 
 def load_text_model(source: str | os.PathLike) -> tuple[CLIP, Any]:

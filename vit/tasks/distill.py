@@ -31,7 +31,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from vit.checkpoints.io import missing_message, newest_checkpoint, read_checkpoint
-from vit.checkpoints.meta import evaluated_weights
+from vit.checkpoints.meta import META_KEY, evaluated_weights
 from vit.checkpoints.runs import run_checkpoint_folders
 from vit.deploy.classifier import read_classifier
 from vit.errors import UserPathError, UserValueError
@@ -316,9 +316,10 @@ def timm_network(name: str, weights: str, num_classes: int, in_chans: int) -> tu
         state = load_file(str(path))
     else:
         state = read_checkpoint(path)
-        if isinstance(state.get("vit"), dict):  # a `vit fit` checkpoint: its evaluated weights and classes
-            names = state["vit"].get("class_names")
-            state = evaluated_weights(state["state_dict"], state["vit"].get("ema", False))
+        meta = state.get(META_KEY)
+        if isinstance(meta, dict):  # a `vit fit` checkpoint: its evaluated weights and classes
+            names = meta.get("class_names")
+            state = evaluated_weights(state["state_dict"], meta.get("ema", False))
         state = state.get("state_dict", state.get("model", state))
     network = timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_chans)
     own = network.state_dict()
