@@ -74,6 +74,7 @@ def test_dropout_rates_are_no_other_architecture(tmp_path):
     ({"num_classes": 3, "class_names": ["0", "1", "cat"]}, "different class lists (10 and 3 classes; only in the "
                                                            "first: 2, 3, 4; only in the second: cat)"),
     ({"mean": [0.4], "std": [0.5]}, "different input normalisation"),
+    ({"std": [0.25]}, "different input normalisation (mean/std [0.5]/[0.5] and [0.5]/[0.25])"),  # std alone
 ])
 def test_other_architectures_or_class_lists_are_refused_in_one_line(tmp_path, other, said):
     write(tmp_path / "a.ckpt", seed=0, class_names=[str(i) for i in range(10)])

@@ -25,13 +25,18 @@ def test_vit_average_writes_a_classifier_with_the_mixed_weights(tmp_path, capsys
         torch.testing.assert_close(classifier(x), reference(x))
 
 
-def test_vit_average_refuses_other_classes_in_one_line(tmp_path, capsys):
+@pytest.mark.parametrize(("other", "said"), [
+    ({"num_classes": 2, "class_names": ["cat", "dog"]}, "different class lists"),
+    ({"std": [0.25]}, "different input normalisation"),  # the mean alike, the std alone differs
+])
+def test_vit_average_refuses_other_classes_or_inputs_in_one_line(tmp_path, capsys, other, said):
     write(tmp_path / "a.ckpt", seed=0)
-    write(tmp_path / "b.ckpt", seed=1, num_classes=2, class_names=["cat", "dog"])
+    write(tmp_path / "b.ckpt", seed=1, **other)
     with pytest.raises(SystemExit) as exited:
         main(["average", "--ckpt", str(tmp_path / "a.ckpt"), "--ckpt", str(tmp_path / "b.ckpt"),
               "--out", str(tmp_path / "soup.ckpt")])
     assert exited.value.code == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("vit average: error: cannot average") and "different class lists" in err
+    assert err.startswith(f"vit average: error: cannot average {tmp_path / 'a.ckpt'} and {tmp_path / 'b.ckpt'}")
+    assert said in err
     assert len(err.splitlines()) == 1 and not (tmp_path / "soup.ckpt").exists()

@@ -45,11 +45,18 @@ def test_seeded_the_same_split_again_and_another_seed_another_split():
     assert not np.array_equal(one[1], other[1])
 
 
-def test_a_label_of_one_or_two_images_keeps_one_for_training():
+@pytest.mark.parametrize(("fractions", "train_size"), [([0.25, 0.25], 20), ([0.45, 0.45], 4 + 2)])
+def test_a_label_of_one_or_two_images_keeps_one_for_training(fractions, train_size):
+    """At 0.25/0.25 the split itself leaves training one image of each rare label; at 0.45/0.45 (training wants
+    10%) it sends them all to val and test on every seed, and the guard moves exactly one of each back: training
+    holds its 40 x share plus the images moved, and no image of a label it already has."""
     targets = np.zeros((40, 3), dtype=np.int8)
     targets[:, 0] = 1
     targets[5, 1] = 1  # one image
     targets[[7, 9], 2] = 1  # two images
     for seed in range(10):
-        train, _, _ = iterative_split(targets, [0.25, 0.25], seed=seed)
-        assert (targets[train] > 0).sum(0).min() >= 1
+        parts = iterative_split(targets, fractions, seed=seed)
+        assert sorted(np.concatenate(parts).tolist()) == list(range(40))  # still a partition
+        train_counts = (targets[parts[0]] > 0).sum(0)
+        assert train_counts[1] == 1 and train_counts[2] == 1, (seed, train_counts)
+        assert len(parts[0]) == train_size, (seed, [len(p) for p in parts])

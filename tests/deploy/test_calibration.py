@@ -151,6 +151,27 @@ def test_an_outlier_folder_sets_the_best_separating_threshold(fitted, tmp_path):
     assert (outlier_scores > stored["threshold"]).mean() >= 0.5
 
 
+def test_the_acceptance_stored_with_outliers_is_the_share_predict_accepts(fitted, tmp_path, monkeypatch):
+    """Outliers scoring far above every val image: the best threshold is the highest val score, and `vit predict`
+    (which rejects only scores above it) accepts every val image: the stored acceptance is 1, not 1 - 1/N."""
+    import vit.deploy.calibration as calibration
+    from vit.data import Digits
+    from vit.deploy.classifier import read_classifier
+    from vit.deploy.confidence import decisions
+
+    data = Digits(img_size=16)
+    data.setup("fit")
+    classifier = read_classifier(next((fitted / "ckpt").glob("best-*.ckpt")))
+    monkeypatch.setattr(calibration, "folder_scores", lambda *args: torch.tensor([1e9]))
+    confidence = calibration.fit_confidence(classifier, data.eval_split("train"), data.eval_split("val"),
+                                            outliers=tmp_path)
+    features, _, _ = calibration.split_outputs(classifier, data.eval_split("val"), "val")
+    val_scores = confidence.unknown(features)[0]
+    accepted = 1 - np.mean(decisions(val_scores, confidence.calibration))
+    assert confidence.calibration.threshold == pytest.approx(float(val_scores.max()))
+    assert confidence.calibration.acceptance == accepted == 1.0
+
+
 def test_the_pooled_features_alone_on_request(fitted, tmp_path):
     from vit.data import Digits
 

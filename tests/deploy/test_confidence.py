@@ -126,3 +126,20 @@ def test_the_scores_features_come_with_the_models_own_logits(name):
         features, logits = layer_features(model, x)
         torch.testing.assert_close(logits, model(x), rtol=1e-6, atol=1e-6)
     assert features[-1].shape == (2, model.num_features)
+
+
+def test_an_image_scoring_exactly_the_threshold_is_accepted_and_one_just_above_is_not():
+    """`threshold_at` promises that at least the acceptance of val scores at or below the threshold; `decisions`
+    (what predict, serve and the runners answer) rejects only scores above it."""
+    from vit.deploy.calibration import threshold_at
+    from vit.deploy.confidence import Calibration, decisions
+
+    at = np.float32(0.5)
+    above = np.nextafter(at, np.float32(1))
+    assert decisions(torch.tensor([at, above]), Calibration(threshold=float(at))) == [False, True]
+    rng = np.random.default_rng(4)
+    scores = torch.tensor(rng.normal(size=179).astype(np.float32))
+    threshold = threshold_at(scores, 0.95)
+    rejected = np.array(decisions(scores, Calibration(threshold=threshold)))
+    assert rejected.sum() == (scores.numpy() > threshold).sum() == 179 - 171  # the 171st of 179 is the threshold
+    assert not rejected[int(np.argmin(np.abs(scores.numpy() - threshold)))]

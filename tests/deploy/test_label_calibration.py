@@ -266,3 +266,61 @@ def test_the_hub_export_of_a_calibrated_multi_label_checkpoint_states_its_temper
     text = ModelCard.load(tmp_path / "hub" / "README.md").text
     assert f"a temperature per class, T = {[round(t, 4) for t in stored['temperature']]}" in text
     assert "sigmoid(logit_c / T_c)" in text and "above" not in text.split("## Confidence")[1].split("##")[0]
+
+
+def numpy_ece(p: np.ndarray, y: np.ndarray, bins: int = 15) -> float:
+    """One class's ECE by hand: 15 equal-width bins [a, b) (the top one closed), |mean p - share positive| weighted
+    by the bin's share of the labels."""
+    which = np.clip(np.digitize(p, np.linspace(0, 1, bins + 1)) - 1, 0, bins - 1)
+    return float(sum(abs(p[which == b].mean() - y[which == b].mean()) * (which == b).mean()
+                     for b in range(bins) if (which == b).any()))
+
+
+def test_the_mean_ece_leaves_out_a_class_with_no_known_label():
+    """Class 3's labels are all unknown: its ECE is None and the mean is over classes 0-2 alone (dividing by all 4
+    would report 3/4 of it); class 2 has known labels but no positive, and counts."""
+    logits, targets, _ = overconfident(n=400, seed=5)
+    logits, targets = logits[:, :4].clone(), targets[:, :4].clone()
+    targets[:, 2] = 0.0  # known, no positive
+    targets[:, 3] = -1.0  # nothing known
+    got = label_figures(logits, targets)
+    p, y = expit(logits.numpy()), targets.numpy()
+    eces = [numpy_ece(p[y[:, c] >= 0, c], y[y[:, c] >= 0, c]) for c in range(3)]
+    assert got["ece_per_class"][3] is None
+    np.testing.assert_allclose(got["ece_per_class"][:3], eces, atol=1e-6)
+    assert got["ece"] == pytest.approx(np.mean(eces), abs=1e-6)
+
+
+class _Logits(torch.nn.Module):
+    """A stub multi-label classifier whose "images" are its logits."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, classes: int) -> None:
+        super().__init__()
+        self.thresholds = [0.5] * classes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def test_the_report_names_the_classes_kept_at_one_and_those_taking_the_shared_t():
+    """Counted by hand: class 0 one wrong label and class 1 four (under 5: the shared T), class 2 eight (its own
+    T), class 3 all positive (one outcome: no minimum, T = 1), class 4 separable at 0 (no minimum, T = 1)."""
+    from vit.deploy.label_calibration import describe_labels, fit_label_confidence
+
+    rng = np.random.default_rng(2)
+    z = rng.normal(0, 3, (20, 5))
+    y = (z > 0).astype(float)
+    z[0, 0], y[0, 0] = -0.01, 1.0
+    y[1:5, 1] = 1 - y[1:5, 1]
+    y[:8, 2] = 1 - y[:8, 2]
+    y[:, 3] = 1.0
+    val = torch.utils.data.TensorDataset(torch.tensor(z, dtype=torch.float32), torch.tensor(y, dtype=torch.float32))
+    confidence = fit_label_confidence(_Logits(5), val)
+    report, t = confidence.report, confidence.calibration.temperature
+    assert report["kept_at_one"] == [3, 4] and report["shared"] == [0, 1]
+    assert t[3] == t[4] == 1.0 and t[0] == t[1] != 1.0 and t[2] not in (1.0, t[0])
+    lines = describe_labels(confidence, ["a", "b", "c", "d", "e"])
+    assert any("T_c = 1 kept for d, e:" in line for line in lines)
+    assert any(line.startswith(f"  T = {t[0]:.4f} for a, b,") for line in lines)

@@ -54,3 +54,30 @@ def test_an_unreadable_file_in_the_eval_folder_is_reported_not_a_crash(tmp_path)
         (tmp_path / "dog" / name).write_text("broken too")
     with pytest.raises(UserValueError, match=r"none of its 4 images could be read \(first: .*a\.png: not an image"):
         score_folder(Brightness(), tmp_path)
+
+
+class _AlwaysFirst(torch.nn.Module):
+    """A stub classifier that answers class 0 on every image."""
+
+    class_names = ("cat", "dog")
+    image_mode = "RGB"
+    device = torch.device("cpu")
+
+    def eval_transform(self):
+        return lambda image: torch.zeros(3, 4, 4)
+
+    def eval_short_side(self):
+        return 4
+
+    def forward(self, images):
+        return torch.tensor([[1.0, 0.0]]).expand(len(images), 2)
+
+
+def test_score_folder_counts_rows_as_truth_and_columns_as_guess(tmp_path):
+    (tmp_path / "dog").mkdir()
+    for i in range(2):
+        Image.new("RGB", (4, 4)).save(tmp_path / "dog" / f"{i}.png")
+    score = score_folder(_AlwaysFirst(), tmp_path)
+    # two dogs (row 1) both called cat (column 0); a transposed matrix would say [[0, 2], [0, 0]]
+    assert score.confusion.tolist() == [[0, 0], [2, 0]]
+    assert score.top1 == 0.0 and score.count == 2

@@ -44,6 +44,15 @@ def test_thresholds_are_sklearns_f1_optimal_cut_and_rare_classes_keep_the_defaul
     assert choose_thresholds(probs, targets, min_positives=3)[4].item() != 0.5  # the other side of the floor
 
 
+def test_a_tie_in_f1_takes_the_largest_count_of_positives():
+    """Labels 1,1,1,1,0,0,0,1,1 on scores descending, 6 positives: F1 = 2TP / (k + 6) is 8/10 = 0.8 at k = 4 and
+    12/15 = 0.8 at k = 9 (every image positive). The largest k's cut lies midway between the lowest score and 0."""
+    scores = torch.linspace(0.95, 0.05, 9)
+    labels = torch.tensor([1, 1, 1, 1, 0, 0, 0, 1, 1], dtype=torch.float32)
+    cut = choose_thresholds(scores[:, None], labels[:, None], min_positives=5)[0].item()
+    assert cut == pytest.approx(0.05 / 2)  # k = 4 would cut at (0.6125 + 0.5) / 2 = 0.55625
+
+
 def test_the_checkpoints_thresholds_are_recomputed_from_its_val_split(quadrant_run):
     """Independently: the saved network's sigmoid on the val images (no Lightning), and sklearn's cut."""
     from tests.dummies import QuadrantLabels
