@@ -59,12 +59,13 @@ from vit.cli.training import (
 )
 from vit.data.base import no_test_reason
 from vit.errors import UserPathError, UserValueError
-from vit.preprocessing import DATA_KEYS, PREPROCESSING_KEYS, pretrained_preprocessing
+from vit.preprocessing import DATA_KEYS, pretrained_preprocessing
 
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
-# skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.
+# skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument. The classifier takes
+# the one record (``preprocessing``), MAE its mean and std.
 LINKED_FROM_DATA: tuple[str, ...] = (
-    "num_classes", "class_names", "multi_label", "img_size", "in_chans", *PREPROCESSING_KEYS, "tokenizers",
+    "num_classes", "class_names", "multi_label", "img_size", "in_chans", "preprocessing", "mean", "std", "tokenizers",
 )
 
 
@@ -153,7 +154,7 @@ class VitCLI(LightningCLI):
             # base, which loads before the checkpoint (FSDP restores after sharding the model): that one stays.
             init_args["pretrained"] = base_to_resume(resolved_path(config))
         elif self.subcommand == "fit" and "pretrained" in init_args and not init_args.get("pretrained") and (
-                (init_args.get("optim") or {}).get("layer_decay") or init_args.get("finetune", "full") != "full"):
+                (init_args.get("optim") or {}).get("layer_decay") or strategy_of(init_args) != "Full"):
             rank_zero_warn("model.init_args.pretrained is null, but this is a fine-tuning recipe (layer_decay, a "
                            "fine-tuning lr): random weights learn little from it. Without pretrained weights, train "
                            "with configs/scratch_small.yaml, made for that.")
@@ -350,6 +351,12 @@ def follow_the_weights(config: Any) -> None:
                    + (f" ({'; '.join(notes)})" if notes else ""))
 
 
+def strategy_of(init_args: Any) -> str:
+    """The name of the fine-tuning strategy a classifier's parsed arguments pick (``Full`` where none)."""
+    finetune = init_args.get("finetune") or {}
+    return str(finetune.get("class_path") or "Full").rsplit(".", 1)[-1] if hasattr(finetune, "get") else "Full"
+
+
 def resolved_path(config: Any) -> str:
     """``--ckpt_path`` as a file: ``best`` and ``last`` found in the config's checkpoint folders ('' for none)."""
     path = str(config["ckpt_path"])
@@ -392,7 +399,8 @@ def check_checkpoint_task(config: Any) -> None:
     wanted = [task for task, cls in TASKS.items() if cls.__name__ == class_path.rsplit(".", 1)[-1]]
     if wanted:  # one of the package's tasks (a user's subclass is checked by its on_load_checkpoint)
         expect_task(checkpoint, wanted[0], f"--ckpt_path {ckpt_path}")
-    from vit.tasks.classify import ImageClassifier, old_arguments
+    from vit.tasks.classify import ImageClassifier
+    from vit.tasks.compat import old_arguments
 
     # only a classifier's: a Translator's lr and warmup_steps are its own arguments still
     old = old_arguments(checkpoint.get("hyper_parameters") or {}) if task_of(checkpoint) == ImageClassifier.task else []

@@ -11,7 +11,8 @@ from vit.checkpoints.io import read_checkpoint
 from vit.checkpoints.meta import expect_task
 from vit.errors import UserValueError
 from vit.tasks.base import BaseTask, VisionTask
-from vit.tasks.classify import ImageClassifier, upgraded_hparams
+from vit.tasks.classify import ImageClassifier
+from vit.tasks.compat import upgraded_hparams
 from vit.tasks.convnet import ConvNetClassifier
 from vit.tasks.distill import DistilledClassifier
 from vit.tasks.heads import ClassificationHead, SingleLabelHead
