@@ -1,4 +1,4 @@
-"""Checkpoints of adapter fine-tuning (``finetune: lora | dora``) that hold what trained, not the base.
+"""Checkpoints of adapter fine-tuning (``finetune: Adapters``) that hold what trained, not the base.
 
 A `vit fit` checkpoint of a LoRA run keeps, under ``state_dict``, the adapters, the head and whatever else trained
 (and their EMA), and under ``checkpoint["vit"]["lora"]`` the adapters' settings and the base's identity:
@@ -79,8 +79,8 @@ def base_to_resume(path: str | os.PathLike) -> str | None:
     if sharded:  # torch.distributed.checkpoint loads every key the model has, or fails
         raise UserValueError(f"{path} holds LoRA adapters without their base in shards, which FSDP cannot resume "
                              "(torch's distributed checkpoint loads the whole model or nothing): resume from a "
-                             "state_dict_type: full checkpoint, or train with lora.save_base: true. It exports, "
-                             "predicts and serves as it is")
+                             "state_dict_type: full checkpoint, or train with finetune.init_args.save_base: true. "
+                             "It exports, predicts and serves as it is")
     if base.get("path"):
         return base["path"] if Path(base["path"]).is_file() else None
     return base["source"]
@@ -96,8 +96,8 @@ def load_base(model: nn.Module, base: dict[str, Any], held: Collection[str], whe
             load_pretrained(model, found)
     except (UserError, FileNotFoundError) as error:
         raise UserPathError(f"{where} holds LoRA adapters on {describe_base(base)}, which cannot be loaded here "
-                            f"({str(error).splitlines()[0]}). Put that file back, or train with lora.save_base: true "
-                            "for a self-contained checkpoint") from None
+                            f"({str(error).splitlines()[0]}). Put that file back, or train with "
+                            "finetune.init_args.save_base: true for a self-contained checkpoint") from None
     init_magnitudes(model)
     digest = base_digest(model.state_dict(), held)
     if digest != base["sha256"]:
@@ -109,8 +109,7 @@ def load_merged(model: nn.Module, weights: dict[str, Tensor], lora: dict[str, An
                 load_pretrained: Loader) -> None:
     """A LoRA or DoRA checkpoint's evaluated ``weights`` into the plain ``model``, merged: the base its ``lora``
     entry names loaded and checked first, unless the checkpoint holds it. ``model`` ends with plain layers."""
-    settings = {k: lora[k] for k in ("rank", "alpha", "dropout", "targets", "last_blocks", "dora")}
-    add_adapters(model, LoraConfig(**settings))
+    add_adapters(model, LoraConfig.from_dict(lora))
     if lora.get("base"):
         load_base(model, lora["base"], weights, where, load_pretrained)
     missing, unexpected = model.load_state_dict(weights, strict=False)
@@ -131,8 +130,8 @@ def export_adapters(checkpoint: dict[str, Any], where: str | os.PathLike, out_di
 
     meta = checkpoint[META_KEY]
     if not meta.get("lora"):
-        raise UserValueError(f"{where} holds no adapters: --format adapters needs a checkpoint of finetune: lora "
-                             "or dora")
+        raise UserValueError(f"{where} holds no adapters: --format adapters needs a checkpoint of "
+                             "finetune: Adapters")
     weights = evaluated_weights(checkpoint["state_dict"], meta.get("ema", False))
     if meta["lora"].get("base") is None:  # the whole network is in the file: keep what trained alone
         weights = {k: v for k, v in weights.items() if is_adapter(k) or k.split(".")[0] in ("head", "head_dist")}

@@ -100,7 +100,7 @@ def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
         raise UserValueError(f"{path} holds timm's {meta.get('model_name')}, a convnet (configs/teacher_small.yaml "
                              "trains one): a ViT's pretrained weights come from a ViT. A convnet teaches a ViT "
                              "through distillation instead: configs/distill_small.yaml, model.init_args.teacher")
-    if isinstance(meta, dict) and meta.get("lora"):  # adapters (finetune: lora | dora): the merged weights
+    if isinstance(meta, dict) and meta.get("lora"):  # adapters (finetune: Adapters): the merged weights
         return merged_weights(obj, path)
     for key in ("state_dict", "model", "module", "model_state"):
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):

@@ -62,8 +62,7 @@ from vit.errors import UserPathError, UserValueError
 from vit.preprocessing import DATA_KEYS, pretrained_preprocessing
 
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
-# skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument. The classifier takes
-# the one record (``preprocessing``), MAE its mean and std.
+# skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument (MAE: mean, std).
 LINKED_FROM_DATA: tuple[str, ...] = (
     "num_classes", "class_names", "multi_label", "img_size", "in_chans", "preprocessing", "mean", "std", "tokenizers",
 )
@@ -154,7 +153,8 @@ class VitCLI(LightningCLI):
             # base, which loads before the checkpoint (FSDP restores after sharding the model): that one stays.
             init_args["pretrained"] = base_to_resume(resolved_path(config))
         elif self.subcommand == "fit" and "pretrained" in init_args and not init_args.get("pretrained") and (
-                (init_args.get("optim") or {}).get("layer_decay") or strategy_of(init_args) != "Full"):
+                (init_args.get("optim") or {}).get("layer_decay") or
+                not str((init_args.get("finetune") or {}).get("class_path", "Full")).endswith("Full")):
             rank_zero_warn("model.init_args.pretrained is null, but this is a fine-tuning recipe (layer_decay, a "
                            "fine-tuning lr): random weights learn little from it. Without pretrained weights, train "
                            "with configs/scratch_small.yaml, made for that.")
@@ -349,12 +349,6 @@ def follow_the_weights(config: Any) -> None:
     rank_zero_info("preprocessing from " + origin + ": "
                    + (", ".join(f"{k} {data_args[k]}" for k in filled) or "nothing filled in")
                    + (f" ({'; '.join(notes)})" if notes else ""))
-
-
-def strategy_of(init_args: Any) -> str:
-    """The name of the fine-tuning strategy a classifier's parsed arguments pick (``Full`` where none)."""
-    finetune = init_args.get("finetune") or {}
-    return str(finetune.get("class_path") or "Full").rsplit(".", 1)[-1] if hasattr(finetune, "get") else "Full"
 
 
 def resolved_path(config: Any) -> str:

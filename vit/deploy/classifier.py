@@ -197,7 +197,7 @@ def read_classifier(path: str | os.PathLike, device: str | torch.device = "cpu")
     else:
         model, timm_args = build_model(meta["model_config"]), None
     weights = evaluated_weights(checkpoint["state_dict"], meta["ema"])
-    if meta.get("lora"):  # adapters (finetune: lora | dora): merged into plain weights, the base found first
+    if meta.get("lora"):  # adapters (finetune: Adapters): merged into plain weights, the base found first
         load_merged(model, weights, meta["lora"], path, load_pretrained)
     else:
         model.load_state_dict(weights)

@@ -33,7 +33,7 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -78,7 +78,12 @@ class LoraConfig:
 
     def to_dict(self) -> dict:
         """Plain JSON-able values (targets as a list), what a checkpoint and an adapter export record."""
-        return {**asdict(self), "targets": list(self.targets)}
+        return {**{f.name: getattr(self, f.name) for f in fields(LoraConfig)}, "targets": list(self.targets)}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> LoraConfig:
+        """The config from `to_dict`'s keys (a checkpoint's ``lora`` entry: its other keys ignored)."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
     @property
     def scaling(self) -> float:

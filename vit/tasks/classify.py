@@ -20,7 +20,6 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from vit.checkpoints.lora import describe_base
 from vit.checkpoints.meta import META_KEY
 from vit.errors import UserValueError
 from vit.preprocessing import Prepared, Preprocessing
@@ -45,7 +44,7 @@ from vit.tasks.optim import (
 )
 
 log = logging.getLogger(__name__)
-HEAD_INITS = ("random", "zeroshot")
+
 
 class ImageClassifier(Prepared, VisionTask):
     """An image classifier: a backbone's logits, a head's loss and metrics, AdamW with layer decay, warm-up + cosine
@@ -385,33 +384,22 @@ class ImageClassifier(Prepared, VisionTask):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
-        self.load_base_of(checkpoint)
-        if self.label_eval is not None and "thresholds" in checkpoint[META_KEY]:
-            self.label_eval.thresholds = torch.tensor(checkpoint[META_KEY]["thresholds"], dtype=torch.float32)
-
-    def load_base_of(self, checkpoint: dict[str, Any]) -> None:
-        """A checkpoint of adapters without their base (`vit.tasks.finetune.Adapters`): the base loaded as
-        ``pretrained`` says, else as the checkpoint names it, its hash checked, then the state dict completed."""
-        base = self.finetune.thin_base(checkpoint)
-        if base is None:
-            return
-        self.configure_model()
-        if self.finetune.restore_base(self.model, base, self.backbone.load_pretrained):  # no pretrained: loaded here
-            self.pretrained_loaded = True
+        # adapters without their base: the base as `pretrained` or the checkpoint names it, then the state dict
+        if self.finetune.restore(checkpoint, self.model, self.configure_model, self.backbone.load_pretrained):
+            self.pretrained_loaded = True  # (named by the checkpoint alone)
             if self.model_ema is not None:
                 self.model_ema.set(self.model)
-        ema = self.model_ema is not None
-        checkpoint["state_dict"] = self.finetune.completed(checkpoint["state_dict"], self.model, ema)
-        rank_zero_info(f"adapters on {describe_base(base)}")
+        if self.label_eval is not None and "thresholds" in checkpoint[META_KEY]:
+            self.label_eval.thresholds = torch.tensor(checkpoint[META_KEY]["thresholds"], dtype=torch.float32)
 
 
 def check_head_init(head_init: str, pretrained: str | None, backbone: str) -> None:
     """``head_init`` "zeroshot" (or "zeroshot:TEMPLATES") needs a CLIP to read the class names with (``pretrained``)
     and our ViT."""
     kind, templates = head_init.partition(":")[::2]
-    if kind not in HEAD_INITS or (kind == "random" and templates):
-        raise UserValueError(f"head_init must be one of {', '.join(HEAD_INITS)} (or zeroshot:TEMPLATES, a named set "
-                             f"or a file), got {head_init!r}")
+    if kind not in ("random", "zeroshot") or (kind == "random" and templates):
+        raise UserValueError(f"head_init must be random or zeroshot (or zeroshot:TEMPLATES, a named set or a file), "
+                             f"got {head_init!r}")
     if kind == "zeroshot" and not pretrained:
         raise UserValueError("head_init: zeroshot reads the class names with a CLIP's text tower: set pretrained to a "
                              "CLIP or SigLIP (a hub tag, an OpenCLIP file or folder, or a ContrastiveTask checkpoint)")

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from vit.checkpoints.lora import STATE_PREFIXES, base_identity, completed, describe_base, held_names, load_base
@@ -106,9 +107,11 @@ class FineTuning:
         """The state dict a checkpoint holds."""
         return state_dict
 
-    def thin_base(self, checkpoint: dict[str, Any]) -> dict[str, Any] | None:
-        """The base a checkpoint names but does not hold, for the task to load before its state dict; or None."""
-        return None
+    def restore(self, checkpoint: dict[str, Any], network: nn.Module, configure: Callable[[], None],
+                load: Loader) -> bool:
+        """Before a checkpoint's state dict is copied: what it needs that it does not hold (``configure``: the
+        task's pretrained loading). Whether it loaded the pretrained weights itself."""
+        return False
 
     def base_left_out(self, module: nn.Module, incompatible: Any) -> None:
         """A ``load_state_dict`` post-hook: what a checkpoint may leave out (nothing)."""
@@ -292,27 +295,28 @@ class Adapters(FineTuning, LoraConfig):
     def saved_state(self, state_dict: dict[str, Tensor], pretrained: str | None) -> dict[str, Tensor]:
         return held_names(state_dict, self.trained) if self.thin(pretrained) else state_dict
 
-    def thin_base(self, checkpoint: dict[str, Any]) -> dict[str, Any] | None:
-        if "state_dict" not in checkpoint:  # FSDP: loaded already
-            return None
-        return (checkpoint[META_KEY].get("lora") or {}).get("base")
-
-    def restore_base(self, network: nn.Module, base: dict[str, Any], load: Loader) -> bool:
-        """Before a thin checkpoint's state dict: its base loaded as the checkpoint names it, unless ``pretrained``
-        loaded one (whose hash must match). Whether it loaded the base here."""
-        if self.base is None:
+    def restore(self, checkpoint: dict[str, Any], network: nn.Module, configure: Callable[[], None],
+                load: Loader) -> bool:
+        """A thin checkpoint: its base loaded as ``pretrained`` says (``configure``), else as the checkpoint names it,
+        its hash checked, then the state dict completed with it. FSDP loads the state dict itself: loaded already."""
+        base = (checkpoint[META_KEY].get("lora") or {}).get("base")
+        if base is None or "state_dict" not in checkpoint:
+            return False
+        configure()
+        loaded_here = self.base is None
+        if loaded_here:
             load_base(network, base, self.trained, "the checkpoint", load)
             self.base = dict(base)
-            return True
-        if self.base["sha256"] != base["sha256"]:
+        elif self.base["sha256"] != base["sha256"]:
             raise UserValueError(f"the checkpoint's adapters were trained on {describe_base(base)}; pretrained: "
                                  f"{self.base['source']} holds other weights (sha256 {self.base['sha256'][:16]}…)"
                                  ": give the base it was trained on")
-        return False
-
-    def completed(self, state_dict: dict[str, Tensor], network: nn.Module, ema: bool) -> dict[str, Tensor]:
-        """A thin checkpoint's state dict with the base's entries (the network's, and its EMA's if kept)."""
-        return completed(state_dict, network.state_dict(), STATE_PREFIXES if ema else STATE_PREFIXES[:1])
+        # the network's entries, and its EMA's where the checkpoint has one (PartialEma shares the base's tensors)
+        ema = any(k.startswith(STATE_PREFIXES[1]) for k in checkpoint["state_dict"])
+        prefixes = STATE_PREFIXES if ema else STATE_PREFIXES[:1]
+        checkpoint["state_dict"] = completed(checkpoint["state_dict"], network.state_dict(), prefixes)
+        rank_zero_info(f"adapters on {describe_base(base)}")
+        return loaded_here
 
     def base_left_out(self, module: nn.Module, incompatible: Any) -> None:
         """A thin checkpoint's missing base is no mismatch once the base is in. FSDP loads a checkpoint's state dict
