@@ -15,6 +15,7 @@ from tests.helpers import quick_trainer, tiny_classifier
 from vit.deploy import load_classifier
 from vit.tasks import load_task
 from vit.tasks.classify import ImageClassifier
+from vit.tasks.finetune import Staged
 from vit.tasks.heads import SingleLabelHead
 from vit.tasks.optim import Optimization, warmup_cosine
 
@@ -83,8 +84,8 @@ def test_onecycle_schedule_is_the_plain_loops_per_group(tmp_path):
     quick_trainer(tmp_path, fast_dev_run=True).fit(cyclic, loader())  # one step
     with pytest.raises(ValueError, match="schedule must be"):
         Optimization(schedule="linear")
-    with pytest.raises(ValueError, match="staged"):
-        tiny_classifier(optim=Optimization(schedule="onecycle"), finetune="staged", head_epochs=1)
+    with pytest.raises(ValueError, match="Staged"):
+        tiny_classifier(optim=Optimization(schedule="onecycle"), finetune=Staged(head_epochs=1))
 
 
 def test_losses_label_smoothing_and_mixup():

@@ -398,8 +398,8 @@ def check_head_init(head_init: str, pretrained: str | None, backbone: str) -> No
     and our ViT."""
     kind, templates = head_init.partition(":")[::2]
     if kind not in ("random", "zeroshot") or (kind == "random" and templates):
-        raise UserValueError(f"head_init must be random or zeroshot (or zeroshot:TEMPLATES, a named set or a file), "
-                             f"got {head_init!r}")
+        raise UserValueError(f"head_init must be one of random, zeroshot (or zeroshot:TEMPLATES, a named set or a "
+                             f"file), got {head_init!r}")
     if kind == "zeroshot" and not pretrained:
         raise UserValueError("head_init: zeroshot reads the class names with a CLIP's text tower: set pretrained to a "
                              "CLIP or SigLIP (a hub tag, an OpenCLIP file or folder, or a ContrastiveTask checkpoint)")
