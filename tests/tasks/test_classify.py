@@ -208,7 +208,7 @@ def test_bad_arguments_are_clear():
     with pytest.raises(ValueError, match="3 class_names for num_classes=10"):
         ImageClassifier(class_names=["a", "b", "c"])
     with pytest.raises(ValueError, match=r"one value per input channel \(1\)"):
-        ImageClassifier(mean=[0.5, 0.5, 0.5], std=[0.2, 0.2, 0.2])
+        ImageClassifier(preprocessing={"mean": [0.5, 0.5, 0.5], "std": [0.2, 0.2, 0.2]})
     assert ImageClassifier().mean == (0.5,)
     rgb = ImageClassifier(model="vit_cifar_patch4_32", model_kwargs={"depth": 1})
     assert rgb.std == (0.229, 0.224, 0.225)

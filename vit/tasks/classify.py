@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from vit.checkpoints.meta import META_KEY
@@ -240,11 +239,7 @@ class ImageClassifier(Prepared, VisionTask):
 
     # --- fine-tuning strategy ----------------------------------------------------------------
     def on_fit_start(self) -> None:
-        ddp = self.trainer.strategy.model
-        if self.finetune.unused_parameters and isinstance(ddp, DistributedDataParallel) and \
-                not ddp.find_unused_parameters:
-            raise UserValueError(f"finetune: {self.finetune.name} freezes parameters, which DDP only allows with "
-                                 "find_unused_parameters: set trainer.strategy: ddp_find_unused_parameters_true")
+        self.finetune.check_ddp(self.trainer.strategy.model)  # parameters that come and go need find_unused
         rank_zero_info(self.param_group_table())
 
     def frozen(self, epoch: int) -> Frozen:
@@ -405,6 +400,5 @@ def check_head_init(head_init: str, pretrained: str | None, backbone: str) -> No
                              "CLIP or SigLIP (a hub tag, an OpenCLIP file or folder, or a ContrastiveTask checkpoint)")
     if kind == "zeroshot" and backbone != "vit":
         raise UserValueError(f"head_init: zeroshot builds our ViT's image tower; backbone {backbone!r} cannot take it")
-
 
 __all__ = ["ImageClassifier", "check_head_init"]

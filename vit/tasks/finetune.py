@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
 from vit.checkpoints.lora import STATE_PREFIXES, base_identity, completed, describe_base, held_names, load_base
 from vit.checkpoints.meta import META_KEY
@@ -87,6 +88,12 @@ class FineTuning:
     def unused_parameters(self) -> bool:
         """Whether parameters go without gradients after DDP wrapped the model (``find_unused_parameters``)."""
         return False
+
+    def check_ddp(self, model: nn.Module) -> None:
+        """At fit start: a DDP-wrapped ``model`` must find unused parameters where parameters come and go."""
+        if self.unused_parameters and isinstance(model, DistributedDataParallel) and not model.find_unused_parameters:
+            raise UserValueError(f"finetune: {self.name} freezes parameters, which DDP only allows with "
+                                 "find_unused_parameters: set trainer.strategy: ddp_find_unused_parameters_true")
 
     def load_pretrained(self, network: nn.Module, source: str, load: Loader) -> None:
         """The pretrained weights into ``network``."""
