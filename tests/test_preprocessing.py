@@ -158,3 +158,26 @@ def test_a_hub_folder_brings_its_config_and_the_checkpoint_carries_it(tmp_path, 
               "model": {"init_args": {"model": "vit_tiny_patch16_224", "pretrained": str(tmp_path / "gone")}}}
     follow_the_weights(config)
     assert unset == {"img_size": 32, "mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": 0.9, "interpolation": "bilinear"}
+
+
+def test_one_owner_of_the_default_mean_and_std():
+    """ImageNet's for 3 channels (timm's numbers), 0.5 for any other count; a mismatch is an error naming both."""
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    from vit.preprocessing import Preprocessing, default_normalisation
+
+    assert default_normalisation(3) == (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)
+    assert default_normalisation(1) == ((0.5,), (0.5,)) and default_normalisation(4) == ((0.5,) * 4, (0.5,) * 4)
+    assert default_normalisation(2, mean=[0.1, 0.2]) == ((0.1, 0.2), (0.5, 0.5))
+    with pytest.raises(ValueError, match=r"mean \[0.1\] and std \[0.5, 0.5\] need one value per input channel \(2\)"):
+        default_normalisation(2, mean=[0.1])
+    assert Preprocessing.for_channels(1, crop_pct=0.9) == Preprocessing((0.5,), (0.5,), 0.9, "bicubic")
+
+
+def test_the_datamodule_links_one_record(tmp_path, photos):
+    """The CLI links the DataModule's record into the classifier, whose checkpoint holds its fields."""
+    from vit.data import ImageFolder
+    from vit.preprocessing import Preprocessing
+
+    data = ImageFolder(root=str(photos), mean=[0.1, 0.2, 0.3], crop_pct=0.8, interpolation="bilinear")
+    assert data.preprocessing == Preprocessing((0.1, 0.2, 0.3), (0.229, 0.224, 0.225), 0.8, "bilinear")

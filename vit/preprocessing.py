@@ -18,10 +18,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vit.errors import UserValueError
+
 # The checkpoint's (and the ONNX metadata's) names for the record's fields.
 PREPROCESSING_KEYS = ("mean", "std", "crop_pct", "interpolation")
 # The DataModule options a pretrained source can fill: the record and the input side.
 DATA_KEYS = ("img_size", *PREPROCESSING_KEYS)
+
+
+# ImageNet's normalisation (timm's IMAGENET_DEFAULT_MEAN/STD): the default for 3 channels, 0.5 for any other count.
+IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
 
 # The most pixels an image may have once the evaluation resize has scaled it (~120 MB as RGB bytes): a 4-kB PNG of
@@ -73,6 +80,27 @@ class Preprocessing:
     def from_dict(cls, values: Mapping[str, Any]) -> Preprocessing:
         """The record from ``to_dict``'s keys (other keys, such as a checkpoint's model config, are ignored)."""
         return cls(**{k: values[k] for k in PREPROCESSING_KEYS})
+
+    @classmethod
+    def for_channels(cls, chans: int, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+                     crop_pct: float = 1.0, interpolation: str = "bicubic") -> Preprocessing:
+        """The record of ``chans``-channel images, with the one default of mean and std (None): ImageNet's for 3
+        channels, 0.5 for any other count; a clear error where they do not have one value per channel."""
+        mean, std = default_normalisation(chans, mean, std)
+        return cls(mean, std, crop_pct, interpolation)
+
+
+def default_normalisation(chans: int, mean: Sequence[float] | None = None, std: Sequence[float] | None = None
+                          ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) of ``chans``-channel images: those given, and for None ImageNet's (3 channels) or 0.5 (any other
+    count); a clear error where they do not have one value per channel."""
+    if mean is None:
+        mean = IMAGENET_MEAN if chans == 3 else (0.5,) * chans
+    if std is None:
+        std = IMAGENET_STD if chans == 3 else (0.5,) * chans
+    if len(mean) != chans or len(std) != chans:
+        raise UserValueError(f"mean {list(mean)} and std {list(std)} need one value per input channel ({chans})")
+    return tuple(float(m) for m in mean), tuple(float(s) for s in std)
 
 
 class Prepared:

@@ -38,10 +38,11 @@ from torch.utils.data import DataLoader, TensorDataset
 from vit.data import Digits
 from vit.data.digits import DIGITS_MEAN, DIGITS_STD
 from vit.tasks import ImageClassifier, MaskedAutoencoder, Optimization
+from vit.tasks.finetune import Full, LinearProbe
 
 MODEL = "vit_digits_patch4_16"  # dim 64, depth 4, 4 heads, 16x16 input in 4x4 patches (configs/digits.yaml's)
-ARMS = {"scratch": {}, "MAE fine-tune": {"finetune": "full", "layer_decay": 0.75},  # layer_decay: an optim setting
-        "MAE probe": {"finetune": "linear_probe"}}
+ARMS = {"scratch": {}, "MAE fine-tune": {"finetune": Full(), "layer_decay": 0.75},  # layer_decay: an optim setting
+        "MAE probe": {"finetune": LinearProbe()}}
 
 
 def trainer(steps: int, root: Path) -> Trainer:

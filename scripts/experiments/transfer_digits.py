@@ -30,10 +30,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from vit.data import Digits
 from vit.tasks import ImageClassifier, Optimization
+from vit.tasks.finetune import Full, LinearProbe
 
 MODEL = "vit_digits_patch4_16"  # dim 64, depth 4, 4 heads, 16x16 input in 4x4 patches
-METHODS = {"scratch": {}, "linear probe": {"finetune": "linear_probe"},
-           "fine-tune": {"finetune": "full", "layer_decay": 0.75}}  # layer_decay: an optim setting
+METHODS = {"scratch": {}, "linear probe": {"finetune": LinearProbe()},
+           "fine-tune": {"finetune": Full(), "layer_decay": 0.75}}  # layer_decay: an optim setting
 
 
 class Relabelled(Dataset):

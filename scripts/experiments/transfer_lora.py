@@ -44,16 +44,17 @@ from transfer_digits import MODEL, Relabelled, accuracy, pick, pretrain, trainer
 
 from vit.data import Digits
 from vit.tasks import ImageClassifier, Optimization
+from vit.tasks.finetune import Adapters, Full, LinearProbe
 
 FULL_GRID, LORA_GRID = (1e-3, 3e-3, 1e-2), (3e-3, 1e-2, 3e-2)
 ALL_LINEAR = ["q", "k", "v", "proj", "fc1", "fc2"]
 METHODS = {  # name: (ImageClassifier options, lr grid); layer_decay is an optimisation setting
-    "full": ({"finetune": "full", "layer_decay": 0.75}, FULL_GRID),
-    "linear probe": ({"finetune": "linear_probe"}, FULL_GRID),
-    "LoRA r=8": ({"finetune": "lora", "lora": {"rank": 8, "alpha": 16.0}}, LORA_GRID),
-    "LoRA r=8 all": ({"finetune": "lora", "lora": {"rank": 8, "alpha": 16.0, "targets": ALL_LINEAR}}, LORA_GRID),
-    "LoRA r=1": ({"finetune": "lora", "lora": {"rank": 1, "alpha": 2.0}}, LORA_GRID),
-    "DoRA r=8": ({"finetune": "dora", "lora": {"rank": 8, "alpha": 16.0}}, LORA_GRID),
+    "full": ({"finetune": Full(), "layer_decay": 0.75}, FULL_GRID),
+    "linear probe": ({"finetune": LinearProbe()}, FULL_GRID),
+    "LoRA r=8": ({"finetune": Adapters(rank=8, alpha=16.0)}, LORA_GRID),
+    "LoRA r=8 all": ({"finetune": Adapters(rank=8, alpha=16.0, targets=ALL_LINEAR)}, LORA_GRID),
+    "LoRA r=1": ({"finetune": Adapters(rank=1, alpha=2.0)}, LORA_GRID),
+    "DoRA r=8": ({"finetune": Adapters(rank=8, alpha=16.0, dora=True)}, LORA_GRID),
 }
 
 

@@ -262,8 +262,9 @@ def test_ddp_on_two_cpu_processes_with_ema_through_the_unfreeze(tmp_path):
 
     epochs, steps, batch, val_batches = 12, 16, 32, 2
     cmd = [sys.executable, "-m", "vit", "fit", *short_run(tmp_path, steps=steps),
-           "--trainer.strategy=ddp_find_unused_parameters_true", "--model.init_args.finetune=staged",
-           "--model.init_args.head_epochs=1", "--trainer.devices=2", f"--trainer.max_epochs={epochs}",
+           "--trainer.strategy=ddp_find_unused_parameters_true", "--trainer.devices=2",
+           "--model.init_args.finetune=vit.tasks.finetune.Staged",
+           "--model.init_args.finetune.init_args.head_epochs=1", f"--trainer.max_epochs={epochs}",
            f"--trainer.check_val_every_n_epoch={epochs}", f"--trainer.limit_val_batches={val_batches}",
            f"--data.init_args.batch_size={batch}", "--model.init_args.optim.warmup_epochs=0", "--test_after_fit=false",
            "--trainer.callbacks+=tests.dummies.RecordWorldSize", "--trainer.callbacks+=tests.dummies.RecordBackbone"]

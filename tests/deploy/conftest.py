@@ -85,9 +85,9 @@ def lora_run(tmp_path_factory) -> dict:
     def fit(root: Path) -> None:
         base = perturb(vit.create_model("vit_digits_patch4_16", depth=1, embed_dim=32, num_heads=2))
         save_file({k: v.contiguous() for k, v in base.state_dict().items()}, root / "base.safetensors")
-        cli(["fit", *short_digits_run(root, steps=6), "--test_after_fit=false", "--model.init_args.finetune=dora",
-             f"--model.init_args.pretrained={root / 'base.safetensors'}",
-             "--model.init_args.lora={rank: 4, targets: [q, k, v, proj, fc1, fc2]}"])
+        cli(["fit", *short_digits_run(root, steps=6), "--test_after_fit=false",
+             f"--model.init_args.pretrained={root / 'base.safetensors'}", "--model.init_args.finetune={class_path: "
+             "vit.tasks.finetune.Adapters, init_args: {dora: true, rank: 4, targets: [q, k, v, proj, fc1, fc2]}}"])
 
     root = built_once(tmp_path_factory, "lora_run", fit)
     return dict(ckpt=root / "ckpt" / "last.ckpt", base=root / "base.safetensors", root=root)

@@ -21,6 +21,7 @@ from vit.errors import UserPathError, UserValueError
 from vit.nn.blocks import EncoderBlock
 from vit.nn.lora import LoraLinear, is_adapter
 from vit.tasks import ImageClassifier
+from vit.tasks.finetune import Adapters, Full
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore:LightningCLI's args")]
 LORA = {"rank": 2, "targets": ["q", "v", "fc1"]}
@@ -35,8 +36,14 @@ def base_file(folder: Path, name: str = DIGITS_VIT, **options) -> Path:
     return path
 
 
+def adapters(finetune: str = "lora", lora: dict | None = None, head_epochs: int = 0) -> Adapters:
+    """The strategy of LoRA (or DoRA) with these settings (``LORA`` by default)."""
+    return Adapters(**(LORA if lora is None else lora), dora=finetune == "dora", head_epochs=head_epochs)
+
+
 def lora_classifier(base: Path, finetune: str = "lora", **kwargs) -> ImageClassifier:
-    model = tiny_classifier(finetune=finetune, pretrained=str(base), lora=kwargs.pop("lora", LORA), **kwargs)
+    strategy = adapters(finetune, kwargs.pop("lora", None), kwargs.pop("head_epochs", 0))
+    model = tiny_classifier(finetune=strategy, pretrained=str(base), **kwargs)
     model.configure_model()
     return model
 
@@ -143,12 +150,15 @@ def test_bf16_and_gradient_checkpointing_train_the_adapters(tmp_path):
 
 
 def test_wrong_settings_are_clear_errors(tmp_path):
-    with pytest.raises(UserValueError, match="finetune: full does not train"):
+    with pytest.raises(UserValueError, match="finetune: full does not train"):  # the old spelling's settings
         tiny_classifier(finetune="full", lora=LORA)
+    with pytest.raises(TypeError, match="rank"):  # the new spelling: Full takes no adapter settings
+        tiny_classifier(finetune={"class_path": "vit.tasks.finetune.Full", "init_args": {"rank": 2}})
+    assert isinstance(tiny_classifier(finetune=Full()).finetune, Full)
     with pytest.raises(UserValueError, match="adapts our ViTs"):
-        ImageClassifier(model="resnet10t", backbone="timm", img_size=32, finetune="lora")
+        ImageClassifier(model="resnet10t", backbone="timm", img_size=32, finetune=Adapters())
     with pytest.raises(UserValueError, match="some of"):
-        tiny_classifier(finetune="lora", lora={"targets": ["query"]})
+        Adapters(targets=["query"])
 
 
 def test_plain_ddp_runs_lora_but_not_staged_lora(tmp_path, monkeypatch):
@@ -157,12 +167,12 @@ def test_plain_ddp_runs_lora_but_not_staged_lora(tmp_path, monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     args = [*short_digits_run(tmp_path, steps=2), "--trainer.strategy=ddp", "--trainer.devices=1",
-            "--model.init_args.finetune=lora", "--test_after_fit=false"]
+            "--model.init_args.finetune=vit.tasks.finetune.Adapters", "--test_after_fit=false"]
     run = cli(["fit", *args])
     assert run.trainer.global_step == 2
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     with pytest.raises(UserValueError, match="ddp_find_unused_parameters_true"):
-        cli(["fit", *args, "--model.init_args.head_epochs=1"])
+        cli(["fit", *args, "--model.init_args.finetune.init_args.head_epochs=1"])
 
 
 def fsdp_strategy(**kwargs):
@@ -267,7 +277,7 @@ def test_fsdp_without_use_orig_params_is_a_clear_error(tmp_path):
     default): said before it wraps, in a line naming the setting."""
     model = lora_classifier(base_file(tmp_path))
     model.trainer = quick_trainer(tmp_path, max_steps=1, strategy=fsdp_strategy(use_orig_params=False))
-    with pytest.raises(UserValueError, match=r"finetune: lora .* use_orig_params: false"):
+    with pytest.raises(UserValueError, match=r"finetune: Adapters \(LoRA\) .* use_orig_params: false"):
         model.setup("fit")  # Lightning's setup hook: before the strategy wraps the model
     model.trainer = quick_trainer(tmp_path, max_steps=1, strategy=fsdp_strategy())
     model.setup("fit")  # Lightning 2.6's default, use_orig_params=True, passes
@@ -289,7 +299,7 @@ def test_a_thin_state_dict_loads_strictly_once_its_base_is_in(tmp_path):
     adapter = next(k for k in thin if ".lora_B." in k)
     with pytest.raises(RuntimeError, match=rf"Missing key.*{adapter}"):
         resumed.load_state_dict({k: v for k, v in thin.items() if k != adapter})
-    bare = tiny_classifier(finetune="lora", lora=LORA, optim={"ema_decay": 0.9})  # no pretrained: no base in
+    bare = tiny_classifier(finetune=adapters(), optim={"ema_decay": 0.9})  # no pretrained: no base in
     with pytest.raises(UserValueError, match=r"adapters alone, and their base was not loaded .* set model"):
         bare.load_state_dict(thin)
     (tmp_path / "base.safetensors").unlink()
@@ -338,8 +348,8 @@ def test_a_lora_run_killed_mid_epoch_resumes_bitwise(tmp_path, finetune):
     write_class_folders(tmp_path / "photos", ["a", "b"], per_class=30, size=20)
     write_shards(tmp_path / "photos", tmp_path / "shards", num_workers=1)  # 48 train: 6 batches of 8 an epoch
     base = base_file(tmp_path, "vit_scratch_patch8_32", depth=1, embed_dim=32, num_heads=2)
-    lora = [f"--model.init_args.finetune={finetune}", f"--model.init_args.pretrained={base}",
-            "--model.init_args.lora={rank: 2, targets: [q, v, fc2]}"]
+    lora = [f"--model.init_args.pretrained={base}", "--model.init_args.finetune={class_path: vit.tasks.finetune."
+            f"Adapters, init_args: {{rank: 2, targets: [q, v, fc2], dora: {str(finetune == 'dora').lower()}}}}}"]
     cli(_shards_fit(tmp_path, "straight", *lora, workers=0))
     with pytest.raises(RuntimeError, match="simulated crash at step 4"):
         main(_shards_fit(tmp_path, "crashed", *lora, "--trainer.callbacks+=tests.dummies.CrashAtStep",

@@ -12,6 +12,7 @@ from tests.helpers import quick_trainer
 from vit.errors import UserValueError
 from vit.tasks import ImageClassifier, Optimization
 from vit.tasks.backbones import TimmBackbone, ViTBackbone, backbone_named
+from vit.tasks.finetune import LinearProbe
 from vit.tasks.optim import param_groups
 
 SHRUNK = {"channels": [8, 16, 32, 64], "stem_width": 8}
@@ -42,7 +43,7 @@ def test_a_timm_network_has_a_stem_blocks_and_a_head_so_layer_decay_applies():
 
 
 def test_a_linear_probe_of_a_timm_network_trains_its_classifier_alone(tmp_path):
-    model = convnet(finetune="linear_probe", optim=Optimization(lr=0.01))
+    model = convnet(finetune=LinearProbe(), optim=Optimization(lr=0.01))
     before = {k: v.clone() for k, v in model.model.state_dict().items() if v.is_floating_point()}
     fit(model, tmp_path)
     after = model.model.state_dict()

@@ -15,6 +15,7 @@ from tests.helpers import quick_trainer, tiny_classifier
 from vit.deploy import load_classifier
 from vit.tasks import load_task
 from vit.tasks.classify import ImageClassifier
+from vit.tasks.finetune import Staged
 from vit.tasks.heads import SingleLabelHead
 from vit.tasks.optim import Optimization, warmup_cosine
 
@@ -83,8 +84,8 @@ def test_onecycle_schedule_is_the_plain_loops_per_group(tmp_path):
     quick_trainer(tmp_path, fast_dev_run=True).fit(cyclic, loader())  # one step
     with pytest.raises(ValueError, match="schedule must be"):
         Optimization(schedule="linear")
-    with pytest.raises(ValueError, match="staged"):
-        tiny_classifier(optim=Optimization(schedule="onecycle"), finetune="staged", head_epochs=1)
+    with pytest.raises(ValueError, match="Staged"):
+        tiny_classifier(optim=Optimization(schedule="onecycle"), finetune=Staged(head_epochs=1))
 
 
 def test_losses_label_smoothing_and_mixup():
@@ -208,7 +209,7 @@ def test_bad_arguments_are_clear():
     with pytest.raises(ValueError, match="3 class_names for num_classes=10"):
         ImageClassifier(class_names=["a", "b", "c"])
     with pytest.raises(ValueError, match=r"one value per input channel \(1\)"):
-        ImageClassifier(mean=[0.5, 0.5, 0.5], std=[0.2, 0.2, 0.2])
+        ImageClassifier(preprocessing={"mean": [0.5, 0.5, 0.5], "std": [0.2, 0.2, 0.2]})
     assert ImageClassifier().mean == (0.5,)
     rgb = ImageClassifier(model="vit_cifar_patch4_32", model_kwargs={"depth": 1})
     assert rgb.std == (0.229, 0.224, 0.225)

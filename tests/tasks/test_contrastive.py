@@ -15,6 +15,7 @@ from tests.helpers import DIGITS_VIT, TINY, quick_trainer
 from vit.errors import UserValueError
 from vit.tasks import ImageClassifier
 from vit.tasks.contrastive import ContrastiveTask, load_contrastive, zeroshot_classifier, zeroshot_start
+from vit.tasks.finetune import Full, LinearProbe, Partial, Staged
 from vit.tasks.losses import clip_loss, siglip_loss
 
 TEXT = {"depth": 1, "embed_dim": 32, "num_heads": 2}
@@ -171,14 +172,14 @@ def clip_checkpoint(tmp_path):
 TOWER = {**TINY, "proj_dim": 16, "normalize_embedding": True}
 
 
-@pytest.mark.parametrize("finetune", ["full", "linear_probe", "partial", "staged"])
+@pytest.mark.parametrize("finetune", [Full(), LinearProbe(), Partial(freeze_blocks=1), Staged(head_epochs=1)])
 def test_head_init_zeroshot_starts_the_classifier_at_the_zeroshot_logits(tmp_path, finetune):
     path, task = clip_checkpoint(tmp_path)
     names = ["top", "bottom"]
     torch.manual_seed(0)
     classifier = ImageClassifier(model=DIGITS_VIT, model_kwargs=TOWER, num_classes=2, class_names=names,
                                  pretrained=str(path), head_init=f"zeroshot:{tmp_path / 'templates.txt'}",
-                                 finetune=finetune, freeze_blocks=1, head_epochs=1)
+                                 finetune=finetune)
     classifier.configure_model()
     expected = zeroshot_classifier(task.clip.eval(), task.tokenizer, names, ("a {}", "the {} here"))
     images = torch.randn(3, 1, 8, 8)

@@ -11,6 +11,7 @@ from tests.conftest import free_port, short_digits_run
 from tests.helpers import quick_trainer, tiny_classifier
 from vit.commands import main
 from vit.tasks import ImageClassifier, Optimization, SingleLabelHead
+from vit.tasks.finetune import LinearProbe, Partial, Staged
 
 STEPS = 3  # batches per epoch in the in-process runs
 BACKBONE = ("patch_embed.", "cls_token", "pos_embed", "blocks.", "norm.")
@@ -36,7 +37,7 @@ def changed(before: dict[str, torch.Tensor], model: ImageClassifier) -> set[str]
 
 
 def test_linear_probe_trains_the_head_only(tmp_path):
-    model = tiny_classifier(model_kwargs=DEEP, optim=Optimization(lr=0.01), finetune="linear_probe")
+    model = tiny_classifier(model_kwargs=DEEP, optim=Optimization(lr=0.01), finetune=LinearProbe())
     before = {k: v.clone() for k, v in model.model.state_dict().items()}
     fit(model, 2, tmp_path)
     assert changed(before, model) == {"head.weight", "head.bias"}
@@ -44,7 +45,7 @@ def test_linear_probe_trains_the_head_only(tmp_path):
 
 def test_linear_probe_freezes_clips_norm_pre_and_the_register_tokens_too(tmp_path):
     torch.manual_seed(0)
-    model = ImageClassifier(model="vit_digits_patch2_8", finetune="linear_probe", optim=Optimization(lr=0.01),
+    model = ImageClassifier(model="vit_digits_patch2_8", finetune=LinearProbe(), optim=Optimization(lr=0.01),
                             model_kwargs={"depth": 1, "embed_dim": 32, "num_heads": 2, "pre_norm": True,
                                           "reg_tokens": 2})
     before = {k: v.clone() for k, v in model.model.state_dict().items()}
@@ -57,7 +58,7 @@ def test_linear_probe_freezes_siglips_attention_pool(tmp_path):
     blocks' tokens for the head) is backbone too. (0.1 froze a list of modules without it, so the pool trained.)"""
     torch.manual_seed(0)
     shrunk = {"img_size": 8, "patch_size": 2, "in_chans": 1, "depth": 1, "embed_dim": 32, "num_heads": 2}
-    model = ImageClassifier(model="vit_base_patch16_siglip_224", finetune="linear_probe", model_kwargs=shrunk,
+    model = ImageClassifier(model="vit_base_patch16_siglip_224", finetune=LinearProbe(), model_kwargs=shrunk,
                             optim=Optimization(lr=0.01))
     assert model.model.global_pool == "map" and model.model.attn_pool is not None
     before = {k: v.clone() for k, v in model.model.state_dict().items()}
@@ -67,7 +68,7 @@ def test_linear_probe_freezes_siglips_attention_pool(tmp_path):
 
 
 def test_partial_freezes_the_embedding_and_the_first_blocks(tmp_path):
-    model = tiny_classifier(model_kwargs=DEEP, optim=Optimization(lr=0.01), finetune="partial", freeze_blocks=2)
+    model = tiny_classifier(model_kwargs=DEEP, optim=Optimization(lr=0.01), finetune=Partial(freeze_blocks=2))
     before = {k: v.clone() for k, v in model.model.state_dict().items()}
     fit(model, 1, tmp_path)
     moved = changed(before, model)
@@ -77,7 +78,7 @@ def test_partial_freezes_the_embedding_and_the_first_blocks(tmp_path):
 
 def test_staged_trains_the_head_then_everything_with_a_second_warm_up(tmp_path):
     staged = Optimization(lr=0.01, warmup_steps=2, min_lr=0.0)
-    model = tiny_classifier(model_kwargs=DEEP, optim=staged, finetune="staged", head_epochs=2)
+    model = tiny_classifier(model_kwargs=DEEP, optim=staged, finetune=Staged(head_epochs=2))
     before = {k: v.clone() for k, v in model.model.state_dict().items()}
     lrs = []
     from lightning.pytorch import Callback
@@ -89,7 +90,7 @@ def test_staged_trains_the_head_then_everything_with_a_second_warm_up(tmp_path):
     fit(model, 2, tmp_path, callbacks=[Record()])
     assert changed(before, model) <= {"head.weight", "head.bias"}  # two head-only epochs
     assert all(lr["layer4_decay" if "layer4_decay" in lr else "decay"] == 0.0 for lr in lrs)
-    model2 = tiny_classifier(model_kwargs=DEEP, optim=staged, finetune="staged", head_epochs=2)
+    model2 = tiny_classifier(model_kwargs=DEEP, optim=staged, finetune=Staged(head_epochs=2))
     lrs.clear()
     fit(model2, 4, tmp_path, callbacks=[Record()])
     assert any(k.startswith("blocks.") for k in changed(before, model2))  # then the backbone trains too
@@ -103,9 +104,14 @@ def test_staged_trains_the_head_then_everything_with_a_second_warm_up(tmp_path):
 def test_bad_strategies_are_clear_errors():
     with pytest.raises(ValueError, match=r"model\.finetune must be one of"):
         tiny_classifier(model_kwargs=DEEP, finetune="adapter")  # ("lora" is one now: tests/tasks/test_adapters.py)
-    with pytest.raises(ValueError, match=r"partial needs 0 < freeze_blocks <= depth \(3\), got 5"):
-        tiny_classifier(model_kwargs=DEEP, finetune="partial", freeze_blocks=5)
-    with pytest.raises(ValueError, match="staged needs head_epochs >= 1"):
+    with pytest.raises(ValueError, match=r"Partial needs 0 < freeze_blocks <= depth \(3\), got 5"):
+        tiny_classifier(model_kwargs=DEEP, finetune=Partial(freeze_blocks=5))
+    tiny_classifier(model_kwargs=DEEP, finetune=Partial(freeze_blocks=3))  # the boundary: every block
+    with pytest.raises(ValueError, match=r"Partial needs 0 < freeze_blocks <= depth \(3\), got 0"):
+        tiny_classifier(model_kwargs=DEEP, finetune=Partial(freeze_blocks=0))
+    with pytest.raises(ValueError, match="Staged needs head_epochs >= 1, got 0"):
+        tiny_classifier(model_kwargs=DEEP, finetune=Staged(head_epochs=0))
+    with pytest.raises(ValueError, match="Staged needs head_epochs >= 1"):  # the old spelling: the same check
         tiny_classifier(model_kwargs=DEEP, finetune="staged")
 
 
@@ -119,7 +125,7 @@ def test_the_parameter_group_table_is_logged_at_fit_start(tmp_path, caplog):
     try:
         with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
             probe = tiny_classifier(model_kwargs=DEEP, optim=Optimization(lr=0.01, layer_decay=0.75),
-                                    finetune="linear_probe")
+                                    finetune=LinearProbe())
             fit(probe, 1, tmp_path, max_steps=1)
     finally:
         lightning_log.removeHandler(caplog.handler)
@@ -166,7 +172,8 @@ def test_balanced_accuracy_is_the_mean_recall(tmp_path):
 @pytest.mark.slow
 def test_a_run_killed_in_the_frozen_stage_resumes_with_the_same_groups_and_unfreezes_on_time(tmp_path):
     """Crash in the head-only stage; the resumed run has the straight run's groups, stage and final weights."""
-    staged = ["--model.init_args.finetune=staged", "--model.init_args.head_epochs=2", "--trainer.max_epochs=4",
+    staged = ["--model.init_args.finetune=vit.tasks.finetune.Staged",
+              "--model.init_args.finetune.init_args.head_epochs=2", "--trainer.max_epochs=4",
               "--test_after_fit=false", "--num_threads=1"]
     runs = {}
     for name in ("straight", "resumed"):
@@ -202,4 +209,5 @@ def test_plain_ddp_refuses_a_staged_finetune_and_names_the_strategy_that_runs_it
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     with pytest.raises(UserValueError, match=r"set trainer\.strategy: ddp_find_unused_parameters_true"):
         cli(["fit", *short_digits_run(tmp_path, steps=2), "--trainer.strategy=ddp", "--trainer.devices=1",
-              "--model.init_args.finetune=staged", "--model.init_args.head_epochs=1", "--test_after_fit=false"])
+             "--model.init_args.finetune=vit.tasks.finetune.Staged",
+             "--model.init_args.finetune.init_args.head_epochs=1", "--test_after_fit=false"])

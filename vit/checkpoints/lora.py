@@ -1,4 +1,4 @@
-"""Checkpoints of adapter fine-tuning (``finetune: lora | dora``) that hold what trained, not the base.
+"""Checkpoints of adapter fine-tuning (``finetune: Adapters``) that hold what trained, not the base.
 
 A `vit fit` checkpoint of a LoRA run keeps, under ``state_dict``, the adapters, the head and whatever else trained
 (and their EMA), and under ``checkpoint["vit"]["lora"]`` the adapters' settings and the base's identity:
@@ -75,8 +75,8 @@ def base_to_resume(path: str | os.PathLike) -> str | None:
     if sharded:  # torch.distributed.checkpoint loads every key the model has, or fails
         raise UserValueError(f"{path} holds LoRA adapters without their base in shards, which FSDP cannot resume "
                              "(torch's distributed checkpoint loads the whole model or nothing): resume from a "
-                             "state_dict_type: full checkpoint, or train with lora.save_base: true. It exports, "
-                             "predicts and serves as it is")
+                             "state_dict_type: full checkpoint, or train with finetune.init_args.save_base: true. "
+                             "It exports, predicts and serves as it is")
     if base.get("path"):
         return base["path"] if Path(base["path"]).is_file() else None
     return base["source"]
@@ -92,8 +92,8 @@ def export_adapters(checkpoint: dict[str, Any], where: str | os.PathLike, out_di
 
     meta = checkpoint[META_KEY]
     if not meta.get("lora"):
-        raise UserValueError(f"{where} holds no adapters: --format adapters needs a checkpoint of finetune: lora "
-                             "or dora")
+        raise UserValueError(f"{where} holds no adapters: --format adapters needs a checkpoint of "
+                             "finetune: Adapters")
     weights = evaluated_weights(checkpoint["state_dict"], meta.get("ema", False))
     if meta["lora"].get("base") is None:  # the whole network is in the file: keep what trained alone
         weights = {k: v for k, v in weights.items() if is_adapter(k) or k.split(".")[0] in ("head", "head_dist")}

@@ -100,7 +100,7 @@ def _unwrap(obj: object, path: Path) -> dict[str, Tensor]:
         raise UserValueError(f"{path} holds timm's {meta.get('model_name')}, a convnet (configs/teacher_small.yaml "
                              "trains one): a ViT's pretrained weights come from a ViT. A convnet teaches a ViT "
                              "through distillation instead: configs/distill_small.yaml, model.init_args.teacher")
-    if isinstance(meta, dict) and meta.get("lora"):  # adapters (finetune: lora | dora): the merged weights
+    if isinstance(meta, dict) and meta.get("lora"):  # adapters (finetune: Adapters): the merged weights
         return merged_weights(obj, path)
     for key in ("state_dict", "model", "module", "model_state"):
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
@@ -143,8 +143,8 @@ def load_base(model: nn.Module, base: dict[str, Any], held: Collection[str], whe
             (loader or load_pretrained)(model, found)
     except (UserError, FileNotFoundError) as error:
         raise UserPathError(f"{where} holds LoRA adapters on {describe_base(base)}, which cannot be loaded here "
-                            f"({str(error).splitlines()[0]}). Put that file back, or train with lora.save_base: true "
-                            "for a self-contained checkpoint") from None
+                            f"({str(error).splitlines()[0]}). Put that file back, or train with "
+                            "finetune.init_args.save_base: true for a self-contained checkpoint") from None
     init_magnitudes(model)
     digest = base_digest(model.state_dict(), held)
     if digest != base["sha256"]:
@@ -155,8 +155,7 @@ def load_base(model: nn.Module, base: dict[str, Any], held: Collection[str], whe
 def load_merged(model: nn.Module, weights: dict[str, Tensor], lora: dict[str, Any], where: str | os.PathLike) -> None:
     """A LoRA or DoRA checkpoint's evaluated ``weights`` into the plain ``model``, merged: the base its ``lora``
     entry names loaded and checked first, unless the checkpoint holds it. ``model`` ends with plain layers."""
-    settings = {k: lora[k] for k in ("rank", "alpha", "dropout", "targets", "last_blocks", "dora")}
-    add_adapters(model, LoraConfig(**settings))
+    add_adapters(model, LoraConfig.from_dict(lora))
     if lora.get("base"):
         load_base(model, lora["base"], weights, where)
     missing, unexpected = model.load_state_dict(weights, strict=False)

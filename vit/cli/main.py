@@ -59,12 +59,12 @@ from vit.cli.training import (
 )
 from vit.data.base import no_test_reason
 from vit.errors import UserPathError, UserValueError
-from vit.preprocessing import DATA_KEYS, PREPROCESSING_KEYS
+from vit.preprocessing import DATA_KEYS
 
 # Datamodule attributes linked into the model's __init__ argument of the same name. A link is
-# skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument.
+# skipped when the chosen datamodule lacks the attribute or the chosen model lacks the argument (MAE: mean, std).
 LINKED_FROM_DATA: tuple[str, ...] = (
-    "num_classes", "class_names", "img_size", "in_chans", *PREPROCESSING_KEYS, "tokenizers",
+    "num_classes", "class_names", "img_size", "in_chans", "preprocessing", "mean", "std", "tokenizers",
 )
 
 
@@ -158,7 +158,8 @@ class VitCLI(LightningCLI):
             # base, which loads before the checkpoint (FSDP restores after sharding the model): that one stays.
             init_args["pretrained"] = base_to_resume(resolved_path(config))
         elif self.subcommand == "fit" and "pretrained" in init_args and not init_args.get("pretrained") and (
-                (init_args.get("optim") or {}).get("layer_decay") or init_args.get("finetune", "full") != "full"):
+                (init_args.get("optim") or {}).get("layer_decay") or
+                not str((init_args.get("finetune") or {}).get("class_path", "Full")).endswith("Full")):
             rank_zero_warn("model.init_args.pretrained is null, but this is a fine-tuning recipe (layer_decay, a "
                            "fine-tuning lr): random weights learn little from it. Without pretrained weights, train "
                            "with configs/scratch_small.yaml, made for that.")
@@ -406,7 +407,8 @@ def check_checkpoint_task(config: Any) -> None:
     wanted = model_task(class_path)
     if wanted:  # a task of the registry, subclasses included (another task is checked by its on_load_checkpoint)
         expect_task(checkpoint, wanted, f"--ckpt_path {ckpt_path}")
-    from vit.tasks.classify import ImageClassifier, old_arguments
+    from vit.tasks.classify import ImageClassifier
+    from vit.tasks.compat import old_arguments
 
     # only a classifier's: a Translator's lr and warmup_steps are its own arguments still
     old = old_arguments(checkpoint.get("hyper_parameters") or {}) if task_of(checkpoint) == ImageClassifier.task else []

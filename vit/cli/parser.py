@@ -7,11 +7,15 @@ import dataclasses
 import importlib
 import inspect
 import itertools
+import json
 import re
 import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 
 from vit.errors import did_you_mean, find_user_error
@@ -22,6 +26,9 @@ class VitArgumentParser(LightningArgumentParser):
     of jsonargparse's Union validation."""
 
     args: ClassVar[list[str]] = []  # the command line last parsed, for naming the config file a bad key came from
+    # In the parser jsonargparse makes for one class's arguments: the class's reader of its old spellings
+    # (``ImageClassifier.old_spellings``: ``finetune: lora``, ``mean``, ...), applied before they are checked.
+    old_spellings: Callable[[dict[str, Any]], tuple[dict[str, Any], list[str]]] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # No prefix matching, in the parsers jsonargparse makes for a class's arguments too (of this type): argparse
@@ -29,8 +36,22 @@ class VitArgumentParser(LightningArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def add_class_arguments(self, theclass: Any, nested_key: str | None = None, *args: Any, **kwargs: Any) -> Any:
+        if nested_key is None:  # the parser of one class's arguments
+            self.old_spellings = getattr(theclass, "old_spellings", None)
+        return super().add_class_arguments(theclass, nested_key, *args, **kwargs)
+
+    def parse_object(self, obj: Any, *args: Any, **kwargs: Any) -> Any:
+        """A config's (or a checkpoint's) arguments of the class, old spellings read the new way, one line each."""
+        if self.old_spellings is not None and isinstance(obj, dict | Namespace):
+            obj, notes = self.old_spellings(obj.as_dict() if isinstance(obj, Namespace) else obj)
+            warn_each(notes)
+        return super().parse_object(obj, *args, **kwargs)
+
     def parse_args(self, args: Any = None, *more: Any, **kwargs: Any) -> Any:
         VitArgumentParser.args = list(sys.argv[1:] if args is None else args)
+        if self.old_spellings is not None:  # a command-line key inside the class's arguments
+            VitArgumentParser.args = old_options(VitArgumentParser.args, self.old_spellings)
         return super().parse_args(nested_nulls(VitArgumentParser.args), *more, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
@@ -54,6 +75,38 @@ class VitArgumentParser(LightningArgumentParser):
             text = f"{', '.join(files) + ': ' if files else ''}no option {key!r}{did_you_mean(key, keys)}"
         sys.stderr.write(f"{command}: error: {text}\n(`{command} --help` lists the options)\n")
         raise SystemExit(2)
+
+
+def old_options(args: list[str], read: Callable[[dict[str, Any]], tuple[dict[str, Any], list[str]]]) -> list[str]:
+    """``--key=value`` options of a class's arguments (``--finetune=lora``, ``--lora.rank=4``, ``--head_epochs=1``)
+    with the old spellings ``read`` knows written the new way (one line each); any other form as it is."""
+    import yaml
+
+    given: dict[str, Any] = {}
+    for arg in args:
+        option = re.fullmatch(r"--([\w.]+)=(.*)", arg, re.S)
+        if option is None:
+            return args
+        key, value = option.group(1), yaml.safe_load(option.group(2))
+        root, _, rest = key.partition(".")
+        given[root] = {**(given.get(root) or {}), rest: value} if rest else value
+    upgraded, notes = read(given)
+    if not notes:
+        return args
+    warn_each(notes)
+    out = []
+    for key, value in upgraded.items():
+        if isinstance(value, dict) and "class_path" not in value and "init_args" in value:  # onto the class given
+            out += [f"--{key}.init_args.{k}={json.dumps(v)}" for k, v in value["init_args"].items()]
+        else:
+            out.append(f"--{key}={value if isinstance(value, str) else json.dumps(value)}")
+    return out
+
+
+def warn_each(notes: list[str]) -> None:
+    """One line for each old spelling met (a FutureWarning, shown once)."""
+    for note in notes:
+        warnings.warn(note, FutureWarning, stacklevel=2)
 
 
 def nested_nulls(args: list[str]) -> list[str]:

@@ -22,8 +22,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from vit.data import transforms
 from vit.data.fast import collate
 from vit.data.protocol import EvaluationSplits, ImageFileSamples, IndexedSubset, LabelledImages
-from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augmentation
+from vit.data.transforms import Augmentation
 from vit.errors import UserValueError
+from vit.preprocessing import Preprocessing, default_normalisation
 
 
 class ImageDataModule(LightningDataModule):
@@ -78,13 +79,11 @@ class ImageDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         img_size = 224 if img_size is None else img_size
-        mean, std = IMAGENET_MEAN if mean is None else mean, IMAGENET_STD if std is None else std
+        mean, std = default_normalisation(self.in_chans, mean, std)  # one owner of the defaults
         crop_pct = 0.875 if crop_pct is None else crop_pct
         interpolation = interpolation or "bicubic"
         if batch_size < 1:
             raise UserValueError(f"batch_size must be at least 1, got {batch_size}")
-        if len(mean) != self.in_chans or len(std) != self.in_chans:
-            raise UserValueError(f"mean and std need {self.in_chans} values, got {list(mean)} and {list(std)}")
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.img_size = img_size
@@ -104,6 +103,12 @@ class ImageDataModule(LightningDataModule):
     def num_classes(self) -> int:
         """Number of classes."""
         return len(self.class_names)
+
+    @property
+    def preprocessing(self) -> Preprocessing:
+        """How this data prepares an image for the model (normalisation, crop, interpolation): the record the CLI
+        links into the classifier, whose checkpoint keeps it for prediction."""
+        return Preprocessing(self.mean, self.std, self.crop_pct, self.interpolation)
 
     @property
     def auto_augment(self) -> str | None:

@@ -18,10 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-IMAGENET_MEAN: tuple[float, float, float] = IMAGENET_DEFAULT_MEAN
-IMAGENET_STD: tuple[float, float, float] = IMAGENET_DEFAULT_STD
+from vit.preprocessing import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401 (here too: the DataModules' import path)
 
 
 @dataclass(frozen=True)

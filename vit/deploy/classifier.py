@@ -211,7 +211,7 @@ def checkpoint_classifier(checkpoint: dict[str, Any], path: str | os.PathLike,
     else:
         model, timm_args = build_model(meta["model_config"]), None
     weights = evaluated_weights(checkpoint["state_dict"], meta["ema"])
-    if meta.get("lora"):  # adapters (finetune: lora | dora): merged into plain weights, the base found first
+    if meta.get("lora"):  # adapters (finetune: Adapters): merged into plain weights, the base found first
         load_merged(model, weights, meta["lora"], path)
     else:
         model.load_state_dict(weights)

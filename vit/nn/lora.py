@@ -25,6 +25,9 @@ loads and saves base weights under timm's keys) and adds ``lora_A.<part>``, ``lo
 ``lora_magnitude.<part>``, where a part is q, k, v or ``all`` (the whole matrix). `adapter_names` lists them;
 `adapter_state_dict` holds them alone. `base_layers` shows the model without adapters for a while (e.g. to
 load base weights into it), and `init_magnitudes` restarts DoRA's m from the weights loaded.
+
+What DoRA adds is a `LoraVariant` (as PEFT's ``tuners/lora/layer.py`` has it): `DoraVariant` owns the magnitudes,
+the rescaled output and the rescaled merge, so `LoraLinear` itself never asks which kind it is.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -78,12 +81,54 @@ class LoraConfig:
 
     def to_dict(self) -> dict:
         """Plain JSON-able values (targets as a list), what a checkpoint and an adapter export record."""
-        return {**asdict(self), "targets": list(self.targets)}
+        return {**{f.name: getattr(self, f.name) for f in fields(LoraConfig)}, "targets": list(self.targets)}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> LoraConfig:
+        """The config from `to_dict`'s keys (a checkpoint's ``lora`` entry: its other keys ignored)."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
     @property
     def scaling(self) -> float:
         """The update's factor s = alpha / r."""
         return self.alpha / self.rank
+
+
+class LoraVariant:
+    """What a kind of adapter makes of LoRA's update (PEFT's ``LoraVariant``): its own parameters on a layer, its
+    output and its merged weight. Plain LoRA adds the update and nothing else."""
+
+    name = "LoRA"
+
+    def init(self, layer: LoraLinear) -> None:
+        """Its parameters on ``layer`` (none)."""
+
+    def forward(self, layer: LoraLinear, y: Tensor, delta: Tensor, keep: slice, bias: Tensor | None) -> Tensor:
+        """The output from the base's ``y`` (its ``keep`` rows, ``bias`` theirs) and the update ``delta``."""
+        return y + delta
+
+    def merge(self, layer: LoraLinear, weight: Tensor) -> Tensor:
+        """The merged weight from W + s·B A."""
+        return weight
+
+
+class DoraVariant(LoraVariant):
+    """DoRA: a learned magnitude m per adapted row (``lora_magnitude``), the rows rescaled by g = m / ‖W + s·B A‖."""
+
+    name = "DoRA"
+
+    def init(self, layer: LoraLinear) -> None:
+        like = dict(device=layer.weight.device, dtype=layer.weight.dtype)
+        layer.lora_magnitude.update({p: nn.Parameter(torch.empty(b - a, **like)) for p, (a, b) in layer.parts.items()})
+        layer.init_magnitudes()
+
+    def forward(self, layer: LoraLinear, y: Tensor, delta: Tensor, keep: slice, bias: Tensor | None) -> Tensor:
+        g = layer.row_scale()[keep].to(y.dtype)
+        plain = y if bias is None else y - bias  # W x: g - 1 is 0 at the start, so the output is y exactly
+        return y + (g - 1) * plain + g * delta
+
+    def merge(self, layer: LoraLinear, weight: Tensor) -> Tensor:
+        return layer.row_scale()[:, None] * weight
 
 
 class LoraLinear(nn.Module):
@@ -95,7 +140,8 @@ class LoraLinear(nn.Module):
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias
         self.parts = dict(sorted(parts.items(), key=lambda item: item[1]))  # in row order
-        self.scaling, self.rank, self.dora = cfg.scaling, cfg.rank, cfg.dora
+        self.scaling, self.rank = cfg.scaling, cfg.rank
+        self.variant = DoraVariant() if cfg.dora else LoraVariant()
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         like = dict(device=base.weight.device, dtype=base.weight.dtype)
         self.lora_A = nn.ParameterDict({p: nn.Parameter(torch.empty(cfg.rank, self.in_features, **like))
@@ -104,11 +150,8 @@ class LoraLinear(nn.Module):
                                         for p, (a, b) in self.parts.items()})
         for a in self.lora_A.values():
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))  # nn.Linear's (and PEFT's) initialisation
-        self.lora_magnitude = nn.ParameterDict()
-        if cfg.dora:
-            self.lora_magnitude.update({p: nn.Parameter(torch.empty(b - a, **like))
-                                        for p, (a, b) in self.parts.items()})
-            self.init_magnitudes()
+        self.lora_magnitude = nn.ParameterDict()  # DoRA's (`DoraVariant`), empty for LoRA
+        self.variant.init(self)
 
     def _updated_rows(self, part: str) -> Tensor:
         """W + s·B A on the rows of ``part``: (rows, in)."""
@@ -159,18 +202,12 @@ class LoraLinear(nn.Module):
         y = F.linear(x, self.weight[keep], bias)  # bit for bit the base layer's output
         B = self.stacked_B()[keep]  # (out, R)
         delta = F.linear(F.linear(self.dropout(x), self.stacked_A()), B) * self.scaling  # (..., r) -> (..., out)
-        if not self.dora:
-            return y + delta
-        g = self.row_scale()[keep].to(y.dtype)
-        plain = y if bias is None else y - bias  # W x: g - 1 is 0 at the start, so the output is y exactly
-        return y + (g - 1) * plain + g * delta
+        return self.variant.forward(self, y, delta, keep, bias)
 
     @torch.no_grad()
     def merged(self) -> nn.Linear:
-        """A plain ``nn.Linear`` with the update folded into its weight (DoRA's g too); the bias unchanged."""
-        weight = self.weight + self.scaling * (self.stacked_B() @ self.stacked_A())
-        if self.dora:
-            weight = self.row_scale()[:, None] * weight
+        """A plain ``nn.Linear`` with the update folded into its weight (the variant's too); the bias unchanged."""
+        weight = self.variant.merge(self, self.weight + self.scaling * (self.stacked_B() @ self.stacked_A()))
         return plain_linear(nn.Parameter(weight.to(self.weight.dtype), requires_grad=self.weight.requires_grad),
                             self.bias)
 
@@ -179,8 +216,7 @@ class LoraLinear(nn.Module):
         return plain_linear(self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        kind = "DoRA" if self.dora else "LoRA"
-        return f"{self.in_features}, {self.out_features}, {kind} r={self.rank} on {', '.join(self.parts)}"
+        return f"{self.in_features}, {self.out_features}, {self.variant.name} r={self.rank} on {', '.join(self.parts)}"
 
 
 def plain_linear(weight: nn.Parameter, bias: nn.Parameter | None) -> nn.Linear:
@@ -291,6 +327,6 @@ def base_digest(state: dict[str, Tensor], leave_out: Iterable[str] = ()) -> str:
     return h.hexdigest()
 
 
-__all__ = ["TARGETS", "LoraConfig", "LoraLinear", "adapter_names", "adapter_state_dict", "add_adapters",
-           "base_digest", "base_layers", "has_adapters", "init_magnitudes", "is_adapter", "lora_layers",
-           "merge_adapters"]
+__all__ = ["TARGETS", "DoraVariant", "LoraConfig", "LoraLinear", "LoraVariant", "adapter_names",
+           "adapter_state_dict", "add_adapters", "base_digest", "base_layers", "has_adapters", "init_magnitudes",
+           "is_adapter", "lora_layers", "merge_adapters"]

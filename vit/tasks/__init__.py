@@ -12,11 +12,12 @@ from vit.checkpoints.io import read_checkpoint
 from vit.checkpoints.meta import TASK_CLASSES, expect_task
 from vit.errors import UserValueError
 from vit.tasks.base import BaseTask, VisionTask
-from vit.tasks.classify import ImageClassifier, upgraded_hparams
+from vit.tasks.classify import ImageClassifier
+from vit.tasks.compat import upgraded_hparams
 from vit.tasks.contrastive import ContrastiveTask
 from vit.tasks.convnet import ConvNetClassifier
 from vit.tasks.distill import DistilledClassifier
-from vit.tasks.heads import ClassificationHead, SingleLabelHead, renamed_hparams
+from vit.tasks.heads import ClassificationHead, SingleLabelHead
 from vit.tasks.optim import Optimization
 from vit.tasks.pretrain import MaskedAutoencoder
 from vit.tasks.translate import Translator
@@ -40,9 +41,8 @@ def load_task(path: str | os.PathLike, task_class: type[Task], map_location: str
         return task_class.load_from_checkpoint(path, map_location=map_location, weights_only=True).eval()
     hparams = checkpoint.get("hyper_parameters") or {}
     upgraded = upgraded_hparams(hparams, meta)
-    if upgraded is None:  # (a multi-label checkpoint's `multi_label` comes back as its `label_kind`)
-        task = task_class.load_from_checkpoint(path, map_location=map_location, weights_only=True, pretrained=None,
-                                               **renamed_hparams(hparams))
+    if upgraded is None:
+        task = task_class.load_from_checkpoint(path, map_location=map_location, weights_only=True, pretrained=None)
         return task.eval()
     if "distillation" in upgraded and not issubclass(task_class, DistilledClassifier):
         raise UserValueError(f"{path} was written by a distilling run of vit 0.1: load_task(path, "

@@ -16,26 +16,16 @@ from typing import Any, ClassVar
 
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 
 from vit.checkpoints.meta import META_KEY, classify_meta
-from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vit.errors import UserValueError
 from vit.preprocessing import Prepared, Preprocessing
-from vit.tasks.adapters import AdapterTraining, ema_copy
 from vit.tasks.backbones import backbone_named
-from vit.tasks.base import VisionTask, from_config
-from vit.tasks.contrastive import check_head_init
+from vit.tasks.base import VisionTask, as_config, from_config
+from vit.tasks.compat import MOVED, read_old_spellings, upgraded_arguments
+from vit.tasks.ema import check_ema_sharding, ema_copy
 from vit.tasks.evaluation import Run
-from vit.tasks.finetune import (
-    ADAPTERS,
-    Frozen,
-    LoraOptions,
-    apply_freezing,
-    check_strategy,
-    frozen_parts,
-    unfreeze_epoch,
-)
+from vit.tasks.finetune import FineTuning, Frozen, Full, Staged, apply_freezing
 from vit.tasks.heads import ClassificationHead, SingleLabelHead, head_for
 from vit.tasks.optim import (
     Optimization,
@@ -51,40 +41,8 @@ from vit.tasks.optim import (
 
 log = logging.getLogger(__name__)
 
-_DISTILLED = "class_path: vit.tasks.DistilledClassifier"
-# The arguments of 0.1's ImageClassifier that live elsewhere now, and where: a key under model.init_args, or the
-# class that takes them. `vit fit`'s parser names the new place when a config gives an old key.
-MOVED: dict[str, str] = {
-    **{name: f"optim.{name}" for name in ("lr", "lr_base_batch", "weight_decay", "betas", "warmup_epochs",
-                                          "warmup_steps", "min_lr", "schedule", "layer_decay", "ema_decay")},
-    **{name: f"head.init_args.{name}" for name in ("label_smoothing", "mixup_alpha", "cutmix_alpha", "mixup_prob",
-                                                   "mixup_switch_prob", "class_weighting")},
-    **{name: _DISTILLED for name in ("distillation", "teacher", "teacher_weights", "teacher_dir", "distill_alpha",
-                                     "distill_tau")},
-}
 
-
-def old_arguments(hparams: dict[str, Any]) -> list[str]:
-    """The arguments of 0.1's classifier among a checkpoint's hyperparameters (``lr``, ``label_smoothing``, ...,
-    which now live in ``optim`` and ``head``); none for a checkpoint of this version."""
-    return [k for k in hparams if k in MOVED and MOVED[k] != _DISTILLED]
-
-
-def upgraded_hparams(hparams: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] | None:
-    """A 0.1 classifier checkpoint's hyperparameters (flat ``lr``, ``label_smoothing``, ...; ``meta``: its
-    ``checkpoint["vit"]``) as this version's arguments, or None for a checkpoint of this version."""
-    if not old_arguments(hparams):
-        return None
-    moved = lambda prefix: {k: v for k, v in hparams.items() if MOVED.get(k, "").startswith(prefix)}
-    distilling = hparams.get("distillation", "none") != "none"
-    keep = lambda k: not k.startswith("_") and (k not in MOVED or (distilling and MOVED[k] == _DISTILLED))
-    kept = {k: v for k, v in hparams.items() if keep(k)}  # _class_path, _instantiator: the new class decides
-    head = {"class_path": "vit.tasks.heads.SingleLabelHead", "init_args": moved("head.")}
-    backbone = {"backbone": "timm"} if meta.get("model_source") == "timm" else {}
-    return {**kept, **backbone, "optim": moved("optim."), "head": head}
-
-
-class ImageClassifier(AdapterTraining, Prepared, VisionTask):
+class ImageClassifier(Prepared, VisionTask):
     """An image classifier: a backbone's logits, a head's loss and metrics, AdamW with layer decay, warm-up + cosine
     per step, optional EMA, a test confusion matrix and error report.
 
@@ -104,13 +62,9 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
             ``head: {init_args: {mixup_alpha: 0.8}}``.
         optim: how it trains (`vit.tasks.optim.Optimization`): ``lr``, ``lr_base_batch``, ``weight_decay``,
             ``betas``, ``warmup_epochs``/``warmup_steps``, ``min_lr``, ``schedule``, ``layer_decay``, ``ema_decay``.
-        finetune: what trains (`vit.tasks.finetune`): "full", "linear_probe", "partial", "staged", or adapters on
-            a frozen base: "lora" or "dora" (`vit.nn.lora`).
-        freeze_blocks: "partial": the stem and this many first blocks stay frozen.
-        head_epochs: "staged", "lora", "dora": epochs that train the head alone before the rest trains.
-        lora: "lora" and "dora"'s settings (`vit.tasks.finetune.LoraOptions`): ``rank``, ``alpha``, ``dropout``,
-            ``targets`` (q, k, v, qkv, proj, fc1, fc2), ``last_blocks``, ``train_norms``, ``train_tokens``,
-            ``save_base``.
+        finetune: what trains, epoch by epoch (`vit.tasks.finetune`): ``Full``, ``LinearProbe``,
+            ``Partial(freeze_blocks)``, ``Staged(head_epochs)``, or ``Adapters(rank, ..., dora)`` on a frozen base:
+            ``finetune: {class_path: vit.tasks.finetune.Staged, init_args: {head_epochs: 2}}``.
         grad_checkpointing: recompute each block's activations in the backward pass instead of keeping them
             (``set_grad_checkpointing``): the same gradients, far less memory, about a third more compute per
             step. Under FSDP, use the strategy's ``activation_checkpointing_policy`` instead.
@@ -119,10 +73,9 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
         class_names: names of the classes, stored in the checkpoint (linked from the datamodule).
         label_kind: "single" or "multi" label per image (linked from the datamodule): "multi" makes the default
             head `vit.tasks.heads.MultiLabelHead`; ``None`` follows the head.
-        mean, std: normalisation the data used, stored in the checkpoint (linked from the datamodule);
-            ``None``: ImageNet's for 3 channels, 0.5 otherwise.
-        crop_pct: evaluation centre-crop fraction the data used, stored in the checkpoint (linked).
-        interpolation: resize interpolation the data used, stored in the checkpoint (linked).
+        preprocessing: how the data prepared its images (`vit.preprocessing.Preprocessing`: mean, std, crop_pct,
+            interpolation), stored in the checkpoint (linked from the datamodule); ``None``: ImageNet's mean and std
+            for 3 channels (0.5 otherwise), no crop, bicubic.
         head_init: "random", or "zeroshot": the head starts as the class names' text embeddings from the
             ``pretrained`` CLIP/SigLIP (a tag, file or folder `vit zeroshot` reads, or a `vit.tasks.ContrastiveTask`
             checkpoint), the image tower as its weights (LP-FT's start). ``model_kwargs`` must give its image
@@ -134,6 +87,7 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
     task = "classify"
     moved: ClassVar[dict[str, str]] = MOVED
     test_tta: str = "none"  # the test's TTA: "flip" where `vit fit --calibrate` measured it better on val
+    old_spellings = staticmethod(upgraded_arguments)  # what `vit fit`'s parser reads the new way, with a warning
 
     def __init__(
         self,
@@ -146,49 +100,47 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
         backbone: str = "vit",
         head: ClassificationHead = SingleLabelHead(),  # noqa: B008 (frozen: one instance serves every call)
         optim: Optimization = Optimization(),  # noqa: B008
-        finetune: str = "full",
-        freeze_blocks: int = 0,
-        head_epochs: int = 0,
-        lora: LoraOptions | None = None,
+        finetune: FineTuning = Full(),  # noqa: B008
         grad_checkpointing: bool = False,
         compile: bool = False,
         class_names: list[str] | None = None,
         label_kind: str | None = None,
-        mean: Sequence[float] | None = None,
-        std: Sequence[float] | None = None,
-        crop_pct: float = 1.0,
-        interpolation: str = "bicubic",
+        preprocessing: Preprocessing | None = None,
         head_init: str = "random",
+        **old: Any,  # the old spellings `vit.tasks.compat` reads (finetune's settings, mean, ...), with a warning
     ) -> None:
         if num_classes < 1:
             raise UserValueError(f"num_classes must be at least 1, got {num_classes}")
         if class_names is not None and len(class_names) != num_classes:
             raise UserValueError(f"got {len(class_names)} class_names for num_classes={num_classes}")
-        if from_config(optim, Optimization, Optimization()).schedule == "onecycle" and finetune == "staged":
-            raise UserValueError("optim.schedule: onecycle has one warm-up; finetune: staged needs a second one when "
-                                 "the backbone starts training: use optim.schedule: cosine")
         check_head_init(head_init, pretrained, backbone)
         super().__init__()  # saves the arguments; configure_models, configure_losses, configure_metrics
-        check_strategy(finetune, freeze_blocks, head_epochs, self.roles.depth, lora)
-        self.configure_preprocessing(class_names, mean, std, crop_pct, interpolation)
+        self.finetune.check(self.roles.depth)
+        if self.optim.schedule == "onecycle" and isinstance(self.finetune, Staged):
+            raise UserValueError("optim.schedule: onecycle has one warm-up; finetune: Staged needs a second one when "
+                                 "the backbone starts training: use optim.schedule: cosine")
+        self.configure_preprocessing(class_names, self.hparams.preprocessing)
 
     # --- set-up ----------------------------------------------------------------------------
     def configure_models(self) -> None:
-        """The parts the hyperparameters name (backbone, head, optim), the network and its EMA copy, randomly
-        initialised (Lightning's ``configure_model`` hook, below, loads the pretrained weights)."""
+        """The parts the hyperparameters name (backbone, head, optim, finetune), the network and its EMA copy,
+        randomly initialised (Lightning's ``configure_model`` hook, below, loads the pretrained weights)."""
         hp = self.hparams
+        read_old_spellings(hp, type(self))  # finetune: lora, mean, ...: read the new way, with a warning
         self.backbone = backbone_named(hp.backbone)
         self.head: ClassificationHead = head_for(from_config(hp.head, ClassificationHead, SingleLabelHead()),
                                                  hp.label_kind)
         self.optim: Optimization = from_config(hp.optim, Optimization, Optimization())
         self.model: nn.Module = self.build_network()
         self.roles = self.backbone.roles(self.model)  # stem, tokens, blocks, pool, head: `vit.nn.roles`
-        self.configure_adapters()  # finetune: lora | dora (`AdapterTraining`)
+        self.finetune: FineTuning = from_config(hp.finetune, FineTuning, Full())
+        self.finetune.attach(self.model, self.roles)  # adapters: on the network, the base frozen for good
+        self.register_load_state_dict_post_hook(self.finetune.base_left_out)  # a thin checkpoint's missing base
         self.model.set_grad_checkpointing(hp.grad_checkpointing)
         # FSDP (use_orig_params) turns parameters into flat shards: the decay rule and group table need real shapes
         self.param_shapes = {name: tuple(p.shape) for name, p in self.model.named_parameters()}
         self.pretrained_loaded = False  # `configure_model` reads the weights: no I/O in the constructor
-        self.model_ema = ema_copy(self.model, self.optim.ema_decay, self.adapter_trained)
+        self.model_ema = ema_copy(self.model, self.optim.ema_decay, self.finetune.trained)
         if hp.compile:
             # nn.Module.compile compiles forward in place, unlike torch.compile(model) which wraps the
             # model and renames every key "_orig_mod.*". After the EMA copy, which stays eager.
@@ -211,28 +163,17 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
 
             templates = self.hparams.head_init.partition(":")[2] or None
             zeroshot_start(self.model, self.hparams.pretrained, self.class_names, templates)
-        elif self.adapter_trained is not None:
-            self.load_adapted_base(self.hparams.pretrained)
-        else:
-            self.backbone.load_pretrained(self.model, self.hparams.pretrained)
+        else:  # adapters: the base under them, and its hash
+            self.finetune.load_pretrained(self.model, self.hparams.pretrained, self.backbone.load_pretrained)
         if self.model_ema is not None:
             self.model_ema.set(self.model)  # the copy was made from the random initialisation
         self.pretrained_loaded = True
 
-    def configure_preprocessing(
-        self, class_names: Sequence[str] | None, mean: Sequence[float] | None, std: Sequence[float] | None,
-        crop_pct: float, interpolation: str,
-    ) -> None:
-        """What the checkpoint records about the inputs: class names, normalisation, crop, interpolation."""
+    def configure_preprocessing(self, class_names: Sequence[str] | None, given: Any) -> None:
+        """What the checkpoint records about the inputs: class names, and how the data prepared its images."""
         self.class_names = list(class_names) if class_names else [str(i) for i in range(self.hparams.num_classes)]
-        chans = self.model.in_chans
-        if mean is None:
-            mean = IMAGENET_MEAN if chans == 3 else (0.5,) * chans
-        if std is None:
-            std = IMAGENET_STD if chans == 3 else (0.5,) * chans
-        if len(mean) != chans or len(std) != chans:
-            raise UserValueError(f"mean {list(mean)} and std {list(std)} need one value per input channel ({chans})")
-        self.preprocessing = Preprocessing(mean, std, crop_pct, interpolation)  # `mean` etc. read it
+        given = as_config(given) or {}  # (a config's, a checkpoint's: plain data) None: the defaults for the channels
+        self.preprocessing = Preprocessing.for_channels(self.model.in_chans, **given)  # `self.mean` etc. read it
 
     def configure_losses(self, class_weights: Tensor | None = None) -> None:
         """The head's training loss (optionally class-weighted), evaluation loss, and mixing of batches."""
@@ -242,7 +183,8 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
         self.eval_loss = self.head.eval_loss(n)
 
     def setup(self, stage: str) -> None:
-        self.check_sharding()  # adapters under FSDP (`AdapterTraining`)
+        self.finetune.check_sharding(self.trainer.strategy)  # before FSDP wraps the model
+        check_ema_sharding(self.trainer.strategy, self.model_ema)
         if stage == "fit" and self.head.class_weighting:
             counts = self.head.training_counts(self.trainer.datamodule)
             weights = self.head.class_weights(counts, self.class_names)
@@ -286,21 +228,12 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
 
     # --- fine-tuning strategy ----------------------------------------------------------------
     def on_fit_start(self) -> None:
-        hp = self.hparams
-        ddp = self.trainer.strategy.model
-        changes = hp.finetune != "full" and not (hp.finetune in ADAPTERS and hp.head_epochs == 0)  # what trains
-        if changes and isinstance(ddp, DistributedDataParallel) and not ddp.find_unused_parameters:
-            raise UserValueError(
-                f"finetune: {hp.finetune} freezes parameters, which DDP only allows with find_unused_parameters: "
-                "set trainer.strategy: ddp_find_unused_parameters_true"
-            )
+        self.finetune.check_ddp(self.trainer.strategy.model)  # parameters that come and go need find_unused
         rank_zero_info(self.param_group_table())
 
     def frozen(self, epoch: int) -> Frozen:
         """What does not train in ``epoch`` under this run's strategy (by the network's roles)."""
-        hp = self.hparams
-        return frozen_parts(self.model, self.roles, hp.finetune, hp.freeze_blocks, hp.head_epochs, epoch,
-                            self.adapter_trained or frozenset())
+        return self.finetune.frozen(self.model, self.roles, epoch)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Every step, since validation and Lightning switch modules back to train mode.
@@ -371,7 +304,7 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
         o = self.optim
         lr = self.peak_lr()
         groups = param_groups(self.model, lr, o.weight_decay, o.layer_decay, shapes=self.param_shapes, roles=self.roles)
-        groups = self.trained_groups(groups)  # adapters: the frozen base has no place in the optimiser
+        groups = self.finetune.optimizer_groups(self.model, groups)  # adapters: the frozen base has no place
         optimizer = adamw(groups, lr=lr, betas=o.betas)
         warmup, total = self.schedule_steps(o.warmup_epochs, o.warmup_steps)
         if o.schedule == "onecycle" and total >= 3:  # (1-2 steps, e.g. fast_dev_run: the cosine lambda below)
@@ -380,10 +313,10 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
 
     def lr_lambdas(self, groups: list[dict[str, Any]], warmup: int, total: int, min_ratio: float
                    ) -> list[Callable[[int], float]]:
-        """Each group's lr multiplier of the step: warm-up + cosine; under ``finetune: staged`` the backbone's
-        groups warm up again from the epoch it starts training."""
+        """Each group's lr multiplier of the step: warm-up + cosine; where the strategy trains the head alone first
+        (``Staged``, ``Adapters(head_epochs)``) the rest's groups warm up again from the epoch they start training."""
         schedule = lambda step: warmup_cosine(step, warmup, total, min_ratio)
-        unfreeze = unfreeze_epoch(self.hparams.finetune, self.hparams.head_epochs)
+        unfreeze = self.finetune.unfreeze_epoch()
         if unfreeze is None:
             return [schedule] * len(groups)
         start = unfreeze * per_epoch_steps(self.trainer, total)
@@ -401,12 +334,34 @@ class ImageClassifier(AdapterTraining, Prepared, VisionTask):
             ema=self.model_ema is not None,
             **self.backbone.meta(self.hparams.img_size),
             **self.evaluation.checkpoint_meta(),
-            **self.adapter_meta(),
+            **self.finetune.checkpoint_meta(self.hparams.pretrained, self.configure_model),  # adapters: "lora"
         )
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["state_dict"] = self.finetune.saved_state(checkpoint["state_dict"], self.hparams.pretrained)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
+        # adapters without their base: the base as `pretrained` or the checkpoint names it, then the state dict
+        if self.finetune.restore(checkpoint, self.model, self.configure_model, self.backbone.load_pretrained):
+            self.pretrained_loaded = True  # (named by the checkpoint alone)
+            if self.model_ema is not None:
+                self.model_ema.set(self.model)
         self.evaluation.load_meta(checkpoint[META_KEY])
 
 
-__all__ = ["MOVED", "ImageClassifier", "old_arguments", "upgraded_hparams"]
+def check_head_init(head_init: str, pretrained: str | None, backbone: str) -> None:
+    """``head_init`` "zeroshot" (or "zeroshot:TEMPLATES") needs a CLIP to read the class names with (``pretrained``)
+    and our ViT."""
+    kind, templates = head_init.partition(":")[::2]
+    if kind not in ("random", "zeroshot") or (kind == "random" and templates):
+        raise UserValueError(f"head_init must be one of random, zeroshot (or zeroshot:TEMPLATES, a named set or a "
+                             f"file), got {head_init!r}")
+    if kind == "zeroshot" and not pretrained:
+        raise UserValueError("head_init: zeroshot reads the class names with a CLIP's text tower: set pretrained to a "
+                             "CLIP or SigLIP (a hub tag, an OpenCLIP file or folder, or a ContrastiveTask checkpoint)")
+    if kind == "zeroshot" and backbone != "vit":
+        raise UserValueError(f"head_init: zeroshot builds our ViT's image tower; backbone {backbone!r} cannot take it")
+
+__all__ = ["ImageClassifier", "check_head_init"]

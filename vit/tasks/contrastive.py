@@ -44,24 +44,6 @@ LOSSES = ("clip", "siglip")
 SCRATCH_TOKENIZERS = ("char", "word")
 
 
-HEAD_INITS = ("random", "zeroshot")
-
-
-def check_head_init(head_init: str, pretrained: str | None, backbone: str) -> None:
-    """``head_init`` "zeroshot" (or "zeroshot:TEMPLATES") needs a CLIP to read the class names with (``pretrained``)
-    and our ViT."""
-    kind, templates = head_init.partition(":")[::2]
-    if kind not in HEAD_INITS or (kind == "random" and templates):
-        raise UserValueError(f"head_init must be one of {', '.join(HEAD_INITS)} (or zeroshot:TEMPLATES, a named set "
-                             f"or a file), got {head_init!r}")
-    head_init = kind
-    if head_init == "zeroshot" and not pretrained:
-        raise UserValueError("head_init: zeroshot reads the class names with a CLIP's text tower: set pretrained to a "
-                             "CLIP or SigLIP (a hub tag, an OpenCLIP file or folder, or a ContrastiveTask checkpoint)")
-    if head_init == "zeroshot" and backbone != "vit":
-        raise UserValueError(f"head_init: zeroshot builds our ViT's image tower; backbone {backbone!r} cannot take it")
-
-
 class ContrastiveTask(BaseTask):
     """Both towers of a CLIP trained on (image, caption) batches (`vit.data.CaptionTable`).
 

@@ -17,12 +17,12 @@ A head is a frozen dataclass of settings: it builds what it needs (losses, metri
 
 The kind of label is one word, ``label_kind`` ("single" or "multi"): each head says which it is for, and `vit fit`
 links the data's kind to the classifier's ``label_kind`` argument, which `head_for` reads (the default head becomes
-the data's kind's). Checkpoints written before the word say ``multi_label`` (`renamed_hparams`).
+the data's kind's). Checkpoints written before the word say ``multi_label`` (`vit.tasks.compat`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -285,15 +285,6 @@ def data_label_kind(multi_label: bool | None) -> str | None:
     return None if multi_label is None else MULTI if multi_label else SINGLE
 
 
-def renamed_hparams(hparams: Mapping[str, Any]) -> dict[str, Any]:
-    """A classifier checkpoint's label kind under its new name, for hyperparameters written before it had one
-    (``multi_label: true``, which Lightning would drop silently); nothing for a checkpoint of this version."""
-    old = "multi_label"
-    if old not in hparams or "label_kind" in hparams:
-        return {}
-    return {"label_kind": data_label_kind(hparams[old])}
-
-
 class EvenMixup:
     """timm's ``Mixup`` on a batch of any size: it pairs each image with its mirror in the batch, so an odd batch
     loses its last image."""
@@ -308,4 +299,4 @@ class EvenMixup:
 
 
 __all__ = ["LABEL_KINDS", "ClassificationHead", "EvenMixup", "MixingHead", "MultiLabelHead", "SingleLabelHead",
-           "TargetMixer", "data_label_kind", "head_for", "renamed_hparams"]
+           "TargetMixer", "data_label_kind", "head_for"]

@@ -38,7 +38,7 @@ class Optimization:
             "onecycle": torch's ``OneCycleLR``, as plain PyTorch loops often use it: cosine warm-up from
             lr/25, cosine down to lr/25e4, and AdamW's beta1 cycled 0.95 -> 0.85 -> 0.95 against the lr
             (``betas[0]`` and ``min_lr`` unused). From scratch on small folders it trains better in the same
-            steps (scripts/experiments/parity.py). Not with ``finetune: staged``.
+            steps (scripts/experiments/parity.py). Not with ``finetune: Staged``.
         layer_decay: layer-wise lr decay factor (e.g. 0.75 for fine-tuning); ``None`` = off.
         ema_decay: decay of timm's ``ModelEmaV3`` (warmed up over the first steps); ``None`` = no EMA.
             Validation and test use it.

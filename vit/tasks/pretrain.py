@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from vit.errors import UserValueError
 from vit.nn.mae import (
     MAEDecoder,
@@ -34,6 +33,7 @@ from vit.nn.mae import (
     unpatchify,
 )
 from vit.nn.vision import VisionTransformer
+from vit.preprocessing import default_normalisation
 from vit.tasks.base import VisionTask
 from vit.tasks.optim import adamw, merge_groups, param_groups, step_schedule, warmup_cosine
 
@@ -94,12 +94,7 @@ class MaskedAutoencoder(VisionTask):
         figure_every_n_epochs: int = 1,
     ) -> None:
         super().__init__()  # saves the arguments, then configure_models
-        chans = self.model.in_chans
-        self.mean = tuple(float(m) for m in (mean or (IMAGENET_MEAN if chans == 3 else (0.5,) * chans)))
-        self.std = tuple(float(s) for s in (std or (IMAGENET_STD if chans == 3 else (0.5,) * chans)))
-        if len(self.mean) != chans or len(self.std) != chans:
-            raise UserValueError(f"mean {list(self.mean)} and std {list(self.std)} need one value per input "
-                                 f"channel ({chans})")
+        self.mean, self.std = default_normalisation(self.model.in_chans, mean or None, std or None)
         self.figure_batch: Tensor | None = None
 
     def configure_models(self) -> None:
