@@ -16,10 +16,17 @@
 Nothing here imports Lightning or `vit.cli` (tests/test_layout.py walks the imports to prove it).
 """
 
-from vit.deploy.backends import BACKENDS, load_backend, load_classifier, load_model
+from typing import Any
+
+from vit._graveyard import moved_name
+from vit.deploy.backends import BACKENDS, load_classifier
 from vit.deploy.classifier import Classifier, ModelInput, read_classifier
 from vit.deploy.inference import OnnxClassifier
 from vit.deploy.predict import predict_files, write_predictions
 
-__all__ = ["BACKENDS", "Classifier", "ModelInput", "OnnxClassifier", "load_backend", "load_classifier", "load_model",
-           "predict_files", "read_classifier", "write_predictions"]
+__all__ = ["BACKENDS", "Classifier", "ModelInput", "OnnxClassifier", "load_classifier", "predict_files",
+           "read_classifier", "write_predictions"]
+
+
+def __getattr__(name: str) -> Any:
+    return moved_name(__name__, name)  # 0.1's load_backend and load_model (vit/_graveyard.py)
