@@ -4,6 +4,7 @@ or the CLI, and tests/ mirrors vit/. (The 0.1 import paths: tests/test_graveyard
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -136,3 +137,24 @@ def test_every_module_has_a_test_file_at_its_mirrored_path():
                for p in sorted(VIT.rglob("*.py"))
                if not p.name.startswith("_") and not mirrored_test(p).exists()]
     assert not missing, "modules without a test file at the mirrored path:\n  " + "\n  ".join(missing)
+
+
+def named_in(docstring: str, package: str, module: str) -> bool:
+    """Whether a package's docstring names ``module``: as ``module.py`` or as ``vit.package.module``."""
+    return bool(re.search(rf"(?<![\w.]){module}\.py\b|\b{re.escape(package)}\.{module}\b", docstring))
+
+
+def test_each_package_docstring_lists_its_modules():
+    """A package's docstring is its table of contents: every module file in it is named there (a new module
+    too)."""
+    assert named_in("    io.py  files", "vit.x", "io") and named_in("see `vit.x.io`", "vit.x", "io")
+    assert not named_in("the audio.py file, vit.x.iox", "vit.x", "io")  # a longer name is not this one
+    unlisted = []
+    for init in sorted(VIT.rglob("__init__.py")):
+        if init.parent == VIT:
+            continue
+        package = module_name(init)
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+        unlisted += [f"{package}: {p.name}" for p in sorted(init.parent.glob("*.py"))
+                     if not p.name.startswith("__") and not named_in(docstring, package, p.stem)]
+    assert not unlisted, "modules their package's docstring does not name:\n  " + "\n  ".join(unlisted)

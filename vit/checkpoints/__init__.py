@@ -6,6 +6,11 @@ weights from timm, torchvision, big_vision, DINOv2 and CLIP files or the hub.
     runs.py     a config's run folders and their best/last checkpoints
     weights.py  `load_pretrained`: others' weights into our ViT, all or nothing
     convert.py  the key converters from other layouts to timm's
+    convert_clip.py  two-tower checkpoints (OpenCLIP, transformers) -> `vit.nn.clip.CLIP`'s names and configs
+    clip.py     `load_clip`: a CLIP or SigLIP model, both towers, with its tokenizer and image preparation
+    zeroshot.py a zero-shot classifier (an image tower and a head of class-name embeddings) as a checkpoint
+    lora.py     thin checkpoints of adapter fine-tuning: what trained, and the base they name
+    average.py  weight-space averages of classifier checkpoints (WiSE-FT, uniform soups)
 """
 
 from vit.checkpoints.io import read_checkpoint, save_checkpoint

@@ -1,6 +1,13 @@
 """What `vit fit` adds to LightningCLI: the CLI (`main`), its parser, console, pre-flight checks and trainer
 callbacks, and the data a config builds.
 
+    main.py       `cli`, `VitCLI`: LightningCLI for `vit fit | validate | test | predict`
+    parser.py     the argument parser, whose errors name the key, the file and the fix
+    console.py    what `vit fit` prints: the model in two lines, the progress bar, the quiet dependencies
+    preflight.py  fail in seconds when a config's pretrained weights cannot be had
+    training.py   the trainer's callbacks: atomic, best and last checkpoints, the random state, the report, curves
+    data.py       images from the DataModule a config builds (int8 calibration)
+
 Light on purpose: `vit.cli.preflight` runs before Lightning is imported, so this package imports nothing until a
 name is asked for (``from vit.cli import cli`` imports `vit.cli.main`, and Lightning with it).
 """

@@ -12,6 +12,12 @@
     cpu.py          the CPU's instruction sets (bf16, VNNI, AMX) that decide engines and int8 ranges
     image_files.py  image paths as a dataset whose unreadable files are rows, not crashes
     predict.py      `predict_files`: records for a list of files, and their CSV/JSON
+    confidence.py   the temperature and the "unknown" score as they travel with a model, applied to answers
+    calibration.py  fitting them on a classifier's own splits (`vit calibrate`, `vit fit --calibrate`)
+    label_calibration.py  a temperature per class for a multi-label checkpoint
+    zeroshot.py     a classifier scored on a labelled folder: top-1 and the confusion matrix (`vit zeroshot --eval`)
+    hub.py          `vit export --format hub`: timm's folder for the Hugging Face Hub, and its upload
+    card.py         that folder's model card, written from what the run knows
 
 Nothing here imports Lightning or `vit.cli` (tests/test_layout.py walks the imports to prove it).
 """

@@ -1,4 +1,17 @@
-"""LightningModules: what to train (image classification, MAE pre-training, translation), and how to reload one."""
+"""LightningModules: what to train (image classification, MAE pre-training, translation), and how to reload one.
+
+    base.py         what the tasks share: set-up hooks, the training-step guards, the checkpoint's task record
+    classify.py     `ImageClassifier`, a loop over its parts:
+    backbones.py      the network (our ViTs or timm's)
+    heads.py          what the logits mean: losses and answer; losses.py: the losses beyond torch's;
+    multilabel.py     several labels per image; mistakes.py: the single-label test report's figures
+    optim.py          the optimisation settings, parameter groups, schedule and EMA
+    finetune.py       which parts train, epoch by epoch; adapters.py: what LoRA/DoRA add
+    distill.py      `DistilledClassifier`: a student and its teacher
+    convnet.py      0.1's `ConvNetClassifier` (deprecated: `backbone: timm`)
+    contrastive.py  both towers of a CLIP/SigLIP on image-caption pairs
+    pretrain.py     `MaskedAutoencoder`: MAE pre-training
+    translate.py    `Translator`: the text Transformer"""
 
 from __future__ import annotations
 
