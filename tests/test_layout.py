@@ -158,3 +158,18 @@ def test_each_package_docstring_lists_its_modules():
         unlisted += [f"{package}: {p.name}" for p in sorted(init.parent.glob("*.py"))
                      if not p.name.startswith("__") and not named_in(docstring, package, p.stem)]
     assert not unlisted, "modules their package's docstring does not name:\n  " + "\n  ".join(unlisted)
+
+
+# embed_dim=32, "embed_dim": 32, embed_dim: 32 (a YAML flow map in a command line), "--model.init_args.embed_dim=32"
+SPELT_TINY = re.compile(r"embed_dim\W{1,4}32\b")
+
+
+def test_the_tiny_width_is_spelt_once():
+    """Tests build tiny models of one width, `tests.helpers.TINY_DIM`: a test file that writes the number out
+    instead drifts when the size changes."""
+    assert SPELT_TINY.search('dict(embed_dim=32)') and SPELT_TINY.search('"{depth: 1, embed_dim: 32}"')
+    assert not SPELT_TINY.search("embed_dim=320") and not SPELT_TINY.search("embed_dim=TINY_DIM")
+    spelt = [f"{p.relative_to(TESTS)}:{i}" for p in sorted(TESTS.rglob("*.py")) if p.name != "helpers.py"
+             and p != Path(__file__).resolve()
+             for i, line in enumerate(p.read_text().splitlines(), 1) if SPELT_TINY.search(line)]
+    assert not spelt, "the tiny width written out (use tests.helpers.TINY_DIM):\n  " + "\n  ".join(spelt)

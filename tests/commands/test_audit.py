@@ -16,13 +16,14 @@ from PIL import Image
 
 from tests import CONFIGS
 from tests.audit.test_run import HOSTILE, planted_folder
+from tests.helpers import TINY_DIM
 from vit.commands import main, run
 
 
 def audit_args(root: Path, out: Path, tmp_path: Path, *extra: str) -> list[str]:
     """`vit audit` on ``root`` with a one-block ViT of width 32 (random init), without a config file."""
     return ["audit", "--model", "vit.tasks.ImageClassifier", "--model.init_args.model", "vit_tiny_patch16_224",
-            "--model.init_args.model_kwargs", "{depth: 1, embed_dim: 32, num_heads: 2, patch_size: 8}",
+            "--model.init_args.model_kwargs", f"{{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2, patch_size: 8}}",
             "--data", "vit.data.ImageFolder", "--data.root", str(root), "--data.img_size", "32",
             "--data.num_workers", "0", "--cache_dir", str(tmp_path / "cache"), "--out", str(out),
             "--num_workers", "2", "--folds", "3", "--seed_everything", "0", *extra]

@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from tests.commands.test_attention import write_checkpoint
+from tests.helpers import TINY_DIM
 from vit.commands import main, run
 from vit.deploy import load_classifier
 
@@ -170,7 +171,7 @@ def test_predict_matches_pixels_normalised_by_hand(tmp_path):
     mean, std = np.array([0.2, 0.5, 0.7]), np.array([0.3, 0.2, 0.25])  # unlike any default, unlike each other
     write_checkpoint(ckpt, model_name="vit_cifar_patch4_32", num_classes=3, class_names=["cat", "dog", "fox"],
                      mean=tuple(mean), std=tuple(std), crop_pct=0.875, interpolation="bilinear",
-                     model_kwargs=dict(embed_dim=32, depth=1, num_heads=4))
+                     model_kwargs=dict(embed_dim=TINY_DIM, depth=1, num_heads=4))
     pixels = np.random.default_rng(0).integers(0, 256, (36, 36, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(tmp_path / "photo.png")
 
@@ -197,7 +198,7 @@ def digits_ckpt(tmp_path) -> Path:
     """An untrained digits checkpoint (1 channel, 8x8): enough to test the plumbing, no training needed."""
     path = tmp_path / "digits.ckpt"
     write_checkpoint(path, num_classes=10, class_names=[str(d) for d in range(10)], mean=(0.3,), std=(0.4,),
-                     model_kwargs=dict(embed_dim=32, depth=2, num_heads=4))
+                     model_kwargs=dict(embed_dim=TINY_DIM, depth=2, num_heads=4))
     return path
 
 
