@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 import vit
 from tests.helpers import TINY_DIM, tiny_vit
-from vit.explain import (
+from vit.explain.maps import (
     attention_rollout,
     cls_attention_maps,
     collect_attention,

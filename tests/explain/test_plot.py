@@ -8,13 +8,8 @@ import torch
 
 import vit
 from tests.helpers import TINY_DIM
-from vit.explain import (
-    collect_attention,
-    overlay,
-    plot_attention,
-    to_display_image,
-    upsample_map,
-)
+from vit.explain import collect_attention, to_display_image
+from vit.explain.plot import overlay, plot_attention, upsample_map
 
 
 def test_upsample_and_overlay_fit_the_image():
