@@ -195,3 +195,14 @@ def test_fail_on_label_issues_never_fails_on_a_list_the_report_distrusts(tmp_pat
     assert first.startswith("  label check not trusted: out-of-fold accuracy") and "too close to chance" in first
     assert "labels look wrong" not in printed and "label looks wrong" not in printed
     assert (tmp_path / "a" / "label_issues.csv").read_text().strip() == "path,split,given,suggested,score"
+
+
+def test_audit_arguments_need_data_and_two_folds_at_least():
+    from vit.commands.audit import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--folds", "2"])  # no config, model or data
+    args, rest = parse_args(["--config", "c.yaml", "--folds", "2"])
+    assert args.folds == 2 and rest == ["--config", "c.yaml"]
+    with pytest.raises(SystemExit):
+        parse_args(["--config", "c.yaml", "--folds", "1"])

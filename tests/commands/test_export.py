@@ -141,3 +141,15 @@ def test_failed_exports_write_nothing_and_keep_the_old_files(exported, tmp_path,
         export.export_safetensors(classifier, tmp_path / "st")
     assert [p.name for p in (tmp_path / "st").iterdir()] == ["model.safetensors"]
     assert (tmp_path / "st" / "model.safetensors").read_bytes() == b"previous export"
+
+
+@pytest.mark.parametrize(("fmt", "accepted"), [("onnx", True), ("safetensors", False)])
+def test_export_int8_is_an_onnx_option_only(fmt, accepted, tmp_path):
+    from vit.commands.export import parse_args
+
+    argv = ["--ckpt", "m.ckpt", "--format", fmt, "--out", str(tmp_path / "out"), "--int8", "dynamic"]
+    if accepted:
+        assert parse_args(argv).int8 == "dynamic"
+    else:
+        with pytest.raises(SystemExit):
+            parse_args(argv)

@@ -371,3 +371,16 @@ def test_predict_serve_and_the_evaluation_splits_decode_a_large_jpeg_at_the_resi
     dm.setup("fit")
     _ = dm.val_set[0], dm.test_set[0], dm.eval_split("train")[0]  # each decoded through its split
     assert sizes[-3:] == [(100, 75)] * 3
+
+
+@pytest.mark.parametrize(("top_k", "accepted"), [(1, True), (0, False)])
+def test_predict_asks_for_one_class_at_least(top_k, accepted):
+    from vit.commands.predict import parse_args
+
+    argv = ["--ckpt", "m.ckpt", "a.png", "--top_k", str(top_k)]
+    if accepted:
+        args = parse_args(argv)
+        assert args.top_k == 1 and args.inputs == ["a.png"] and args.out == "predictions.csv"
+    else:
+        with pytest.raises(SystemExit):
+            parse_args(argv)
