@@ -25,6 +25,7 @@ import torch
 from PIL import Image
 
 from tests import CONFIGS
+from tests.helpers import TINY_DIM
 
 DIGITS = str(CONFIGS / "digits.yaml")
 
@@ -117,7 +118,7 @@ def short_digits_run(root: Path, *extra: str, steps: int = 4) -> list[str]:
     return [
         *quiet_run(root, DIGITS, *configs), *options, "--trainer.max_epochs=1", "--trainer.log_every_n_steps=1",
         f"--trainer.limit_train_batches={steps}", "--trainer.limit_val_batches=2",
-        "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}",
+        f"--model.init_args.model_kwargs={{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2}}",
     ]
 
 
@@ -293,7 +294,7 @@ def fit_quadrant_labels(root: Path) -> None:
     from vit.commands import main
 
     main(["fit", "--model=vit.tasks.ImageClassifier", "--model.model=vit_digits_patch2_8",
-          "--model.model_kwargs={depth: 2, embed_dim: 32, num_heads: 2}",
+          f"--model.model_kwargs={{depth: 2, embed_dim: {TINY_DIM}, num_heads: 2}}",
           "--model.optim={lr: 0.003, warmup_epochs: 0}", "--data=tests.dummies.QuadrantLabels",
           "--seed_everything=0", "--trainer.max_epochs=12", "--trainer.accelerator=cpu", "--trainer.logger=false",
           "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",

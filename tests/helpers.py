@@ -25,8 +25,10 @@ from vit.tasks import ImageClassifier, MaskedAutoencoder
 
 # scikit-learn's digits: 8x8 grayscale, 2x2 patches, so 16 patch tokens and the cls token; 10 classes.
 DIGITS_VIT = "vit_digits_patch2_8"
-# The size of a tiny model: what is built rarely matters to a test, building it fast does.
-TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
+# The size of a tiny model: what is built rarely matters to a test, building it fast does. TINY_DIM is the one
+# width every test's tiny model has (tests/test_layout.py holds the test files to it).
+TINY_DIM = 32
+TINY = {"depth": 2, "embed_dim": TINY_DIM, "num_heads": 2}
 
 
 def tiny_vit(name: str = DIGITS_VIT, **overrides) -> VisionTransformer:
@@ -60,7 +62,7 @@ def tiny_translator(**overrides) -> SimpleNamespace:
     mode; ``overrides`` are the model's."""
     tok = WordTokenizer.fit([" ".join(str(i) for i in range(10))])
     torch.manual_seed(0)
-    options = dict(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, embed_dim=32, num_heads=4,
+    options = dict(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, embed_dim=TINY_DIM, num_heads=4,
                    num_encoder_layers=2, num_decoder_layers=2, mlp_ratio=2.0, drop_rate=0.0, max_positions=32)
     return SimpleNamespace(model=Seq2SeqTransformer(**{**options, **overrides}).eval(), source_tokenizer=tok,
                            target_tokenizer=tok)

@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import DIGITS, free_port, subprocess_env
+from tests.helpers import TINY_DIM
 from vit.commands import main
 from vit.errors import UserError
 
@@ -158,7 +159,8 @@ def test_a_jpeg_that_fails_only_when_decoded_names_the_options_and_vit_audit(pho
     truncated_jpeg(photos / "a" / "0.jpg")
     argv = ["fit", "--config", SCRATCH, "--data.init_args.root", str(photos), "--data.init_args.val_fraction", "0.2",
             "--data.init_args.test_fraction", "0", "--data.init_args.num_workers", str(workers),
-            "--model.init_args.model_kwargs", "{depth: 1, embed_dim: 32, num_heads: 2}", "--trainer.max_epochs", "1",
+            "--model.init_args.model_kwargs", f"{{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2}}",
+            "--trainer.max_epochs", "1",
             "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
     err = user_error(argv, capsys)
     assert "0.jpg" in err and "image file is truncated" in err and "data.skip_bad_images: true" in err

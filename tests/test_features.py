@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 import vit
-from tests.helpers import tiny_vit
+from tests.helpers import TINY_DIM, tiny_vit
 from vit.data.digits import DigitsSet
 from vit.features import cached_features, weights_key
 
@@ -54,7 +54,7 @@ def test_cache_is_keyed_by_weights_and_data_and_written_with_the_umask(tmp_path)
 def test_a_distilled_vits_second_head_is_a_head_to_the_cache_key_too():
     """The key asks the model which parameters are its head (`param_roles`): DeiT's head_dist reads the features as
     the head does, so a new probe head on a distilled ViT does not make its features stale."""
-    model = vit.create_model("deit_tiny_distilled_patch16_224", img_size=16, patch_size=8, depth=1, embed_dim=32,
+    model = vit.create_model("deit_tiny_distilled_patch16_224", img_size=16, patch_size=8, depth=1, embed_dim=TINY_DIM,
                              num_heads=2, num_classes=3)
     key = weights_key(model, {})
     with torch.no_grad():

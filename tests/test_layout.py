@@ -1,16 +1,13 @@
 """The package's shape, read from the source: imports run downward (no circle), `vit.deploy` runs without Lightning
-or the CLI, the 0.1 import paths still work for a release, each naming its new home, and tests/ mirrors vit/."""
+or the CLI, and tests/ mirrors vit/. (The 0.1 import paths: tests/test_graveyard.py.)"""
 
 from __future__ import annotations
 
 import ast
-import importlib
+import re
 import subprocess
 import sys
-import warnings
 from pathlib import Path
-
-import pytest
 
 from tests.conftest import subprocess_env
 
@@ -119,66 +116,12 @@ def test_deploy_imports_no_lightning_when_run():
     assert done.stdout.strip() == "[]"
 
 
-# (old module, a name it had, where the name lives now)
-MOVED = [
-    ("vit.checkpoint", "load_classifier", "vit.deploy.backends"),
-    ("vit.checkpoint", "Classifier", "vit.deploy.classifier"),
-    ("vit.checkpoint", "read_checkpoint", "vit.checkpoints.io"),
-    ("vit.checkpoint", "expect_task", "vit.checkpoints.meta"),
-    ("vit.checkpoint", "run_checkpoint_folders", "vit.checkpoints.runs"),
-    ("vit.weights", "load_pretrained", "vit.checkpoints.weights"),
-    ("vit.convert", "convert_npz", "vit.checkpoints.convert"),
-    ("vit.backends", "load_backend", "vit.deploy.backends"),
-    ("vit.inference", "load_model", "vit.deploy.backends"),
-    ("vit.inference", "onnx_metadata", "vit.deploy.metadata"),
-    ("vit.export", "export_onnx", "vit.deploy.export"),
-    ("vit.export", "METADATA_KEYS", "vit.deploy.metadata"),
-    ("vit.quantize", "quantize_static_int8", "vit.deploy.quantize"),
-    ("vit.quantize", "config_split_images", "vit.cli.data"),
-    ("vit.fusion", "fuse_attention", "vit.deploy.fusion"),
-    ("vit.cpu", "has_vnni", "vit.deploy.cpu"),
-    ("vit.image_files", "ImagePaths", "vit.deploy.image_files"),
-    ("vit.cli_parser", "VitArgumentParser", "vit.cli.parser"),
-    ("vit.console", "ProgressBar", "vit.cli.console"),
-    ("vit.preflight", "check_pretrained", "vit.cli.preflight"),
-    ("vit.training", "LastCheckpoint", "vit.cli.training"),
-    ("vit.cli", "experiment_folder", "vit.checkpoints.runs"),
-    ("vit.cli", "TrainingCurves", "vit.cli.training"),
-    ("vit.features", "new_run_folder", "vit.checkpoints.runs"),
-]
-
-
-@pytest.mark.parametrize(("old", "name", "new"), MOVED, ids=[f"{o}.{n}" for o, n, _ in MOVED])
-def test_an_old_import_path_works_and_names_the_new_one(old, name, new):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        found = getattr(importlib.import_module(old), name)
-    assert found is getattr(importlib.import_module(new), name)
-    messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-    assert any(f"{new}.{name}" in m and "next release" in m for m in messages), messages
-
-
-def test_a_name_no_module_had_is_still_an_attribute_error():
-    with pytest.raises(AttributeError, match="moved to"):
-        importlib.import_module("vit.checkpoint").no_such_name  # noqa: B018
-
-
 def test_the_cli_package_stays_light_until_a_name_is_asked_for():
     # vit.cli.preflight runs before Lightning is imported (`vit fit` with weights that cannot be had fails fast)
     code = "import sys, vit.cli.preflight; print(any(m.split('.')[0] == 'lightning' for m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env=subprocess_env())
     assert done.stdout.strip() == "False"
-
-
-def forwards_only(path: Path) -> bool:
-    """A module of 0.1's flat layout kept as a shim: a docstring, imports and ``__getattr__ = forward(...)``
-    (`vit/_moved.py`), no code of its own. The old-path tests above cover these."""
-    body = [node for node in ast.parse(path.read_text()).body
-            if not isinstance(node, (ast.Import, ast.ImportFrom))
-            and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
-    return (len(body) == 1 and isinstance(body[0], ast.Assign)
-            and [getattr(t, "id", None) for t in body[0].targets] == ["__getattr__"])
 
 
 def mirrored_test(path: Path) -> Path:
@@ -189,9 +132,82 @@ def mirrored_test(path: Path) -> Path:
 
 def test_every_module_has_a_test_file_at_its_mirrored_path():
     """tests/ mirrors vit/: a module's tests are found where its path says. Packages' __init__, private modules
-    (_moved, __main__) and the 0.1 shims have no file of their own."""
-    assert forwards_only(VIT / "inference.py") and not forwards_only(VIT / "features.py")  # the filter tells them apart
+    (_graveyard, __main__) have no file of their own."""
     missing = [f"{p.relative_to(VIT.parent)} -> {mirrored_test(p).relative_to(TESTS.parent)}"
                for p in sorted(VIT.rglob("*.py"))
-               if not p.name.startswith("_") and not forwards_only(p) and not mirrored_test(p).exists()]
+               if not p.name.startswith("_") and not mirrored_test(p).exists()]
     assert not missing, "modules without a test file at the mirrored path:\n  " + "\n  ".join(missing)
+
+
+def named_in(docstring: str, package: str, module: str) -> bool:
+    """Whether a package's docstring names ``module``: as ``module.py`` or as ``vit.package.module``."""
+    return bool(re.search(rf"(?<![\w.]){module}\.py\b|\b{re.escape(package)}\.{module}\b", docstring))
+
+
+def test_each_package_docstring_lists_its_modules():
+    """A package's docstring is its table of contents: every module file in it is named there (a new module
+    too)."""
+    assert named_in("    io.py  files", "vit.x", "io") and named_in("see `vit.x.io`", "vit.x", "io")
+    assert not named_in("the audio.py file, vit.x.iox", "vit.x", "io")  # a longer name is not this one
+    unlisted = []
+    for init in sorted(VIT.rglob("__init__.py")):
+        if init.parent == VIT:
+            continue
+        package = module_name(init)
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+        unlisted += [f"{package}: {p.name}" for p in sorted(init.parent.glob("*.py"))
+                     if not p.name.startswith("__") and not named_in(docstring, package, p.stem)]
+    assert not unlisted, "modules their package's docstring does not name:\n  " + "\n  ".join(unlisted)
+
+
+# embed_dim=32, "embed_dim": 32, embed_dim: 32 (a YAML flow map in a command line), "--model.init_args.embed_dim=32"
+SPELT_TINY = re.compile(r"embed_dim\W{1,4}32\b")
+
+
+def test_the_tiny_width_is_spelt_once():
+    """Tests build tiny models of one width, `tests.helpers.TINY_DIM`: a test file that writes the number out
+    instead drifts when the size changes."""
+    assert SPELT_TINY.search('dict(embed_dim=32)') and SPELT_TINY.search('"{depth: 1, embed_dim: 32}"')
+    assert not SPELT_TINY.search("embed_dim=320") and not SPELT_TINY.search("embed_dim=TINY_DIM")
+    spelt = [f"{p.relative_to(TESTS)}:{i}" for p in sorted(TESTS.rglob("*.py")) if p.name != "helpers.py"
+             and p != Path(__file__).resolve()
+             for i, line in enumerate(p.read_text().splitlines(), 1) if SPELT_TINY.search(line)]
+    assert not spelt, "the tiny width written out (use tests.helpers.TINY_DIM):\n  " + "\n  ".join(spelt)
+
+
+def imports_module(test_file: Path, module: str) -> bool:
+    """Whether ``test_file`` imports ``module`` (``import vit.x.y``, ``from vit.x.y import ...``, ``from vit.x
+    import y``), at the top or inside a test."""
+    package, _, name = module.rpartition(".")
+    for node in ast.walk(ast.parse(test_file.read_text())):
+        if isinstance(node, ast.Import) and any(a.name == module or a.name.startswith(module + ".")
+                                                for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if node.module == module or node.module.startswith(module + "."):
+                return True
+            if node.module == package and any(a.name == name for a in node.names):
+                return True
+    return False
+
+
+# Mirrored test files that reach their module another way today (the console script's command table, a package's
+# re-export, another module's function): each imports its module when it is next touched, and leaves this list.
+NOT_YET_IMPORTING = {
+    "tests/data/test_base.py", "tests/data/test_corpus.py",
+    "tests/data/test_fingerprint.py", "tests/serve/test_app.py", "tests/serve/test_schema.py",
+    "tests/tasks/test_adapters.py", "tests/tasks/test_base.py", "tests/tasks/test_finetune.py",
+    "tests/tasks/test_pretrain.py", "tests/test_preprocessing.py",
+}
+
+
+def test_each_mirrored_test_file_imports_the_module_it_tests():
+    """A module's test file exercises that module, not only something near it: it imports it (by the AST)."""
+    sample = TESTS / "nn" / "test_layers.py"
+    assert imports_module(sample, "vit.nn.layers") and not imports_module(sample, "vit.nn.lay")
+    not_importing = {str(mirrored_test(p).relative_to(TESTS.parent)) for p in sorted(VIT.rglob("*.py"))
+                     if not p.name.startswith("_") and mirrored_test(p).exists()
+                     and not imports_module(mirrored_test(p), module_name(p))}
+    new, done = sorted(not_importing - NOT_YET_IMPORTING), sorted(NOT_YET_IMPORTING - not_importing)
+    assert not new, "test files that do not import the module they mirror:\n  " + "\n  ".join(new)
+    assert not done, "these import their module now: take them off NOT_YET_IMPORTING:\n  " + "\n  ".join(done)

@@ -15,6 +15,7 @@ import torch
 from tests import CONFIGS
 from tests.conftest import free_port, subprocess_env
 from tests.formats import write_class_folders
+from tests.helpers import TINY_DIM
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +69,8 @@ def test_streaming_shards_on_two_nodes(tmp_path):
     output = two_nodes(  # 100 images, split 80/10/10: val and test get 5 a rank, one batch of 4
         tmp_path, "--config", str(CONFIGS / "shards_cpu.yaml"), f"--data.init_args.root={tmp_path / 'shards'}",
         "--data.init_args.batch_size=4", "--data.init_args.num_workers=0", "--trainer.max_epochs=1",
-        "--trainer.limit_train_batches=3", "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}",
+        "--trainer.limit_train_batches=3",
+        f"--model.init_args.model_kwargs={{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2}}",
         "--model.init_args.optim.lr_base_batch=4",
         "--checkpoint.every_n_train_steps=3",  # the recipe's 20: none in 3 steps
     )

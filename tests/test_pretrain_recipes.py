@@ -16,6 +16,7 @@ import torch
 
 from tests import CONFIGS
 from tests.conftest import quiet_run
+from tests.helpers import TINY_DIM
 from tests.test_recipes import CPU, image_data, logged, recipe
 from vit.checkpoints.io import read_checkpoint
 from vit.cli.main import build_model_and_data, cli
@@ -28,7 +29,7 @@ FINE_TUNING = {  # pre-training recipe -> the recipe that fine-tunes its encoder
     "mae_folder_vit_base": "finetune/folder_vit_base.yaml",
     "mae_imagenet_vit_base": "finetune/mae_imagenet_vit_base.yaml",
 }
-SHRUNK = {"depth": 1, "embed_dim": 32, "num_heads": 2}
+SHRUNK = {"depth": 1, "embed_dim": TINY_DIM, "num_heads": 2}
 DECODER = ["--model.init_args.decoder_dim=16", "--model.init_args.decoder_depth=1",
            "--model.init_args.decoder_heads=2"]
 

@@ -18,6 +18,7 @@ import yaml
 from tests import CONFIGS
 from tests.conftest import quiet_run
 from tests.formats import CORPUS, write_cifar10, write_cifar100, write_class_folders
+from tests.helpers import TINY_DIM
 from vit.cli.main import cli
 from vit.deploy import load_classifier
 
@@ -66,7 +67,7 @@ def image_data(config: dict, root: Path) -> list[str]:
     return [*args, f"--data.init_args.img_size={2 * patch}"]  # 32, or 28 for DINOv2's 14 px patches
 
 
-SHRUNK = {"depth": 1, "embed_dim": 32, "num_heads": 2, "drop_path_rate": 0.1}
+SHRUNK = {"depth": 1, "embed_dim": TINY_DIM, "num_heads": 2, "drop_path_rate": 0.1}
 SHRUNK_CONVNET = {"channels": [8, 16, 32, 64], "stem_width": 8, "output_stride": 16, "drop_path_rate": 0.05}
 
 
@@ -153,7 +154,7 @@ def test_translate_reverse_recipe_runs_its_whole_pipeline(tmp_path, capsys):
         "fit", *quiet_run(tmp_path, str(CONFIGS / "translate_reverse.yaml")), *CPU,
         "--data.init_args.num_train=2000", "--data.init_args.num_val=64", "--data.init_args.num_test=64",
         "--trainer.max_steps=40", "--trainer.log_every_n_steps=5", "--trainer.val_check_interval=20",
-        "--model.init_args.embed_dim=32",
+        f"--model.init_args.embed_dim={TINY_DIM}",
     ])
     assert run.trainer.global_step == 40 and all(math.isfinite(v) for v in logged(run.trainer, "train_loss"))
     assert "test exact match of" in capsys.readouterr().out
@@ -167,7 +168,7 @@ def test_translate_tsv_recipe_runs_its_whole_pipeline(tmp_path):
     run = cli([
         "fit", *quiet_run(tmp_path, str(CONFIGS / "translate_tsv.yaml")), *CPU, f"--data.init_args.train={corpus}",
         "--data.init_args.bpe_vocab_size=200", "--trainer.max_epochs=2", "--trainer.log_every_n_steps=1",
-        "--model.init_args.embed_dim=32",
+        f"--model.init_args.embed_dim={TINY_DIM}",
         "--model.init_args.warmup_steps=10", "--test_after_fit=false",
     ])
     assert run.trainer.global_step > 0 and all(math.isfinite(v) for v in logged(run.trainer, "train_loss"))
@@ -236,8 +237,8 @@ def test_clip_captions_recipe_trains_both_towers_and_its_checkpoint_starts_a_zer
     run = cli(["fit", *quiet_run(tmp_path, str(CONFIGS / "clip_captions.yaml")), *CPU,
                f"--data.init_args.train={tmp_path / 'images' / 'captions.csv'}", "--data.init_args.batch_size=16",
                "--trainer.max_epochs=1", "--trainer.log_every_n_steps=1", "--test_after_fit=false",
-               f"--model.init_args.vision_kwargs={SHRUNK}", "--model.init_args.text={depth: 1, embed_dim: 32, "
-               "num_heads: 2}"])
+               f"--model.init_args.vision_kwargs={SHRUNK}",
+               f"--model.init_args.text={{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2}}"])
     assert run.model.clip.visual.config.img_size == 32 and run.trainer.global_step == 4  # 72 pairs, batches of 16
     assert all(math.isfinite(v) for v in logged(run.trainer, "train_loss")) and logged(run.trainer, "val_loss")
     best = Path(run.best_checkpoint.best_model_path)

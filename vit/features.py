@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from vit._moved import forward
+from vit._graveyard import moved_name
 from vit.data.protocol import Fingerprinted
 from vit.files import save_atomic
 from vit.hashing import digest
@@ -101,5 +101,5 @@ def cached_features(
     return features, labels, f"extracted, cached in {path}"
 
 
-# `new_run_folder` moved to vit.checkpoints.runs (one release)
-__getattr__ = forward(__name__, ["vit.checkpoints.runs"])
+def __getattr__(name: str) -> Any:
+    return moved_name(__name__, name)  # 0.1's `new_run_folder` (vit/_graveyard.py)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import DIGITS_VIT, TINY
+from tests.helpers import DIGITS_VIT, TINY, TINY_DIM
 from vit.checkpoints.average import MismatchedCheckpointsError, average_checkpoints, mixing_weights
 from vit.checkpoints.io import save_checkpoint
 from vit.checkpoints.meta import classifier_checkpoint
@@ -69,7 +69,7 @@ def test_dropout_rates_are_no_other_architecture(tmp_path):
 
 @pytest.mark.parametrize(("other", "said"), [
     ({"model_kwargs": {"depth": 3}}, "different architectures (depth 2 and 3)"),
-    ({"model_kwargs": {"embed_dim": 48}}, "different architectures (embed_dim 32 and 48)"),
+    ({"model_kwargs": {"embed_dim": 48}}, f"different architectures (embed_dim {TINY_DIM} and 48)"),
     ({"class_names": [str(9 - i) for i in range(10)]}, "the same classes in another order"),
     ({"num_classes": 3, "class_names": ["0", "1", "cat"]}, "different class lists (10 and 3 classes; only in the "
                                                            "first: 2, 3, 4; only in the second: cat)"),

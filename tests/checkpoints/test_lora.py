@@ -10,13 +10,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import vit
+from tests.helpers import TINY_DIM
 from tests.nn.test_vision import perturb
 from vit.checkpoints.lora import base_identity, completed, describe_base, export_adapters, held_names
 from vit.checkpoints.weights import load_merged, read_state_dict
 from vit.errors import UserPathError, UserValueError
 from vit.nn.lora import LoraConfig, add_adapters, base_digest
 
-OPTIONS = dict(depth=2, embed_dim=32, num_heads=2)
+OPTIONS = dict(depth=2, embed_dim=TINY_DIM, num_heads=2)
 
 
 def test_held_names_keeps_what_trained_of_each_network_and_everything_else():

@@ -17,6 +17,7 @@ from timm.models.vision_transformer import _load_weights as timm_load_npz
 import vit
 from tests.conftest import free_port, subprocess_env
 from tests.formats import write_hf_cache
+from tests.helpers import TINY_DIM
 from vit.checkpoints.convert import convert_torchvision
 from vit.checkpoints.weights import read_state_dict
 from vit.errors import WeightsUnavailableError
@@ -176,7 +177,7 @@ def test_grayscale_model_folds_rgb_patch_embedding(tmp_path):
 def test_rgb_model_spreads_grayscale_patch_embedding(tmp_path):
     # The other direction: 1-channel weights in an RGB model. The convolution is linear, so the RGB model on any
     # x must give the 1-channel model's logits on x's channel mean: each channel gets a third of the weight.
-    tiny = dict(depth=1, embed_dim=32, num_heads=2, patch_size=4, img_size=8, num_classes=3)
+    tiny = dict(depth=1, embed_dim=TINY_DIM, num_heads=2, patch_size=4, img_size=8, num_classes=3)
     torch.manual_seed(0)
     gray = vit.create_model("vit_tiny_patch16_224", in_chans=1, **tiny).eval()
     with torch.no_grad():

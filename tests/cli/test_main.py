@@ -17,6 +17,7 @@ from tests import CONFIGS
 from tests.conftest import DIGITS, free_port, subprocess_env
 from tests.conftest import short_digits_run as short_run
 from tests.formats import write_class_folders
+from tests.helpers import TINY_DIM
 from vit.cli.main import cli
 from vit.commands import main
 from vit.deploy import load_classifier
@@ -350,7 +351,7 @@ def test_vit_fit_prints_what_a_user_needs_and_no_dependency_noise(tmp_path):
     args = ["fit", "--config", DIGITS, f"--trainer.default_root_dir={tmp_path}",
             f"--trainer.logger.init_args.save_dir={tmp_path}/logs", f"--checkpoint.dirpath={tmp_path}/ckpt",
             "--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.log_every_n_steps=1",
-            "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}"]
+            f"--model.init_args.model_kwargs={{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2}}"]
     done = subprocess.run([vit, *args], capture_output=True, text=True, cwd=tmp_path, timeout=300,
                           env=subprocess_env())
     assert done.returncode == 0, done.stderr[-3000:]

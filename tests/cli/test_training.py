@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests import CONFIGS
 from tests.conftest import short_digits_run, subprocess_env
-from tests.helpers import quick_trainer
+from tests.helpers import TINY_DIM, quick_trainer
 from vit.checkpoints.io import DamagedCheckpointError, save_checkpoint
 from vit.cli.main import cli
 from vit.cli.training import AtomicCheckpointIO, RandomState, TrainingReport
@@ -334,7 +334,7 @@ def test_fp16_steps_the_grad_scaler_skips_are_counted_and_reported(tmp_path, cap
                     if p.grad is not None:
                         p.grad.fill_(float("inf"))
 
-    model = InfGradientAtStep2(model="vit_digits_patch2_8", model_kwargs=dict(depth=1, embed_dim=32, num_heads=2))
+    model = InfGradientAtStep2(model="vit_digits_patch2_8", model_kwargs=dict(depth=1, embed_dim=TINY_DIM, num_heads=2))
     data = DataLoader(TensorDataset(torch.randn(40, 1, 8, 8), torch.arange(40) % 10), batch_size=8)
     report = TrainingReport()
     trainer = Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
@@ -359,7 +359,7 @@ def test_a_checkpoint_of_another_model_or_task_is_a_clear_error(tmp_path, fitted
     with pytest.raises(ValueError, match=r"written for vit_digits_patch4_16 with 10 classes, this run builds "
                                          r"vit_digits_patch4_16 with 3 classes.*num_classes: checkpoint 10"):
         run_vit(["fit", "--config", str(CONFIGS / "digits.yaml"), *folder, "--data.init_args.batch_size=4",
-              "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}", "--ckpt_path", best])
+              f"--model.init_args.model_kwargs={{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2}}", "--ckpt_path", best])
 
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.helpers import random_images
+from tests.helpers import TINY_DIM, random_images
 
 
 def write_checkpoint(path, *, model_name="vit_digits_patch2_8", **kwargs) -> None:
@@ -30,7 +30,7 @@ def digits_checkpoint(tmp_path):
     names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
     write_checkpoint(
         path, num_classes=10, class_names=names, mean=(0.5,), std=(0.5,),
-        model_kwargs=dict(embed_dim=32, depth=2, num_heads=4),
+        model_kwargs=dict(embed_dim=TINY_DIM, depth=2, num_heads=4),
     )
     return path
 
@@ -102,7 +102,7 @@ def test_vit_attention_on_an_rgb_model_takes_grayscale_and_native_sizes(tmp_path
     ckpt = tmp_path / "rgb.ckpt"
     write_checkpoint(
         ckpt, model_name="vit_cifar_patch4_32", num_classes=3, class_names=["cat", "dog", "fox"],
-        model_kwargs=dict(embed_dim=32, depth=1, num_heads=4),
+        model_kwargs=dict(embed_dim=TINY_DIM, depth=1, num_heads=4),
     )
     gray = tmp_path / "gray.png"
     Image.fromarray((np.random.default_rng(0).random((50, 70)) * 255).astype(np.uint8)).save(gray)

@@ -16,13 +16,14 @@ from PIL import Image
 
 from tests import CONFIGS
 from tests.audit.test_run import HOSTILE, planted_folder
+from tests.helpers import TINY_DIM
 from vit.commands import main, run
 
 
 def audit_args(root: Path, out: Path, tmp_path: Path, *extra: str) -> list[str]:
     """`vit audit` on ``root`` with a one-block ViT of width 32 (random init), without a config file."""
     return ["audit", "--model", "vit.tasks.ImageClassifier", "--model.init_args.model", "vit_tiny_patch16_224",
-            "--model.init_args.model_kwargs", "{depth: 1, embed_dim: 32, num_heads: 2, patch_size: 8}",
+            "--model.init_args.model_kwargs", f"{{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2, patch_size: 8}}",
             "--data", "vit.data.ImageFolder", "--data.root", str(root), "--data.img_size", "32",
             "--data.num_workers", "0", "--cache_dir", str(tmp_path / "cache"), "--out", str(out),
             "--num_workers", "2", "--folds", "3", "--seed_everything", "0", *extra]
@@ -194,3 +195,14 @@ def test_fail_on_label_issues_never_fails_on_a_list_the_report_distrusts(tmp_pat
     assert first.startswith("  label check not trusted: out-of-fold accuracy") and "too close to chance" in first
     assert "labels look wrong" not in printed and "label looks wrong" not in printed
     assert (tmp_path / "a" / "label_issues.csv").read_text().strip() == "path,split,given,suggested,score"
+
+
+def test_audit_arguments_need_data_and_two_folds_at_least():
+    from vit.commands.audit import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--folds", "2"])  # no config, model or data
+    args, rest = parse_args(["--config", "c.yaml", "--folds", "2"])
+    assert args.folds == 2 and rest == ["--config", "c.yaml"]
+    with pytest.raises(SystemExit):
+        parse_args(["--config", "c.yaml", "--folds", "1"])

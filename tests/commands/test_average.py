@@ -40,3 +40,12 @@ def test_vit_average_refuses_other_classes_or_inputs_in_one_line(tmp_path, capsy
     assert err.startswith(f"vit average: error: cannot average {tmp_path / 'a.ckpt'} and {tmp_path / 'b.ckpt'}")
     assert said in err
     assert len(err.splitlines()) == 1 and not (tmp_path / "soup.ckpt").exists()
+
+
+def test_average_arguments_take_every_checkpoint_given():
+    from vit.commands.average import parse_args
+
+    args = parse_args(["--ckpt", "a.ckpt", "--ckpt", "b.ckpt", "--out", "c.ckpt"])
+    assert args.ckpt == ["a.ckpt", "b.ckpt"] and args.alpha is None and args.out == "c.ckpt"
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "c.ckpt"])  # no checkpoint

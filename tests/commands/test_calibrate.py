@@ -88,3 +88,15 @@ def test_fit_ends_by_calibrating_its_best_checkpoint(tmp_path, capsys):
     assert stored["temperature"] > 0 and shapes == [(10, 32, 32)] * 2
     assert stored["score"] == "mahalanobis_l2_layers_class_covariance"
     json.dumps({k: v for k, v in stored.items() if k != "stats"})  # the report is plain data
+
+
+@pytest.mark.parametrize(("acceptance", "accepted"), [(1.0, True), (1.01, False), (0.0, False), (0.01, True)])
+def test_calibrate_acceptance_is_in_the_half_open_unit_interval(acceptance, accepted):
+    from vit.commands.calibrate import parse_args
+
+    argv = ["--ckpt", "m.ckpt", "--acceptance", str(acceptance), "--config", "c.yaml"]
+    if accepted:
+        assert parse_args(argv)[0].acceptance == acceptance
+    else:
+        with pytest.raises(SystemExit):
+            parse_args(argv)

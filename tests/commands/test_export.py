@@ -13,6 +13,7 @@ import torch
 
 import vit
 from tests.conftest import umask
+from tests.helpers import TINY_DIM
 from vit.commands import main, run
 from vit.deploy import export, load_classifier
 
@@ -63,7 +64,7 @@ def test_safetensors_export_loads_in_timm_and_back_in_vit(exported):
     config = json.loads((folder / "config.json").read_text())
     assert config["architecture"] == "vit_tiny_patch16_224"  # the closest timm name to our digits model
     assert config["num_classes"] == 10 and config["label_names"] == classifier.class_names
-    assert config["model_args"] == {"img_size": 16, "patch_size": 4, "in_chans": 1, "embed_dim": 32, "depth": 1,
+    assert config["model_args"] == {"img_size": 16, "patch_size": 4, "in_chans": 1, "embed_dim": TINY_DIM, "depth": 1,
                                     "num_heads": 2, "mlp_ratio": 2.0}
     x = torch.randn(3, 1, 16, 16)
     with torch.no_grad():
@@ -140,3 +141,15 @@ def test_failed_exports_write_nothing_and_keep_the_old_files(exported, tmp_path,
         export.export_safetensors(classifier, tmp_path / "st")
     assert [p.name for p in (tmp_path / "st").iterdir()] == ["model.safetensors"]
     assert (tmp_path / "st" / "model.safetensors").read_bytes() == b"previous export"
+
+
+@pytest.mark.parametrize(("fmt", "accepted"), [("onnx", True), ("safetensors", False)])
+def test_export_int8_is_an_onnx_option_only(fmt, accepted, tmp_path):
+    from vit.commands.export import parse_args
+
+    argv = ["--ckpt", "m.ckpt", "--format", fmt, "--out", str(tmp_path / "out"), "--int8", "dynamic"]
+    if accepted:
+        assert parse_args(argv).int8 == "dynamic"
+    else:
+        with pytest.raises(SystemExit):
+            parse_args(argv)

@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from tests.commands.test_attention import write_checkpoint
+from tests.helpers import TINY_DIM
 from vit.commands import run
 
 
@@ -21,7 +22,7 @@ def test_faithfulness_writes_aucs_and_correlations(tmp_path, capsys, monkeypatch
                         lambda write, path: written.append(path) or save_atomic(write, path))
     ckpt = tmp_path / "digits.ckpt"
     write_checkpoint(ckpt, num_classes=10, mean=(0.5,), std=(0.5,),
-                     model_kwargs=dict(embed_dim=32, depth=2, num_heads=4))
+                     model_kwargs=dict(embed_dim=TINY_DIM, depth=2, num_heads=4))
     folder = tmp_path / "digits"
     folder.mkdir()
     for i in range(6):

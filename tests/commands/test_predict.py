@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from tests.commands.test_attention import write_checkpoint
+from tests.helpers import TINY_DIM
 from vit.commands import main, run
 from vit.deploy import load_classifier
 
@@ -170,7 +171,7 @@ def test_predict_matches_pixels_normalised_by_hand(tmp_path):
     mean, std = np.array([0.2, 0.5, 0.7]), np.array([0.3, 0.2, 0.25])  # unlike any default, unlike each other
     write_checkpoint(ckpt, model_name="vit_cifar_patch4_32", num_classes=3, class_names=["cat", "dog", "fox"],
                      mean=tuple(mean), std=tuple(std), crop_pct=0.875, interpolation="bilinear",
-                     model_kwargs=dict(embed_dim=32, depth=1, num_heads=4))
+                     model_kwargs=dict(embed_dim=TINY_DIM, depth=1, num_heads=4))
     pixels = np.random.default_rng(0).integers(0, 256, (36, 36, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(tmp_path / "photo.png")
 
@@ -197,7 +198,7 @@ def digits_ckpt(tmp_path) -> Path:
     """An untrained digits checkpoint (1 channel, 8x8): enough to test the plumbing, no training needed."""
     path = tmp_path / "digits.ckpt"
     write_checkpoint(path, num_classes=10, class_names=[str(d) for d in range(10)], mean=(0.3,), std=(0.4,),
-                     model_kwargs=dict(embed_dim=32, depth=2, num_heads=4))
+                     model_kwargs=dict(embed_dim=TINY_DIM, depth=2, num_heads=4))
     return path
 
 
@@ -370,3 +371,16 @@ def test_predict_serve_and_the_evaluation_splits_decode_a_large_jpeg_at_the_resi
     dm.setup("fit")
     _ = dm.val_set[0], dm.test_set[0], dm.eval_split("train")[0]  # each decoded through its split
     assert sizes[-3:] == [(100, 75)] * 3
+
+
+@pytest.mark.parametrize(("top_k", "accepted"), [(1, True), (0, False)])
+def test_predict_asks_for_one_class_at_least(top_k, accepted):
+    from vit.commands.predict import parse_args
+
+    argv = ["--ckpt", "m.ckpt", "a.png", "--top_k", str(top_k)]
+    if accepted:
+        args = parse_args(argv)
+        assert args.top_k == 1 and args.inputs == ["a.png"] and args.out == "predictions.csv"
+    else:
+        with pytest.raises(SystemExit):
+            parse_args(argv)

@@ -17,6 +17,7 @@ from PIL import Image
 
 from tests import CONFIGS
 from tests.conftest import subprocess_env
+from tests.helpers import TINY_DIM
 from tests.test_probe import C_GRID, K_GRID, made_up_features, sklearn_choices
 from vit.commands import main, probe, run
 from vit.data.base import no_test_reason
@@ -41,7 +42,7 @@ def tiny_probe_args(root: Path, tmp_path: Path, out: bool = True, test_fraction:
     """`vit probe` on a folder with a one-block ViT of width 32 (random init), without a config file."""
     return [
         "probe", "--model", "vit.tasks.ImageClassifier", "--model.init_args.model", "vit_tiny_patch16_224",
-        "--model.init_args.model_kwargs", "{depth: 1, embed_dim: 32, num_heads: 2, patch_size: 8}",
+        "--model.init_args.model_kwargs", f"{{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2, patch_size: 8}}",
         "--data", "vit.data.ImageFolder", "--data.root", str(root), "--data.img_size", "32",
         "--data.num_workers", "0", "--data.val_fraction", "0.25", "--data.test_fraction", str(test_fraction),
         "--seed_everything", "0", "--cache_dir", str(tmp_path / "cache"), "--C", "0.01", "0.1", "1", "--k", "1", "5",
@@ -200,7 +201,7 @@ def test_probe_on_each_kind_of_head_saves_a_checkpoint_that_predicts_what_it_sco
     root = noisy_colour_folder(tmp_path / "images", per_class=12)
     args = tiny_probe_args(root, tmp_path)
     args[args.index("vit_tiny_patch16_224")] = name
-    args[args.index("--model.init_args.model_kwargs") + 1] = f"{{depth: 1, embed_dim: 32, num_heads: 2, " \
+    args[args.index("--model.init_args.model_kwargs") + 1] = f"{{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2, " \
                                                              f"patch_size: 8{pool}}}"
     result = run(args)
     classifier = load_classifier(result["checkpoint"])
@@ -233,7 +234,7 @@ def test_probe_checkpoint_is_a_fit_checkpoint_and_a_pretrained_source(tmp_path):
     classifier = load_classifier(result["checkpoint"])
     assert classifier.img_size == (32, 32) and classifier.model.num_classes == 3
     # Fine-tuning can start from it: backbone and the probe's head load into a fresh model.
-    fresh = vit.create_model("vit_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2, patch_size=8,
+    fresh = vit.create_model("vit_tiny_patch16_224", depth=1, embed_dim=TINY_DIM, num_heads=2, patch_size=8,
                              img_size=32, num_classes=3)
     assert not vit.load_pretrained(fresh, result["checkpoint"]).head_reset
     torch.testing.assert_close(fresh.head.weight, classifier.model.head.weight)

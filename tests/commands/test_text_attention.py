@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.helpers import quick_trainer
+from tests.helpers import TINY_DIM, quick_trainer
 from vit.commands import run as main
 from vit.data.translation import SyntheticTranslationDataModule
 from vit.tasks.translate import Translator
@@ -22,7 +22,7 @@ def translate_ckpt(tmp_path_factory):
                                         max_len=5, num_symbols=8, batch_size=32)
     dm.setup("fit")
     torch.manual_seed(0)
-    model = Translator(dm.tokenizers, embed_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2)
+    model = Translator(dm.tokenizers, embed_dim=TINY_DIM, num_heads=2, num_encoder_layers=1, num_decoder_layers=2)
     trainer = quick_trainer(root, max_steps=2, limit_val_batches=0)
     trainer.fit(model, dm)
     path = root / "translate.ckpt"

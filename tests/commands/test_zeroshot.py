@@ -163,3 +163,14 @@ def test_mistakes_end_in_one_line(made, tmp_path, capsys):
         with pytest.raises(SystemExit):
             main(["zeroshot", "--model", str(root / "clip"), *args, "--out", str(tmp_path / "o")])
         assert message in capsys.readouterr().err
+
+
+def test_zeroshot_reads_class_names_from_the_option_or_a_file(tmp_path):
+    from vit.commands.zeroshot import parse_args, read_classes
+
+    base = ["--model", "m", "--out", str(tmp_path / "out")]
+    assert read_classes(parse_args([*base, "--classes", "oak,maple birch"])) == ["oak", "maple birch"]
+    (tmp_path / "names.txt").write_text("oak\nmaple birch\n", encoding="utf-8")
+    assert read_classes(parse_args([*base, "--classes_file", str(tmp_path / "names.txt")])) == ["oak", "maple birch"]
+    with pytest.raises(SystemExit):
+        parse_args(base)  # neither

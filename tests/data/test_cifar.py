@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.formats import write_cifar10, write_cifar100
-from vit.data import CIFAR
+from vit.data.cifar import CIFAR
 
 
 def test_cifar10_reads_python_pickles_and_carves_val(tmp_path):

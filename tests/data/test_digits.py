@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from vit.data import Digits
+from vit.data.digits import Digits
 from vit.data.io import stratified_split
 
 

@@ -24,6 +24,7 @@ from tests import CONFIGS
 from tests.conftest import free_port, subprocess_env
 from tests.data.conftest import OPTS
 from tests.formats import write_class_folders
+from tests.helpers import TINY_DIM
 from vit.data.shards import write_shards
 from vit.data.stream import ImageShards
 from vit.errors import UserPathError, UserValueError
@@ -185,7 +186,7 @@ def _shards_fit(tmp_path: Path, run: str, *extra: str, workers: int = 2, epochs:
             "--data.init_args.batch_size=8", f"--data.init_args.num_workers={workers}",
             f"--trainer.max_epochs={epochs}",
             "--checkpoint.every_n_train_steps=3", "--test_after_fit=false", "--num_threads=1",
-            "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2, drop_path_rate: 0.1}",
+            f"--model.init_args.model_kwargs={{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2, drop_path_rate: 0.1}}",
             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
             f"--trainer.default_root_dir={tmp_path / run}", f"--trainer.logger.init_args.save_dir={tmp_path / run}",
             f"--checkpoint.dirpath={tmp_path / run}/ckpt", *extra]

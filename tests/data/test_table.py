@@ -16,7 +16,8 @@ from lightning.pytorch import seed_everything
 
 from tests.formats import write_class_folders
 from tests.helpers import quick_trainer, random_images, tiny_classifier
-from vit.data import ImageFolder, LabelsFile
+from vit.data import ImageFolder
+from vit.data.table import LabelsFile
 from vit.errors import UserError, UserValueError
 
 OPTS = dict(img_size=8, batch_size=8, num_workers=0)

@@ -9,7 +9,7 @@ import torch
 
 from tests.data.test_folder import write_bad_files
 from tests.formats import random_rgb, write_class_folders
-from vit.data import UnlabelledFolder
+from vit.data.unlabelled import UnlabelledFolder
 from vit.errors import UserValueError
 
 

@@ -12,6 +12,7 @@ import torch
 
 from tests import CONFIGS
 from tests.conftest import built_once
+from tests.helpers import TINY_DIM
 
 CONFIG = CONFIGS / "digits.yaml"
 NO_VNNI = frozenset({"avx2", "avx512f", "fma"})  # an AVX-512 CPU of before Cascade Lake, or AMD Zen 2/3
@@ -83,7 +84,7 @@ def lora_run(tmp_path_factory) -> dict:
     from vit.cli.main import cli
 
     def fit(root: Path) -> None:
-        base = perturb(vit.create_model("vit_digits_patch4_16", depth=1, embed_dim=32, num_heads=2))
+        base = perturb(vit.create_model("vit_digits_patch4_16", depth=1, embed_dim=TINY_DIM, num_heads=2))
         save_file({k: v.contiguous() for k, v in base.state_dict().items()}, root / "base.safetensors")
         cli(["fit", *short_digits_run(root, steps=6), "--test_after_fit=false",
              f"--model.init_args.pretrained={root / 'base.safetensors'}", "--model.init_args.finetune={class_path: "

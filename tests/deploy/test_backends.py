@@ -9,6 +9,7 @@ import torch
 
 import vit.deploy.cpu
 from tests.deploy.conftest import NO_VNNI, agrees, logits
+from tests.helpers import TINY_DIM
 from vit.commands import main, run
 from vit.deploy import backends, load_classifier
 from vit.deploy.backends import UnsupportedBackendError
@@ -39,7 +40,7 @@ def test_compiled_backend_gives_eager_logits():
     import vit as vit_package
     from vit.deploy.classifier import Classifier
 
-    model = vit_package.create_model("vit_digits_patch4_16", num_classes=3, depth=1, embed_dim=32, num_heads=2)
+    model = vit_package.create_model("vit_digits_patch4_16", num_classes=3, depth=1, embed_dim=TINY_DIM, num_heads=2)
     classifier = Classifier(model.eval(), model_name="tiny", class_names=["a", "b", "c"], mean=(0.5,), std=(0.5,),
                             crop_pct=1.0, interpolation="bilinear")
     x = torch.randn(4, 1, 16, 16)

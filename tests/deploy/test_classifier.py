@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import vit
+from tests.helpers import TINY_DIM
 from vit.deploy.classifier import CARD_KEYS, Classifier, ModelInput
 
 
@@ -115,7 +116,7 @@ def test_a_lora_checkpoint_is_read_merged_by_export_predict_serve_probe_and_atte
     main(["attention", "--ckpt", str(ckpt), str(images[0]), "--out", str(tmp_path / "maps")])
     assert (tmp_path / "maps" / "digit0.png").is_file()
     result = run(["probe", *short_digits_run(tmp_path / "probe")[:2], f"--model.init_args.pretrained={ckpt}",
-                  "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}",
+                  f"--model.init_args.model_kwargs={{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2}}",
                   "--data.init_args.num_workers=0", "--no_cache", "--C", "1", "--k", "1",
                   "--out", str(tmp_path / "pr.ckpt")])
     assert result["logistic_val_acc"] > 0.1

@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 from scipy.special import softmax
 
+from tests.helpers import TINY_DIM
 from vit.commands import run
 
 
@@ -118,7 +119,7 @@ def test_the_scores_features_come_with_the_models_own_logits(name):
     if name.startswith("resnet"):
         model, x = timm.create_model(name, num_classes=3), torch.randn(2, 3, 32, 32)
     else:
-        small = {"depth": 2, "embed_dim": 32, "num_heads": 2, "img_size": 32} if "deit" in name else {}
+        small = {"depth": 2, "embed_dim": TINY_DIM, "num_heads": 2, "img_size": 32} if "deit" in name else {}
         model = vit.create_model(name, num_classes=3, **small)
         x = torch.randn(2, model.patch_embed.proj.in_channels, *model.patch_embed.img_size)
     model.eval()

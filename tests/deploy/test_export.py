@@ -10,6 +10,7 @@ import timm
 import torch
 
 import vit
+from tests.helpers import TINY_DIM
 from vit.checkpoints.convert import convert_layer_scale
 from vit.deploy import export
 from vit.nn.vision import MODEL_CONFIGS
@@ -82,7 +83,7 @@ def test_each_family_round_trips_through_timm_and_onnx(name, tmp_path):
     from vit.deploy.classifier import Classifier
 
     p = MODEL_CONFIGS[name]["patch_size"]
-    shape = {"img_size": 2 * p, "depth": 1, "embed_dim": 32, "num_heads": 2}
+    shape = {"img_size": 2 * p, "depth": 1, "embed_dim": TINY_DIM, "num_heads": 2}
     model = vit.create_model(name, **shape, num_classes=3).eval()
     classifier = Classifier(model, model_name=name, class_names=["a", "b", "c"], mean=[0.5] * 3, std=[0.5] * 3,
                             crop_pct=1.0, interpolation="bicubic")

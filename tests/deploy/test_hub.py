@@ -19,6 +19,7 @@ from PIL import Image
 
 import vit
 from tests.deploy.test_export import FAMILIES
+from tests.helpers import TINY_DIM
 from vit.commands import main
 from vit.nn.configs import MODEL_CONFIGS
 
@@ -88,7 +89,7 @@ def test_each_family_loads_in_timm_and_transformers(name, tmp_path):
     from vit.deploy.hub import export_hub
 
     p = MODEL_CONFIGS[name]["patch_size"]
-    model = vit.create_model(name, img_size=2 * p, depth=1, embed_dim=32, num_heads=2, num_classes=3).eval()
+    model = vit.create_model(name, img_size=2 * p, depth=1, embed_dim=TINY_DIM, num_heads=2, num_classes=3).eval()
     classifier = Classifier(model, model_name=name, class_names=["cat", "dog", "owl"], mean=[0.5] * 3,
                             std=[0.5] * 3, crop_pct=1.0, interpolation="bicubic")
     export_hub(classifier, RunFacts(tmp_path / "none.ckpt"), tmp_path)
@@ -251,13 +252,13 @@ def test_hf_hub_pretrained_loads_from_the_cache_offline(hub, tmp_path, monkeypat
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     snapshot = _cache_with(hub, tmp_path / "hf")
     sd = load_file(snapshot / "model.safetensors")
-    model = vit.create_model("vit_digits_patch4_16", depth=1, embed_dim=32, num_heads=2, num_classes=10)
+    model = vit.create_model("vit_digits_patch4_16", depth=1, embed_dim=TINY_DIM, num_heads=2, num_classes=10)
     result = load_pretrained(model, "hf-hub:owner/digits")
     assert not result.head_reset and result.source == "hf-hub:owner/digits"
     torch.testing.assert_close(model.state_dict()["blocks.0.attn.qkv.weight"], sd["blocks.0.attn.qkv.weight"])
     torch.testing.assert_close(model.state_dict()["patch_embed.proj.weight"],
                                sd["patch_embed.proj.weight"].sum(1, keepdim=True), atol=1e-6, rtol=0)
-    other = vit.create_model("vit_digits_patch4_16", depth=1, embed_dim=32, num_heads=2, num_classes=4)
+    other = vit.create_model("vit_digits_patch4_16", depth=1, embed_dim=TINY_DIM, num_heads=2, num_classes=4)
     assert load_pretrained(other, "hf-hub:owner/digits").head_reset
 
 

@@ -16,6 +16,7 @@ import torch
 from scipy.optimize import minimize_scalar
 from scipy.special import expit, logit
 
+from tests.helpers import TINY_DIM
 from vit.deploy.confidence import Calibration
 from vit.deploy.label_calibration import (
     fit_label_temperatures,
@@ -244,7 +245,7 @@ def test_fit_on_the_multilabel_recipe_ends_by_fitting_a_temperature_per_class(tm
     recipe = str(Path(__file__).parents[2] / "configs" / "multilabel_cpu.yaml")
     main(["fit", *quiet_run(tmp_path, recipe, calibrate=True), f"--data.init_args.root={root}",
           "--data.init_args.num_workers=0", "--trainer.max_epochs=2", "--test_after_fit=false",
-          "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}"])
+          f"--model.init_args.model_kwargs={{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2}}"])
     lines = capsys.readouterr().out.splitlines()
     best = next((tmp_path / "ckpt").glob("best-*.ckpt"))
     assert any(line.startswith(f"calibrated {best}: vit predict and vit serve answer with a temperature per "

@@ -8,7 +8,7 @@ import torch
 from scipy.stats import spearmanr
 from torch import nn
 
-from tests.helpers import tiny_vit
+from tests.helpers import TINY_DIM, tiny_vit
 from vit.explain.checks import (
     MAPS,
     area_under,
@@ -78,7 +78,7 @@ def test_cascading_randomisation_goes_from_the_top_block_down():
     # A map that records the model it is shown: the first call is the trained model, then one per step. With
     # 3 blocks, step 1 re-initialises block 2 alone and step 2 blocks 1 and 2; block 0 waits for step 3.
     torch.manual_seed(0)
-    model = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=4, embed_dim=32, depth=3,
+    model = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=4, embed_dim=TINY_DIM, depth=3,
                               num_heads=2).eval()
     shown: list[list[dict[str, torch.Tensor]]] = []
 

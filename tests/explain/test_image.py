@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 from tests.commands.test_attention import write_checkpoint
+from tests.helpers import TINY_DIM
 from vit.explain.image import DISPLAY_SIDE, NATIVE_MAX_PATCHES, explain_image, prepare_image
 
 NAMES = ["cat", "dog", "fox"]
@@ -21,7 +22,7 @@ def classifier(tmp_path):
 
     ckpt = tmp_path / "rgb.ckpt"
     write_checkpoint(ckpt, model_name="vit_cifar_patch4_32", num_classes=3, class_names=NAMES,
-                     model_kwargs=dict(embed_dim=32, depth=2, num_heads=4))
+                     model_kwargs=dict(embed_dim=TINY_DIM, depth=2, num_heads=4))
     return load_classifier(ckpt)
 
 

@@ -8,8 +8,8 @@ import torch
 from torch import Tensor, nn
 
 import vit
-from tests.helpers import tiny_vit
-from vit.explain import (
+from tests.helpers import TINY_DIM, tiny_vit
+from vit.explain.maps import (
     attention_rollout,
     cls_attention_maps,
     collect_attention,
@@ -156,7 +156,7 @@ def test_model_mode_is_restored_and_dropout_is_off_while_explaining():
 def test_register_tokens_are_left_out_of_the_maps():
     torch.manual_seed(0)
     model = VisionTransformer(  # two register tokens after the cls token (Darcet et al., 2024)
-        img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=32, depth=2, num_heads=4, reg_tokens=2
+        img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=TINY_DIM, depth=2, num_heads=4, reg_tokens=2
     ).eval()
     assert model.num_prefix_tokens == 3
     maps = collect_attention(model, torch.randn(2, 1, 8, 8))
@@ -280,7 +280,7 @@ def looking_model(alpha: float = 1.0) -> VisionTransformer:
     (and the attention) stay the same through the layers.
     """
     model = vit.create_model(
-        "vit_digits_patch2_8", embed_dim=32, depth=3, num_heads=4, num_classes=2, dynamic_img_size=True
+        "vit_digits_patch2_8", embed_dim=TINY_DIM, depth=3, num_heads=4, num_classes=2, dynamic_img_size=True
     ).eval()
     dim, head_dim = 32, 8
     with torch.no_grad():
@@ -338,7 +338,7 @@ def test_mean_attention_distance_of_local_and_global_heads():
 def test_siglip_map_comes_from_the_attention_pool():
     """No cls token: the map is the attention pool's latent query over the last block's patches."""
     torch.manual_seed(0)
-    model = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=32, depth=2,
+    model = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=TINY_DIM, depth=2,
                               num_heads=4, class_token=False, global_pool="map").eval()
     images = torch.randn(2, 1, 8, 8)
     maps = collect_attention(model, images)
@@ -355,5 +355,5 @@ def test_siglip_map_comes_from_the_attention_pool():
     torch.testing.assert_close(pool.flatten(-2), by_hand)
     torch.testing.assert_close(maps.logits, model(images))
     with pytest.raises(ValueError, match="cls_maps"):
-        collect_attention(VisionTransformer(img_size=8, patch_size=2, in_chans=1, embed_dim=32, depth=1,
+        collect_attention(VisionTransformer(img_size=8, patch_size=2, in_chans=1, embed_dim=TINY_DIM, depth=1,
                                             num_heads=4), images).pool_map()

@@ -7,13 +7,9 @@ import pytest
 import torch
 
 import vit
-from vit.explain import (
-    collect_attention,
-    overlay,
-    plot_attention,
-    to_display_image,
-    upsample_map,
-)
+from tests.helpers import TINY_DIM
+from vit.explain import collect_attention, to_display_image
+from vit.explain.plot import overlay, plot_attention, upsample_map
 
 
 def test_upsample_and_overlay_fit_the_image():
@@ -31,7 +27,7 @@ def test_upsample_and_overlay_fit_the_image():
 
 
 def test_plot_attention_draws_layers_by_heads_plus_rollout():
-    model = vit.create_model("vit_digits_patch2_8", embed_dim=32, depth=2, num_heads=4, num_classes=5).eval()
+    model = vit.create_model("vit_digits_patch2_8", embed_dim=TINY_DIM, depth=2, num_heads=4, num_classes=5).eval()
     images = torch.randn(1, 1, 8, 8)
     maps = collect_attention(model, images)
     fig = plot_attention(

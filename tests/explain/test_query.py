@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.helpers import tiny_translator, tiny_vit
+from tests.helpers import TINY_DIM, tiny_translator, tiny_vit
 from vit.explain.maps import attention_rollout, collect_attention
 from vit.explain.query import attention_from, mass_mask, plot_query, prefix_labels
 from vit.explain.text import translation_attention
@@ -62,7 +62,7 @@ def test_prefix_tokens_are_labelled_cls_then_registers():
 
 def test_register_tokens_are_labelled_and_kept_apart_from_the_patches():
     torch.manual_seed(0)
-    model = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=32, depth=2,
+    model = VisionTransformer(img_size=8, patch_size=2, in_chans=1, num_classes=3, embed_dim=TINY_DIM, depth=2,
                               num_heads=2, reg_tokens=2).eval()
     x = image()
     m = attention_from(model, x, query="reg1", layer=0, head=0)

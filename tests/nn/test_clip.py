@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import TINY_DIM
 from tests.openclip import CLIP_NAMES, openclip_model
 from vit.checkpoints.clip import _load, _open_clip_configs
 from vit.checkpoints.convert_clip import split_towers
@@ -84,7 +85,7 @@ def test_classifier_scores_as_forward_and_is_an_ordinary_vit():
     torch.manual_seed(0)
     vision = ViTConfig(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=0, proj_dim=48,
                        pre_norm=True)
-    text = CLIPTextConfig(vocab_size=100, context_length=16, embed_dim=32, num_heads=4, depth=2, output_dim=48)
+    text = CLIPTextConfig(vocab_size=100, context_length=16, embed_dim=TINY_DIM, num_heads=4, depth=2, output_dim=48)
     for bias in (False, True):
         model = CLIP(vision, text, logit_bias=bias).eval()
         ids = text_ids(100, 16, eot=True)
@@ -97,10 +98,10 @@ def test_classifier_scores_as_forward_and_is_an_ordinary_vit():
 
 
 def test_text_blocks_are_the_vits_blocks_and_configs_round_trip():
-    text = CLIPTextConfig(vocab_size=100, context_length=16, embed_dim=32, num_heads=4, depth=2, output_dim=0)
+    text = CLIPTextConfig(vocab_size=100, context_length=16, embed_dim=TINY_DIM, num_heads=4, depth=2, output_dim=0)
     tower = TextTower(text)
     assert all(type(b) is EncoderBlock for b in tower.blocks)
-    model = CLIP(ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=4, num_classes=0), text)
+    model = CLIP(ViTConfig(img_size=32, patch_size=8, embed_dim=TINY_DIM, depth=1, num_heads=4, num_classes=0), text)
     assert CLIP.from_dict(model.to_dict()).to_dict() == model.to_dict()
     with pytest.raises(ValueError, match="num_classes must be 0"):
         CLIP(ViTConfig(num_classes=10, depth=1), text)

@@ -7,13 +7,14 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers import TINY_DIM
 from vit.nn.blocks import PostNormDecoderBlock, PostNormEncoderBlock
 from vit.nn.configs import TextConfig
 from vit.nn.text import Seq2SeqTransformer
 
 FIXTURE = Path(__file__).resolve().parents[1] / "explain" / "translate_reverse.fp16.pt"
 VALUES = dict(  # every field, by hand: what a checkpoint stores
-    src_vocab_size=23, tgt_vocab_size=29, embed_dim=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=1,
+    src_vocab_size=23, tgt_vocab_size=29, embed_dim=TINY_DIM, num_heads=4, num_encoder_layers=2, num_decoder_layers=1,
     mlp_ratio=2.0, drop_rate=0.0, attn_drop_rate=0.1, activation="gelu", norm_eps=1e-6, norm_first=False,
     learned_positions=True, max_positions=64, share_embeddings=False, pad_id=3,
 )

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 import vit
+from tests.helpers import TINY_DIM
 from tests.nn.test_vision import perturb
 from vit.nn.vision import MODEL_CONFIGS
 
@@ -186,9 +187,10 @@ def test_the_config_is_the_one_description_and_rebuilds_the_model():
         assert type(again) is type(model) and again.config == model.config
         shapes = {k: v.shape for k, v in model.state_dict().items()}
         assert {k: v.shape for k, v in again.state_dict().items()} == shapes
-    assert isinstance(build_model(ViTConfig(distilled=True, depth=1, embed_dim=32, num_heads=4)),
+    assert isinstance(build_model(ViTConfig(distilled=True, depth=1, embed_dim=TINY_DIM, num_heads=4)),
                       DistilledVisionTransformer)
-    old = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 4}  # a pre-ViTConfig checkpoint
+    # a pre-ViTConfig checkpoint
+    old = {"img_size": 32, "patch_size": 8, "embed_dim": TINY_DIM, "depth": 1, "num_heads": 4}
     assert build_model(old).config == ViTConfig(**old)
     with pytest.raises(ValueError, match=r"unknown model option.*registers.*accepted"):
         ViTConfig.from_dict({**old, "registers": 4})

@@ -9,6 +9,7 @@ import torch
 from torchvision.models.feature_extraction import create_feature_extractor
 
 import vit
+from tests.helpers import TINY_DIM
 from tests.nn.test_vision import perturb
 from vit.nn.vision import VisionTransformer
 
@@ -89,7 +90,7 @@ def test_prune_intermediate_layers_equals_timm(pair, kwargs):
 @pytest.mark.filterwarnings("ignore:NOTE. The nodes obtained by tracing:UserWarning")
 def test_fx_feature_extractor_traces_and_equals_eager():
     """torchvision's create_feature_extractor (train and eval graphs, drop path on) gives the eager blocks."""
-    model = perturb(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=4,
+    model = perturb(VisionTransformer(img_size=32, patch_size=8, embed_dim=TINY_DIM, depth=3, num_heads=4,
                                       num_classes=5, drop_path_rate=0.2, dynamic_img_size=True))
     nodes = {f"blocks.{i}": f"b{i}" for i in range(3)} | {"norm": "norm", "head": "logits"}
     extractor = create_feature_extractor(model, return_nodes=nodes).eval()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.nn.test_small_data import perturb
-from vit.nn.vision import ShiftedPatchEmbed
+from vit.nn.layers import ShiftedPatchEmbed
 
 
 def hand_spt(x: np.ndarray, P: int, norm_w, norm_b, eps: float, W, b) -> np.ndarray:

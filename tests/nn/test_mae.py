@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import TINY, tiny_mae
+from tests.helpers import TINY, TINY_DIM, tiny_mae
 from vit import create_model
 from vit.checkpoints.weights import load_pretrained
 from vit.errors import UserValueError
@@ -148,7 +148,7 @@ def test_the_encoder_sees_the_kept_patches_with_their_own_positions():
 
 
 def test_the_decoder_puts_every_token_back_at_its_patch_with_its_position():
-    decoder = MAEDecoder(embed_dim=32, grid_size=(4, 4), patch_size=(4, 4), in_chans=1, decoder_dim=16,
+    decoder = MAEDecoder(embed_dim=TINY_DIM, grid_size=(4, 4), patch_size=(4, 4), in_chans=1, decoder_dim=16,
                          decoder_depth=1, decoder_heads=2).eval()
     torch.nn.init.normal_(decoder.mask_token)
     seen = capture_input(decoder.blocks)

@@ -5,11 +5,12 @@ import timm
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import TINY_DIM
 from tests.nn.test_vision import perturb
 from vit.nn.pyramid import SimpleFeaturePyramid
 from vit.nn.vision import VisionTransformer
 
-SMALL = dict(img_size=64, patch_size=16, embed_dim=32, depth=2, num_heads=4, dynamic_img_size=True)
+SMALL = dict(img_size=64, patch_size=16, embed_dim=TINY_DIM, depth=2, num_heads=4, dynamic_img_size=True)
 
 
 def test_levels_come_from_the_last_block_map():

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 import vit
+from tests.helpers import TINY_DIM
 from vit.nn.roles import ParamRoles, roles_of
 
-SMALL = {"depth": 2, "embed_dim": 32, "num_heads": 2, "img_size": 32, "patch_size": 16}
+SMALL = {"depth": 2, "embed_dim": TINY_DIM, "num_heads": 2, "img_size": 32, "patch_size": 16}
 
 
 @pytest.mark.parametrize("name", ["vit_small_patch14_reg4_dinov2", "deit_small_distilled_patch16_224",

@@ -7,7 +7,7 @@ import timm
 import torch
 
 import vit
-from tests.helpers import tiny_vit
+from tests.helpers import TINY_DIM, tiny_vit
 from vit.deploy import load_classifier
 from vit.errors import UserValueError
 from vit.explain import collect_attention
@@ -136,7 +136,7 @@ def test_classifier_checkpoint_round_trips_and_safetensors_export_says_why_not(t
     from vit.deploy.export import export_safetensors
     from vit.tasks.classify import ImageClassifier
 
-    task = ImageClassifier(model="vit_digits_patch2_8", model_kwargs=dict(depth=2, embed_dim=32, **BOTH))
+    task = ImageClassifier(model="vit_digits_patch2_8", model_kwargs=dict(depth=2, embed_dim=TINY_DIM, **BOTH))
     perturb(task.model)
     path = tmp_path / "model.ckpt"
     torch.save({"state_dict": task.state_dict(), META_KEY: task.checkpoint_meta()}, path)

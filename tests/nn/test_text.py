@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers import TINY_DIM
 from vit.data.tokenizers import BOS_ID as BOS
 from vit.data.tokenizers import EOS_ID as EOS
 from vit.data.tokenizers import PAD_ID
@@ -21,7 +22,7 @@ from vit.nn.vision import VisionTransformer
 def tiny_model(**overrides) -> Seq2SeqTransformer:
     torch.manual_seed(0)
     kwargs = dict(
-        src_vocab_size=23, tgt_vocab_size=29, embed_dim=32, num_heads=4, num_encoder_layers=2,
+        src_vocab_size=23, tgt_vocab_size=29, embed_dim=TINY_DIM, num_heads=4, num_encoder_layers=2,
         num_decoder_layers=2, mlp_ratio=2.0, drop_rate=0.0, max_positions=64,
     )
     kwargs.update(overrides)
@@ -39,7 +40,7 @@ def padded_batch() -> torch.Tensor:
 
 def test_every_attention_layer_is_the_vit_kernel():
     model = tiny_model()
-    vit = VisionTransformer(img_size=8, patch_size=4, in_chans=1, num_classes=2, embed_dim=32, depth=1,
+    vit = VisionTransformer(img_size=8, patch_size=4, in_chans=1, num_classes=2, embed_dim=TINY_DIM, depth=1,
                             num_heads=4)
     attentions = [m for m in model.modules() if isinstance(m, nn.MultiheadAttention | MultiHeadAttention)]
     # Per encoder block one self-attention; per decoder block a self- and a cross-attention.

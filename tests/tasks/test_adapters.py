@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 import vit
 from tests.conftest import free_port, short_digits_run
-from tests.helpers import DIGITS_VIT, TINY, quick_trainer, tiny_classifier
+from tests.helpers import DIGITS_VIT, TINY, TINY_DIM, quick_trainer, tiny_classifier
 from tests.nn.test_vision import perturb
 from tests.tasks.test_finetune import data
 from vit.cli.main import cli
@@ -347,7 +347,7 @@ def test_a_lora_run_killed_mid_epoch_resumes_bitwise(tmp_path, finetune):
 
     write_class_folders(tmp_path / "photos", ["a", "b"], per_class=30, size=20)
     write_shards(tmp_path / "photos", tmp_path / "shards", num_workers=1)  # 48 train: 6 batches of 8 an epoch
-    base = base_file(tmp_path, "vit_scratch_patch8_32", depth=1, embed_dim=32, num_heads=2)
+    base = base_file(tmp_path, "vit_scratch_patch8_32", depth=1, embed_dim=TINY_DIM, num_heads=2)
     lora = [f"--model.init_args.pretrained={base}", "--model.init_args.finetune={class_path: vit.tasks.finetune."
             f"Adapters, init_args: {{rank: 2, targets: [q, v, fc2], dora: {str(finetune == 'dora').lower()}}}}}"]
     cli(_shards_fit(tmp_path, "straight", *lora, workers=0))

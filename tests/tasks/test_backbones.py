@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.helpers import quick_trainer
+from tests.helpers import TINY_DIM, quick_trainer
 from vit.errors import UserValueError
 from vit.tasks import ImageClassifier, Optimization
 from vit.tasks.backbones import TimmBackbone, ViTBackbone, backbone_named
@@ -73,7 +73,7 @@ class Tiny(ViTBackbone):
 
 def test_a_backbone_is_named_by_kind_or_import_path():
     assert isinstance(backbone_named("vit"), ViTBackbone) and isinstance(backbone_named("timm"), TimmBackbone)
-    model = ImageClassifier(backbone=f"{__name__}.Tiny", model_kwargs={"embed_dim": 32, "num_heads": 2})
+    model = ImageClassifier(backbone=f"{__name__}.Tiny", model_kwargs={"embed_dim": TINY_DIM, "num_heads": 2})
     assert len(model.model.blocks) == 1 and model.roles.depth == 1
     for bad in ("tf", "torch.nn.Linear", "no.such.Module"):
         with pytest.raises(UserValueError, match="backbone must be one of vit, timm or the import path"):

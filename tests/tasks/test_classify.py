@@ -11,7 +11,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.helpers import quick_trainer, tiny_classifier
+from tests.helpers import TINY_DIM, quick_trainer, tiny_classifier
 from vit.deploy import load_classifier
 from vit.tasks import load_task
 from vit.tasks.classify import ImageClassifier
@@ -183,7 +183,7 @@ def test_checkpoint_alone_rebuilds_the_classifier(tmp_path):
     assert not loaded.training
     assert loaded.class_names == names and loaded.img_size == (8, 8) and loaded.in_chans == 1
     assert loaded.mean == (0.3,) and loaded.std == (0.4,) and loaded.crop_pct == 0.9
-    assert len(loaded.model.blocks) == 2 and loaded.model.embed_dim == 32
+    assert len(loaded.model.blocks) == 2 and loaded.model.embed_dim == TINY_DIM
     x = torch.randn(2, 1, 8, 8)
     torch.testing.assert_close(loaded.model(x), model.eval().model(x))
 

@@ -11,14 +11,14 @@ import torch
 import torch.nn.functional as F
 from open_clip.loss import ClipLoss, SigLipLoss
 
-from tests.helpers import DIGITS_VIT, TINY, quick_trainer
+from tests.helpers import DIGITS_VIT, TINY, TINY_DIM, quick_trainer
 from vit.errors import UserValueError
 from vit.tasks import ImageClassifier
 from vit.tasks.contrastive import ContrastiveTask, load_contrastive, zeroshot_classifier, zeroshot_start
 from vit.tasks.finetune import Full, LinearProbe, Partial, Staged
 from vit.tasks.losses import clip_loss, siglip_loss
 
-TEXT = {"depth": 1, "embed_dim": 32, "num_heads": 2}
+TEXT = {"depth": 1, "embed_dim": TINY_DIM, "num_heads": 2}
 
 
 def tiny_task(**kwargs) -> ContrastiveTask:

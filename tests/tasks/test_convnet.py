@@ -19,7 +19,8 @@ from tests.helpers import quick_trainer, random_images, tiny_vit
 from vit.commands import main, run
 from vit.deploy import load_classifier
 from vit.errors import UserValueError
-from vit.tasks import ConvNetClassifier, ImageClassifier
+from vit.tasks import ImageClassifier
+from vit.tasks.convnet import ConvNetClassifier
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DIGITS = [str(i) for i in range(10)]

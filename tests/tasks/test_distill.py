@@ -16,7 +16,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import built_once, short_digits_run
-from tests.helpers import TINY, quick_trainer, random_images, tiny_classifier
+from tests.helpers import TINY, TINY_DIM, quick_trainer, random_images, tiny_classifier
 from vit.checkpoints.io import read_checkpoint
 from vit.checkpoints.meta import evaluated_weights
 from vit.deploy import load_classifier
@@ -336,7 +336,7 @@ def test_predict_export_attention_and_probe_read_a_distilled_checkpoint(distille
 
     result = run(["probe", *short_digits_run(tmp_path / "probe")[:2],
                   "--model.class_path=vit.tasks.DistilledClassifier", "--model.init_args.distillation=hard",
-                   "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}",
+                   f"--model.init_args.model_kwargs={{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2}}",
                    f"--model.init_args.pretrained={distilled}", "--data.init_args.num_workers=0",
                    "--cache_dir", str(tmp_path / "cache"), "--C", "1", "--k", "1", "--out", str(tmp_path / "pr.ckpt")])
     probed = load_classifier(result["checkpoint"])

@@ -8,7 +8,7 @@ from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import free_port, short_digits_run
-from tests.helpers import quick_trainer, tiny_classifier
+from tests.helpers import TINY_DIM, quick_trainer, tiny_classifier
 from vit.commands import main
 from vit.tasks import ImageClassifier, Optimization, SingleLabelHead
 from vit.tasks.finetune import LinearProbe, Partial, Staged
@@ -46,7 +46,7 @@ def test_linear_probe_trains_the_head_only(tmp_path):
 def test_linear_probe_freezes_clips_norm_pre_and_the_register_tokens_too(tmp_path):
     torch.manual_seed(0)
     model = ImageClassifier(model="vit_digits_patch2_8", finetune=LinearProbe(), optim=Optimization(lr=0.01),
-                            model_kwargs={"depth": 1, "embed_dim": 32, "num_heads": 2, "pre_norm": True,
+                            model_kwargs={"depth": 1, "embed_dim": TINY_DIM, "num_heads": 2, "pre_norm": True,
                                           "reg_tokens": 2})
     before = {k: v.clone() for k, v in model.model.state_dict().items()}
     fit(model, 1, tmp_path)
@@ -57,7 +57,7 @@ def test_linear_probe_freezes_siglips_attention_pool(tmp_path):
     """Only the head trains in a linear probe: SigLIP's pretrained attention pool (``attn_pool``, which reads the
     blocks' tokens for the head) is backbone too. (0.1 froze a list of modules without it, so the pool trained.)"""
     torch.manual_seed(0)
-    shrunk = {"img_size": 8, "patch_size": 2, "in_chans": 1, "depth": 1, "embed_dim": 32, "num_heads": 2}
+    shrunk = {"img_size": 8, "patch_size": 2, "in_chans": 1, "depth": 1, "embed_dim": TINY_DIM, "num_heads": 2}
     model = ImageClassifier(model="vit_base_patch16_siglip_224", finetune=LinearProbe(), model_kwargs=shrunk,
                             optim=Optimization(lr=0.01))
     assert model.model.global_pool == "map" and model.model.attn_pool is not None

@@ -9,6 +9,7 @@ import torch
 from sklearn.metrics import average_precision_score, f1_score, precision_recall_curve
 from torch.utils.data import DistributedSampler
 
+from tests.helpers import TINY_DIM
 from vit.errors import UserValueError
 from vit.tasks.heads import MultiLabelHead, SingleLabelHead, data_label_kind, head_for
 from vit.tasks.multilabel import LabelScores, MultiLabelMixup, choose_thresholds, label_metrics, mix_targets
@@ -169,7 +170,8 @@ def test_vit_test_on_two_ddp_processes_reports_the_mAP_of_one(quadrant_run, tmp_
 
     def command(devices: int) -> list[str]:
         return ["test", "--model=vit.tasks.ImageClassifier", "--model.model=vit_digits_patch2_8",
-                "--model.model_kwargs={depth: 2, embed_dim: 32, num_heads: 2}", "--data=tests.dummies.QuadrantLabels",
+                f"--model.model_kwargs={{depth: 2, embed_dim: {TINY_DIM}, num_heads: 2}}",
+                "--data=tests.dummies.QuadrantLabels",
                 f"--ckpt_path={quadrant_run / 'model.ckpt'}", "--trainer.accelerator=cpu",
                 f"--trainer.devices={devices}", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
                 f"--trainer.strategy={'ddp' if devices > 1 else 'auto'}", f"--trainer.default_root_dir={tmp_path}"]

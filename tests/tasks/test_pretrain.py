@@ -13,6 +13,7 @@ from tests import CONFIGS
 from tests.commands.test_probe import noisy_colour_folder
 from tests.conftest import free_port, quiet_run
 from tests.formats import random_rgb
+from tests.helpers import TINY_DIM
 from vit.checkpoints.io import read_checkpoint
 from vit.cli.main import cli
 from vit.commands import main
@@ -20,7 +21,7 @@ from vit.commands import main
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")]
 
 RECIPE = str(CONFIGS / "pretrain" / "mae_folder_vit_small.yaml")
-SHRUNK_MODEL = "{depth: 1, embed_dim: 32, num_heads: 2, patch_size: 8}"  # a 4x4 grid at 32x32
+SHRUNK_MODEL = f"{{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2, patch_size: 8}}"  # a 4x4 grid at 32x32
 CPU = ["--trainer.accelerator=cpu", "--trainer.precision=32-true"]
 
 
@@ -127,7 +128,8 @@ def test_vit_pretrain_under_ddp_on_two_cpu_processes(tmp_path):
     cmd = [sys.executable, "-m", "vit", "pretrain", *quiet_run(tmp_path, str(CONFIGS / "pretrain" / "mae_digits.yaml")),
            "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_epochs=2", "--trainer.limit_train_batches=3",
            "--trainer.limit_val_batches=2", "--trainer.check_val_every_n_epoch=1", "--trainer.log_every_n_steps=1",
-           "--model.init_args.figure_every_n_epochs=1", "--model.init_args.model_kwargs={depth: 1, embed_dim: 32}",
+           "--model.init_args.figure_every_n_epochs=1",
+           f"--model.init_args.model_kwargs={{depth: 1, embed_dim: {TINY_DIM}}}",
            "--model.init_args.decoder_dim=16", "--model.init_args.decoder_depth=1", "--data.init_args.batch_size=64"]
     port = free_port()
     env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -15,7 +15,7 @@ import torch
 
 from tests import CONFIGS
 from tests.conftest import free_port, quiet_run
-from tests.helpers import quick_trainer
+from tests.helpers import TINY_DIM, quick_trainer
 from vit.cli.main import cli
 from vit.commands import main, run
 from vit.data.tokenizers import build_tokenizer
@@ -24,13 +24,13 @@ from vit.tasks import load_task
 from vit.tasks.text_metrics import CharF
 from vit.tasks.translate import Translator, inverse_sqrt_schedule
 
-TINY_MODEL = ["--model.init_args.embed_dim", "32", "--model.init_args.num_heads", "2",
+TINY_MODEL = ["--model.init_args.embed_dim", str(TINY_DIM), "--model.init_args.num_heads", "2",
               "--model.init_args.num_encoder_layers", "1", "--model.init_args.num_decoder_layers", "1"]
 
 
-def tiny_translator(dm, **kwargs) -> Translator:
+def tiny_translation_task(dm, **kwargs) -> Translator:
     torch.manual_seed(0)
-    return Translator(dm.tokenizers, embed_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+    return Translator(dm.tokenizers, embed_dim=TINY_DIM, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
                       **kwargs)
 
 
@@ -39,20 +39,20 @@ def test_translator_needs_tokenizers_and_valid_options():
         Translator()
     dm = SyntheticTranslationDataModule("copy", num_train=50, num_val=5, num_test=5)
     with pytest.raises(ValueError, match=r"model\.decoding"):
-        tiny_translator(dm, decoding="sampling")
+        tiny_translation_task(dm, decoding="sampling")
     small = dict(num_train=50, num_val=5, num_test=5, min_len=1, max_len=4)
     with pytest.raises(ValueError, match=r"data\.share_vocab"):
         numbers = SyntheticTranslationDataModule("numbers", **small)
-        tiny_translator(numbers, share_embeddings=True)  # digits in, words out
+        tiny_translation_task(numbers, share_embeddings=True)  # digits in, words out
     shared = SyntheticTranslationDataModule("numbers", share_vocab=True, **small)
-    model = tiny_translator(shared, share_embeddings=True)
+    model = tiny_translation_task(shared, share_embeddings=True)
     assert model.model.src_embed.token is model.model.tgt_embed.token
 
 
 def test_loss_is_label_smoothed_and_ignores_padding():
     dm = SyntheticTranslationDataModule("reverse", num_train=64, num_val=8, num_test=8, batch_size=8)
     dm.setup()
-    model = tiny_translator(dm, drop_rate=0.0)
+    model = tiny_translation_task(dm, drop_rate=0.0)
     batch = next(iter(dm.train_dataloader()))
     logits = model(batch["src"], batch["tgt_in"], batch["src_padding_mask"])
     keep = batch["tgt_out"] != 0
@@ -70,7 +70,7 @@ def test_inverse_square_root_schedule():
     assert factor(99) == 1.0  # the peak, at the end of warm-up
     assert factor(399) == pytest.approx(0.5) and factor(1599) == pytest.approx(0.25)
     dm = SyntheticTranslationDataModule("copy", num_train=50, num_val=5, num_test=5)
-    model = tiny_translator(dm, warmup_steps=400)
+    model = tiny_translation_task(dm, warmup_steps=400)
     optimizer = model.configure_optimizers()["optimizer"]
     assert optimizer.defaults["lr"] == pytest.approx(32**-0.5 * 400**-0.5)  # the paper's peak
     assert optimizer.defaults["fused"]
@@ -175,7 +175,7 @@ def test_a_resumed_run_trains_on_this_runs_schedule(tmp_path, schedule):
         dm = SyntheticTranslationDataModule("reverse", num_train=64, num_val=8, num_test=8, batch_size=16)
         trainer = quick_trainer(tmp_path, max_epochs=epochs, limit_train_batches=3, limit_val_batches=0,
                                 callbacks=[Record(name)])
-        trainer.fit(tiny_translator(dm, lr=0.01, warmup_steps=2, lr_schedule=schedule), dm, ckpt_path=ckpt_path)
+        trainer.fit(tiny_translation_task(dm, lr=0.01, warmup_steps=2, lr_schedule=schedule), dm, ckpt_path=ckpt_path)
         return trainer
 
     fit("straight", 4)
@@ -302,7 +302,7 @@ def test_ddp_on_two_cpu_processes_splits_the_sentences_between_ranks(tmp_path):
            "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.max_epochs=1",
            "--trainer.enable_progress_bar=false", "--trainer.logger=false", "--checkpoint.dirpath=ckpt",
            "--data.init_args.num_train=400", "--data.init_args.num_val=64", "--data.init_args.num_test=64",
-           "--model.init_args.embed_dim=32", "--trainer.callbacks+=tests.dummies.RecordSources"]
+           f"--model.init_args.embed_dim={TINY_DIM}", "--trainer.callbacks+=tests.dummies.RecordSources"]
     port = free_port()
     env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)

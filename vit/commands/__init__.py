@@ -2,7 +2,10 @@
 
 ``vit fit|validate|test|predict --config ...`` are LightningCLI's (`vit.cli.main`); the others are plain
 argparse commands in this package that import no Lightning, so ``vit predict --ckpt ...`` and
-``vit --help`` start quickly.
+``vit --help`` start quickly. One module a command (its logic lives in the package it concerns):
+
+    predict.py  calibrate.py  export.py  serve.py  attention.py (with faithfulness.py and text_attention.py, its
+    --faithfulness and --text modes)  zeroshot.py  probe.py  shard.py  audit.py  translate.py  average.py
 """
 
 from __future__ import annotations

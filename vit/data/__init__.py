@@ -3,6 +3,19 @@
 ``vit.data.io`` (reading, scanning, splits), ``vit.data.transforms`` and ``vit.data.tokenizers``
 import no Lightning; the DataModules below are imported on first use, so reading an image for
 prediction never loads Lightning.
+
+    io.py           image files: reading any mode as RGB, scanning class folders, header checks, splits
+    transforms.py   timm's training augmentation and evaluation crop; fast.py: its cheaper uint8 CPU side
+    protocol.py     what a dataset offers (the Protocols the DataModules' splits follow); fingerprint.py: its hash
+    base.py         what every image DataModule shares: the options linked into the model, and the loaders
+    folder.py       class folders (and ImageNet's layout); cifar.py, digits.py: the bundled formats
+    rows.py         a labels table's rows (CSV, TSV, JSONL) read without Lightning; table.py: its DataModule;
+                    stratify.py: multi-label splits that keep each label's share
+    captions.py     image-caption tables for contrastive training; clip_text.py: CLIP/SigLIP tokenizers, prompts
+    shards.py       an image folder written as streaming shards; stream.py: read back, with mid-epoch resume
+    unlabelled.py   a folder without labels, for MAE pre-training
+    tokenizers.py   word, character and BPE tokenizers for the text Transformer; corpus.py: parallel text files;
+                    translation.py: its batches and DataModules; synthetic.py: toy translation tasks
 """
 
 from __future__ import annotations

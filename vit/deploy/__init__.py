@@ -12,14 +12,27 @@
     cpu.py          the CPU's instruction sets (bf16, VNNI, AMX) that decide engines and int8 ranges
     image_files.py  image paths as a dataset whose unreadable files are rows, not crashes
     predict.py      `predict_files`: records for a list of files, and their CSV/JSON
+    confidence.py   the temperature and the "unknown" score as they travel with a model, applied to answers
+    calibration.py  fitting them on a classifier's own splits (`vit calibrate`, `vit fit --calibrate`)
+    label_calibration.py  a temperature per class for a multi-label checkpoint
+    zeroshot.py     a classifier scored on a labelled folder: top-1 and the confusion matrix (`vit zeroshot --eval`)
+    hub.py          `vit export --format hub`: timm's folder for the Hugging Face Hub, and its upload
+    card.py         that folder's model card, written from what the run knows
 
 Nothing here imports Lightning or `vit.cli` (tests/test_layout.py walks the imports to prove it).
 """
 
-from vit.deploy.backends import BACKENDS, load_backend, load_classifier, load_model
+from typing import Any
+
+from vit._graveyard import moved_name
+from vit.deploy.backends import BACKENDS, load_classifier
 from vit.deploy.classifier import Classifier, ModelInput, read_classifier
 from vit.deploy.inference import OnnxClassifier
 from vit.deploy.predict import predict_files, write_predictions
 
-__all__ = ["BACKENDS", "Classifier", "ModelInput", "OnnxClassifier", "load_backend", "load_classifier", "load_model",
-           "predict_files", "read_classifier", "write_predictions"]
+__all__ = ["BACKENDS", "Classifier", "ModelInput", "OnnxClassifier", "load_classifier", "predict_files",
+           "read_classifier", "write_predictions"]
+
+
+def __getattr__(name: str) -> Any:
+    return moved_name(__name__, name)  # 0.1's load_backend and load_model (vit/_graveyard.py)

@@ -257,18 +257,3 @@ def warn_if_range_saturates(proto: Any, path: str | os.PathLike) -> None:
         warnings.warn(f"{path} was quantised for a CPU with VNNI (8-bit weights); this CPU ({describe_cpu()}) has no "
                       "VNNI, where onnxruntime's int8 kernel can saturate. Export it again on this machine "
                       "(vit export --int8 static picks 7-bit weights here)", UserWarning, stacklevel=3)
-
-
-def load_backend(path: str | os.PathLike, backend: str | None = None, device: str | torch.device = "cpu",
-                 **kwargs: Any) -> Any:
-    """Deprecated: `load_classifier(path, device, backend=...)`, the one loader of a trained classifier."""
-    warnings.warn("vit.deploy.load_backend is now vit.deploy.load_classifier(path, device, backend=...); "
-                  "load_backend goes in the next release", DeprecationWarning, stacklevel=2)
-    return load_classifier(path, device, backend=backend, **kwargs)
-
-
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", **kwargs: Any) -> Any:
-    """Deprecated: `load_classifier(path, device)`, the one loader of a trained classifier."""
-    warnings.warn("vit.inference.load_model is now vit.deploy.load_classifier(path, device); load_model goes in "
-                  "the next release", DeprecationWarning, stacklevel=2)
-    return load_classifier(path, device, **kwargs)

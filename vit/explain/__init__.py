@@ -5,7 +5,8 @@
 >>> maps.rollout(head_fusion="mean")                 # (B, h, w)
 >>> fig = plot_attention(image, maps.cls_maps()[:, 0], layers=maps.layers, rollout=maps.rollout()[0])
 
-The translation model's attention is in `vit.explain.text`, any query token's in `vit.explain.query`, the
+The maps are collected in `vit.explain.maps` and drawn by `vit.explain.plot`. The translation model's attention is
+in `vit.explain.text`, any query token's in `vit.explain.query`, the
 Jupyter explorer in `vit.explain.widget`, the faithfulness checks in `vit.explain.checks`, and one image
 prepared for a trained classifier and drawn with its top classes (`vit attention`'s figure) in `vit.explain.image`.
 """

@@ -1,5 +1,20 @@
 """LightningModules: what to train (image classification, MAE pre-training, translation, CLIP/SigLIP contrastive
-pre-training), and how to reload one."""
+pre-training), and how to reload one.
+
+    base.py         what the tasks share: set-up hooks, the training-step guards, the checkpoint's task record
+    classify.py     `ImageClassifier`, a loop over its parts:
+    backbones.py      the network (our ViTs or timm's)
+    heads.py          what the logits mean: losses and answer; losses.py: the losses beyond torch's;
+    evaluation.py     the label kind's evaluation, built by its head: metrics, thresholds, test report
+    multilabel.py     several labels per image; mistakes.py: the single-label evaluation and its figures
+    optim.py          the optimisation settings, parameter groups, schedule; ema.py: the EMA copy
+    finetune.py       which parts train, epoch by epoch: Full, LinearProbe, Partial, Staged, Adapters (LoRA/DoRA)
+    compat.py         older spellings of the classifier's arguments, read the new way with a warning
+    distill.py      `DistilledClassifier`: a student and its teacher
+    convnet.py      0.1's `ConvNetClassifier` (deprecated: `backbone: timm`)
+    contrastive.py  both towers of a CLIP/SigLIP on image-caption pairs
+    pretrain.py     `MaskedAutoencoder`: MAE pre-training
+    translate.py    `Translator`: the text Transformer"""
 
 from __future__ import annotations
 
