@@ -196,8 +196,7 @@ def imports_module(test_file: Path, module: str) -> bool:
 NOT_YET_IMPORTING = {
     "tests/data/test_base.py", "tests/data/test_corpus.py",
     "tests/data/test_fingerprint.py", "tests/serve/test_app.py", "tests/serve/test_schema.py",
-    "tests/tasks/test_adapters.py", "tests/tasks/test_base.py", "tests/tasks/test_finetune.py",
-    "tests/tasks/test_pretrain.py", "tests/test_preprocessing.py",
+    "tests/tasks/test_base.py", "tests/tasks/test_pretrain.py",
 }
 
 

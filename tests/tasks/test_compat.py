@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from tests.conftest import short_digits_run
-from tests.helpers import tiny_classifier
+from tests.helpers import TINY_DIM, tiny_classifier
 from tests.tasks.test_adapters import LORA, base_file
 from vit.cli.main import cli
 from vit.errors import UserValueError
@@ -105,7 +105,7 @@ def test_old_keys_on_the_command_line_run(tmp_path):
     base = base_file(tmp_path)
     with pytest.warns(FutureWarning, match="finetune: dora"):
         run = cli(["fit", *short_digits_run(tmp_path, steps=2), "--test_after_fit=false",
-                   "--model.init_args.model_kwargs={depth: 2, embed_dim: 32, num_heads: 2}",
+                   f"--model.init_args.model_kwargs={{depth: 2, embed_dim: {TINY_DIM}, num_heads: 2}}",
                    "--model.init_args.model=vit_digits_patch2_8", "--data.init_args.img_size=8",
                    f"--model.init_args.pretrained={base}", "--model.init_args.finetune=dora",
                    "--model.init_args.lora={rank: 2, targets: [q, v]}", "--model.init_args.head_epochs=1",

@@ -21,7 +21,6 @@ from vit.commands import main, run
 from vit.data.tokenizers import build_tokenizer
 from vit.data.translation import SyntheticTranslationDataModule, TranslationDataModule
 from vit.tasks import load_task
-from vit.tasks.text_metrics import CharF
 from vit.tasks.translate import Translator, inverse_sqrt_schedule
 
 TINY_MODEL = ["--model.init_args.embed_dim", str(TINY_DIM), "--model.init_args.num_heads", "2",
@@ -83,7 +82,7 @@ def test_bleu_reads_text_as_the_tokenizer_does_and_chrf_is_sacrebleus(kind):
     refs = ["the cat sat on the mat", "a dog ran home", "abcdefgh"]
     hyps = ["the cat sat on a mat", "a dog ran to home", "abcdefgx"]
     tokenizer = build_tokenizer(kind, refs).to_dict()
-    model = Translator({"source": tokenizer, "target": tokenizer}, embed_dim=32, num_heads=2,
+    model = Translator({"source": tokenizer, "target": tokenizer}, embed_dim=TINY_DIM, num_heads=2,
                        num_encoder_layers=1, num_decoder_layers=1)
     model.val_metrics["bleu"].update(hyps, [[r] for r in refs])
     model.val_metrics["chrf"].update(hyps, refs)
@@ -94,20 +93,6 @@ def test_bleu_reads_text_as_the_tokenizer_does_and_chrf_is_sacrebleus(kind):
     assert model.val_metrics["bleu"].compute().item() == pytest.approx(expected, abs=1e-5)
     chrf = sacrebleu.corpus_chrf(hyps, [refs]).score / 100  # chrF, not chrF++ (word_order 0)
     assert model.val_metrics["chrf"].compute().item() == pytest.approx(chrf, abs=1e-5)
-
-
-@pytest.mark.parametrize("hyps, refs", [
-    (["", "abcdefgh"], ["abc", "abcdefgh"]),  # an empty output costs its reference's recall
-    (["xyz", "abcdefgh"], ["abc", "abcdefgh"]),  # so does one that matches nothing (torchmetrics 1.9: 0.97)
-    (["abcdefgh", "ab"], ["abc", "abcd"]),  # references shorter than the 6-grams, outputs longer
-    (["a b c", "", ""], ["abc", "d", "ef"]),  # whitespace is not a character; nothing of two lines right
-    (["", ""], ["ab", "cd"]),  # nothing at all
-])
-def test_chrf_is_sacrebleus_on_empty_wrong_and_short_lines(hyps, refs):
-    metric = CharF()
-    for i in range(len(hyps)):  # a line a batch: the counts add up across updates
-        metric.update(hyps[i : i + 1], refs[i : i + 1])
-    assert metric.compute().item() == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score / 100, abs=1e-6)
 
 
 def shifted_words(path: Path, n: int = 400) -> None:

@@ -14,7 +14,7 @@ pre-training), and how to reload one.
     convnet.py      0.1's `ConvNetClassifier` (deprecated: `backbone: timm`)
     contrastive.py  both towers of a CLIP/SigLIP on image-caption pairs
     pretrain.py     `MaskedAutoencoder`: MAE pre-training
-    translate.py    `Translator`: the text Transformer"""
+    translate.py    `Translator`: the text Transformer; text_metrics.py: chrF as sacrebleu counts it"""
 
 from __future__ import annotations
 
