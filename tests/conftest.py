@@ -50,11 +50,52 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(CONFIGS.parent), **extra}
 
 
+@contextlib.contextmanager
+def process_state_kept() -> Iterator[None]:
+    """torch's thread count and Lightning's seed variables as they were before the block. An in-process `vit fit`
+    sets both for the whole process (its config's ``num_threads``; ``seed_everything``'s PL_GLOBAL_SEED, which a
+    later unseeded fit takes as its seed): after the digits fit, the multi-label fixture trained on one thread, to
+    other weights, and the tests after it computed on one thread."""
+    threads = torch.get_num_threads()
+    seeds = {name: os.environ.get(name) for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        for name, value in seeds.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_workdir(tmp_path, monkeypatch):
-    """Every test starts seeded, in a folder of its own: relative paths in recipes (logs/...) land there."""
+    """Every test starts seeded, in a folder of its own: relative paths in recipes (logs/...) land there; the
+    threads and seed variables a `vit fit` in it sets are undone after it."""
     torch.manual_seed(0)
     monkeypatch.chdir(tmp_path)
+    with process_state_kept():
+        yield
+
+
+class SharedFixturesKeepState:
+    """A fixture that several tests share (a session's `vit fit` or `vit calibrate`) leaves the threads and seed
+    variables as it found them too; a test's own fixtures (`one_thread`) set them for that test on purpose. A
+    plugin, not a conftest hook: pytest asks the session's hooks for a session fixture, and this conftest's are
+    not among them."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        if fixturedef.scope == "function":
+            return (yield)
+        with process_state_kept():
+            return (yield)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SharedFixturesKeepState(), "vit-shared-fixtures-keep-state")
 
 
 @pytest.fixture

@@ -113,6 +113,7 @@ class QuadrantLabels(LightningDataModule):
     multi_label = True
     in_chans = 1
     img_size = 8
+    num_workers = 0
 
     def __init__(self, n_train: int = 256, n_val: int = 65, n_test: int = 67, batch_size: int = 32,
                  unknown: float = 0.0) -> None:

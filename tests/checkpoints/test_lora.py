@@ -89,3 +89,23 @@ def test_export_adapters_writes_what_trained_and_the_settings(tmp_path):
     plain = {"vit": {"task": "classify", "ema": False}, "state_dict": {}}
     with pytest.raises(UserValueError, match="holds no adapters"):
         export_adapters(plain, "plain.ckpt", tmp_path / "no")
+
+
+def test_export_adapters_of_a_whole_distilled_network_keeps_both_heads_and_no_base_key(tmp_path):
+    """A checkpoint that holds its base (save_base: lora.base is None): the export keeps what trained alone, the
+    adapters and both heads of a distilled model (head and head_dist), and none of the base's weights."""
+    model = perturb(vit.create_model("vit_digits_patch2_8", distilled=True, **OPTIONS))
+    cfg = LoraConfig(rank=2, targets=("q", "v"))
+    add_adapters(model, cfg)
+    state = model.state_dict()
+    meta = {"task": "classify", "ema": False, "lora": {**cfg.to_dict(), "base": None},
+            "model_name": "vit_digits_patch2_8", "model_config": dict(model.config.to_dict()),
+            "class_names": [str(i) for i in range(10)]}
+    files = export_adapters({"vit": meta, "state_dict": {f"model.{k}": v for k, v in state.items()}}, "run.ckpt",
+                            tmp_path / "out")
+    tensors = load_file(files[0])
+    heads = {"head.weight", "head.bias", "head_dist.weight", "head_dist.bias"}
+    adapters = {k for k in state if ".lora_A." in k or ".lora_B." in k}
+    assert adapters and heads <= set(state) and "dist_token" in state
+    assert set(tensors) == adapters | heads  # no base key: not dist_token, qkv.weight, norms or the patch embedding
+    assert all(torch.equal(tensors[k], state[k]) for k in tensors)

@@ -420,7 +420,7 @@ def test_vit_version(capsys):
      r"holds the ContrastiveTask task \('contrastive'\), but the ImageClassifier task \('classify'\) is needed"),
 ])
 def test_ckpt_path_of_another_task_is_named_for_contrastive_runs_too(tmp_path, model, held, said):
-    from vit.cli.main import check_checkpoint_task
+    from vit.cli.ckpt_path import check_checkpoint_task
 
     path = tmp_path / "other.ckpt"
     torch.save({"vit": {"task": held}, "state_dict": {}}, path)

@@ -151,6 +151,23 @@ def test_a_repeated_row_with_the_same_labels_is_kept_once(tmp_path):
     assert table.bad == [] and table.repeated == 2 and len(table.paths) == 2
 
 
+def test_one_file_in_two_splits_with_the_same_label_is_a_conflicting_duplicate_naming_both_lines(tmp_path):
+    """The same file in train and in test would be trained on and then scored: both rows are bad, each naming the
+    other's line and split; the same file twice in one split is a repeat, kept once."""
+    files = images(tmp_path, 2)
+    rows = [["file_name", "label", "split"], [files[0], "cat", "train"], [files[1], "dog", "train"],
+            [files[0], "cat", "test"]]
+    table = read_table(write_csv(tmp_path / "t.csv", rows))
+    assert [(b.line, b.kind) for b in table.bad] == [(2, "conflicting duplicate"), (4, "conflicting duplicate")]
+    assert "also on line 4" in table.bad[0].detail and "also on line 2" in table.bad[1].detail
+    assert "split test (line 2: train)" in table.bad[1].detail
+    report = describe_bad_rows(table.path, table.bad, 3)
+    assert "line 2: conflicting duplicate" in report and "line 4: conflicting duplicate" in report
+    rows[3][2] = "train"  # the other side: the same split, a repeat
+    table = read_table(write_csv(tmp_path / "t.csv", rows))
+    assert table.bad == [] and table.repeated == 1 and table.splits == ["train", "train"]
+
+
 def test_the_bad_rows_report_is_a_count_per_kind_and_at_most_eight_lines(tmp_path):
     files = images(tmp_path, 2)
     rows = [[files[0], "a"], [files[1], "b"]] + [[f"images/gone{i}.png", "a"] for i in range(20)] + [[files[0], ""]]

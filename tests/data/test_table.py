@@ -146,6 +146,27 @@ def test_a_split_column_gives_the_splits_and_without_val_rows_val_is_held_out_of
     assert sorted(label for _, label in data.val_set.samples) == [0, 0, 1, 1]
 
 
+def test_a_multi_label_table_without_val_rows_holds_val_out_of_its_train_rows_alone(tmp_path):
+    """Every third row test, none val: val is drawn from the train rows, and no test image reaches train or val
+    (the split's positions among the train rows are not the table's rows)."""
+    files = [p.name for p in random_images(tmp_path, 30, mode="RGB")]
+    splits = ["test" if i % 3 == 0 else "train" for i in range(30)]
+    write_csv(tmp_path / "metadata.csv", [["file_name", "a", "b", "split"],
+                                          *[[f, i % 2, i // 2 % 2, s] for i, (f, s) in enumerate(zip(files, splits))]])
+    data = LabelsFile(str(tmp_path), val_fraction=0.25, **OPTS)
+    assert data.multi_label
+    data.setup("fit")
+    names = lambda d: {Path(p).name for p, _ in d.samples}
+    test = {f for f, s in zip(files, splits) if s == "test"}
+    assert names(data.test_set) == test
+    assert not names(data.train_set) & test and not names(data.val_set) & test
+    assert names(data.train_set) | names(data.val_set) == set(files) - test and data.val_set.samples
+    for split in (data.train_set, data.val_set):  # each image keeps its own row's labels
+        for k, (path, _) in enumerate(split.samples):
+            i = files.index(Path(path).name)
+            assert split[k][1].tolist() == [i % 2, i // 2 % 2]
+
+
 BAD_ROWS = {  # a bad row appended as line 13, after 10 good rows (lines 2-11) and a repeat of line 4
     "missing file": "images/gone.png,cat",
     "unknown class": "images/0.png,zebra",

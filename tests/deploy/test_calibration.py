@@ -116,9 +116,17 @@ def test_rarity_is_the_share_of_validation_scores_below():
 
 def test_calibrating_without_a_validation_split_says_so(fitted):
     ckpt = next((fitted / "ckpt").glob("best-*.ckpt"))
-    with pytest.raises(UserValueError, match="has no validation split") as error:
-        calibrate_checkpoint(ckpt, SimpleNamespace(val_set=None))
-    assert "val_fraction" in str(error.value) and len(str(error.value).splitlines()) == 1
+    splits = {"class_names": ["a"], "train_set": [0], "test_set": None, "num_workers": 0, "eval_split": print}
+    for val in (None, []):  # none, or an empty one
+        with pytest.raises(UserValueError, match="has no validation split") as error:
+            calibrate_checkpoint(ckpt, SimpleNamespace(val_set=val, **splits))
+        assert "val_fraction" in str(error.value) and len(str(error.value).splitlines()) == 1
+
+
+def test_calibrating_on_data_that_is_no_image_datamodule_names_what_it_lacks(fitted):
+    ckpt = next((fitted / "ckpt").glob("best-*.ckpt"))
+    with pytest.raises(UserValueError, match=r"the data \(SimpleNamespace\) is not an image DataModule .*num_workers"):
+        calibrate_checkpoint(ckpt, SimpleNamespace(val_set=[1], test_set=None))
 
 
 def test_an_outlier_folder_sets_the_best_separating_threshold(fitted, tmp_path):
@@ -290,6 +298,41 @@ def test_a_covariance_per_class_matches_numpy_and_survives_a_class_of_one():
     reloaded = UnknownScore.from_state(unknown.state(half=True))
     assert reloaded.layers[0].whiten.shape == (4, 6, 6)
     np.testing.assert_allclose(reloaded(torch.tensor(queries))[0].numpy(), d.min(1), rtol=1e-2)
+
+
+def test_covariance_shared_on_request_is_one_pooled_covariance_where_one_per_class_would_fit(fitted, tmp_path):
+    """`--covariance shared` is honoured where "auto" would take one covariance per class (10 classes, 32 wide):
+    the stored precision is the inverse of numpy's pooled within-class covariance of the training images' pooled
+    features (L2-normalised, shrunk 0.1% towards the identity)."""
+    from vit.checkpoints.io import read_checkpoint
+    from vit.data import Digits
+    from vit.deploy.calibration import per_class_fits
+    from vit.deploy.classifier import read_classifier
+
+    ckpt = tmp_path / "c.ckpt"
+    shutil.copy(next((fitted / "ckpt").glob("best-*.ckpt")), ckpt)
+    data = Digits(img_size=16)
+    data.setup("fit")
+    calibrate_checkpoint(ckpt, data, layers="pooled", covariance="shared", say=lambda line: None)
+    layer = read_checkpoint(ckpt)["confidence"]["stats"]["layers"][0]
+    model = read_classifier(ckpt).model
+    assert per_class_fits(10, [model.embed_dim])  # "auto" would have taken one per class
+    train = data.eval_split("train")
+    images, labels = zip(*(train[i] for i in range(len(train))))
+    x, labels = torch.stack(images), np.array(labels)
+    with torch.no_grad():
+        features = model.forward_head(model.forward_features(x), pre_logits=True).double().numpy()
+    z = features / np.linalg.norm(features, axis=1, keepdims=True)
+    means = np.stack([z[labels == c].mean(0) for c in range(10)])
+    pooled = np.cov(z - means[labels], rowvar=False, bias=True)
+    want = np.linalg.inv(0.999 * pooled + 0.001 * np.trace(pooled) / len(pooled) * np.eye(len(pooled)))
+    if "whiten" in layer:  # float16 statistics: the whitening factor L of P = L L'
+        got, digits = layer["whiten"].double().numpy() @ layer["whiten"].double().numpy().T, 1e-2
+    else:
+        got, digits = layer["precision"].double().numpy(), 1e-5  # float32: 3e-8 measured
+    assert got.shape == want.shape == (model.embed_dim, model.embed_dim)  # one, shared: not one per class
+    np.testing.assert_allclose(layer["means"].double().numpy(), means, atol=2e-3)
+    assert np.linalg.norm(got - want) <= digits * np.linalg.norm(want)
 
 
 @pytest.mark.parametrize("classes, fits", [(5, True), (1000, False)])

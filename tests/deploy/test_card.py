@@ -47,6 +47,29 @@ def test_card_front_matter_validates_and_its_numbers_are_the_runs(fitted, hub):
     assert json.loads((hub / "config.json").read_text())["label_names"] == [str(i) for i in range(10)]
 
 
+def test_the_card_states_the_val_acc_of_the_checkpoints_epoch_not_the_runs_last(fitted, tmp_path):
+    """A run that logged val_acc 0.5 at epoch 0 and 0.8 at epoch 1: the card of the epoch-0 checkpoint says 0.5,
+    that of an epoch-1 checkpoint 0.8 (metrics.csv written here by hand)."""
+    from huggingface_hub import ModelCard
+
+    checkpoint = torch.load(next((fitted / "ckpt").glob("best-*.ckpt")), map_location="cpu", weights_only=False)
+    assert checkpoint["epoch"] == 0
+    step = checkpoint["global_step"]
+    run = tmp_path / "run"
+    run.mkdir()
+    with (run / "metrics.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([["epoch", "step", "train_loss", "val_acc"], [0, step - 1, 2.0, ""],
+                                 [0, step - 1, "", 0.5], [1, 2 * step - 1, 1.0, ""], [1, 2 * step - 1, "", 0.8]])
+    for epoch, want, other in ((0, "0.5000", "0.8000"), (1, "0.8000", "0.5000")):
+        ckpt = tmp_path / f"epoch{epoch}.ckpt"
+        torch.save({**checkpoint, "epoch": epoch, "global_step": (epoch + 1) * step}, ckpt)
+        main(["export", "--ckpt", str(ckpt), "--format", "hub", "--out", str(tmp_path / f"hub{epoch}"),
+              "--run", str(run)])
+        text = ModelCard.load(tmp_path / f"hub{epoch}" / "README.md").text
+        assert f"- validation accuracy (epoch {epoch}, step {(epoch + 1) * step}): {want}" in text
+        assert other not in text
+
+
 def test_card_of_a_checkpoint_the_run_did_not_test_claims_no_test_accuracy(fitted, tmp_path):
     from huggingface_hub import ModelCard
 

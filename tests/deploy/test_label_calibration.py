@@ -98,6 +98,31 @@ def test_classes_with_few_mistakes_take_the_minimum_of_every_classs_pooled_bce()
     assert own.tolist() == [False, False, True] and takes_shared.tolist() == [True, True, False]
 
 
+def test_the_shared_temperature_needs_min_mistakes_pooled_both_sides():
+    """No class with MIN_MISTAKES (5) wrong labels of its own: 3 + 2 pooled make the shared T (the minimum of the
+    pooled BCE, scipy) for both; 3 + 1 pooled are too few, and every T stays 1."""
+    from vit.deploy.label_calibration import MIN_MISTAKES, temperature_groups
+
+    rng = np.random.default_rng(5)
+    z = rng.normal(0, 3, (20, 3))
+    z[np.abs(z) < 0.5] = 1.0  # no label on the fence: each flip below is one mistake
+    y = (z > 0).astype(float)
+    y[:3, 0] = 1 - y[:3, 0]  # class 0: 3 wrong
+    y[3:5, 1] = 1 - y[3:5, 1]  # class 1: 2 wrong; class 2: none (no minimum, out of the pool)
+    assert MIN_MISTAKES == 5
+    best = minimize_scalar(lambda s: bce(z[:, :2].ravel() / np.exp(s), y[:, :2].ravel()), bounds=(-8, 5),
+                           method="bounded", options={"xatol": 1e-10})
+    pooled = float(np.exp(best.x))
+    _, own, takes_shared = temperature_groups(torch.tensor(z), torch.tensor(y))
+    assert own.tolist() == [False] * 3 and takes_shared.tolist() == [True, True, False]
+    got = fit_label_temperatures(torch.tensor(z), torch.tensor(y))
+    assert got[0] == got[1] == pytest.approx(pooled, rel=1e-4) and got[2] == 1.0 and abs(pooled - 1) > 0.1
+    y[4, 1] = 1 - y[4, 1]  # class 1: 1 wrong, 4 in the pool
+    _, own, takes_shared = temperature_groups(torch.tensor(z), torch.tensor(y))
+    assert not own.any() and not takes_shared.any()
+    assert fit_label_temperatures(torch.tensor(z), torch.tensor(y)) == [1.0, 1.0, 1.0]
+
+
 def test_the_moved_thresholds_keep_every_images_labels_and_the_unmoved_ones_do_not():
     rng = np.random.default_rng(1)
     z = rng.normal(0, 3, (2000, 6))

@@ -35,7 +35,7 @@ def test_confident_mistakes_keeps_the_most_confident_wrong_predictions_across_ba
     assert len(kept) == 0
 
 
-def test_vit_test_writes_the_error_grid_from_the_checkpoints_own_model(fitted, monkeypatch):
+def test_vit_test_writes_the_error_grid_from_the_checkpoints_own_model(fitted, monkeypatch, tmp_path):
     best = sorted((fitted / "ckpt").glob("best-*.ckpt"))[0]
     assert (fitted / "logs" / "digits" / "version_0" / "errors.png").is_file()  # from the test after `vit fit`
     seen = {}
@@ -55,8 +55,9 @@ def test_vit_test_writes_the_error_grid_from_the_checkpoints_own_model(fitted, m
         return save(model, found, *args)
 
     monkeypatch.setattr("vit.tasks.mistakes.save_error_report", keep)
-    main(["test", *short_digits_run(fitted), "--ckpt_path", str(best)])
-    run = max((fitted / "logs" / "digits").glob("version_*"), key=lambda p: int(p.name[8:]))
+    # its own folder: the fit is shared by the test processes, and another's `vit test` may write a version beside it
+    main(["test", *short_digits_run(tmp_path), "--ckpt_path", str(best)])
+    run = tmp_path / "logs" / "digits" / "version_0"
     for name in ("errors.png", "class_accuracy.png", "confusion_matrix.png"):
         assert (run / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The overlays came from the checkpoint's weights, and the images shown are mistakes of that model.

@@ -348,7 +348,11 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
 
     checkpoint = read_checkpoint(path)  # read once: the classifier is built from it, and it is written back
     classifier = checkpoint_classifier(checkpoint, path, device)
-    if not isinstance(data, ImageSplits) or data.val_set is None or len(data.val_set) == 0:
+    if not isinstance(data, ImageSplits):
+        raise UserValueError(f"cannot calibrate {path}: the data ({type(data).__name__}) is not an image DataModule "
+                             "(`vit.data.protocol.ImageSplits`: class_names, train_set, val_set, num_workers, "
+                             "eval_split): use one of vit.data's, or give yours those")
+    if data.val_set is None or len(data.val_set) == 0:
         raise UserValueError(f"cannot calibrate {path}: the data ({type(data).__name__}) has no validation split, "
                              "and T and the threshold are fit on it. Give it one (e.g. --data.init_args.val_fraction "
                              "0.1, or a val/ folder beside train/)")

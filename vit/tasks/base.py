@@ -149,10 +149,15 @@ class VisionTask(BaseTask):
                             "DataModule's on_after_batch_transfer; pass datamodule=... to Trainer.fit")
 
     # --- optimiser -------------------------------------------------------------------------------
-    def scaled_lr(self, base_lr: float, base_batch: int, name: str, batch_name: str) -> float:
-        """``base_lr`` x global batch (batch size x devices x nodes x gradient accumulation) / ``base_batch``,
-        said once, on rank 0; ``name`` and ``batch_name`` say where the two numbers came from."""
+    def scaled_lr(self, base_lr: float, base_batch: int | None, name: str, batch_name: str) -> float:
+        """``base_lr`` x global batch (batch size x devices x nodes x gradient accumulation) / ``base_batch``
+        (``base_lr`` as given when ``base_batch`` is None), said once, on rank 0; ``name`` and ``batch_name`` say
+        where the two numbers came from."""
         images, parts = global_batch(self.trainer)
+        if base_batch is None:
+            rank_zero_info(f"effective lr {base_lr:.4g} (as given: no {batch_name} to scale it by); global batch "
+                           f"{images} = {parts}")
+            return base_lr
         lr = base_lr * images / base_batch
         rank_zero_info(f"effective lr {lr:.4g} = {name} {base_lr:g} x global batch {images} / {batch_name} "
                        f"{base_batch}, the global batch being {parts}")

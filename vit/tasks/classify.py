@@ -11,7 +11,7 @@ the training config, and without Lightning.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from lightning.pytorch.utilities import rank_zero_info
@@ -31,13 +31,12 @@ from vit.tasks.heads import ClassificationHead, SingleLabelHead, head_for
 from vit.tasks.optim import (
     Optimization,
     adamw,
-    global_batch,
+    group_schedules,
     network_group_table,
     one_cycle,
     param_groups,
     per_epoch_steps,
     step_schedule,
-    warmup_cosine,
 )
 
 log = logging.getLogger(__name__)
@@ -290,40 +289,19 @@ class ImageClassifier(Prepared, VisionTask):
         """The head's answer (e.g. class probabilities (B, num_classes)); the batch is images or (images, anything)."""
         return self.head.predict(self(self.unpack(batch)[0]))
 
-    # --- optimiser -------------------------------------------------------------------------
-    def peak_lr(self) -> float:
-        """``optim.lr``, scaled to the global batch when ``optim.lr_base_batch`` is set; said once, on rank 0."""
-        lr, base = self.optim.lr, self.optim.lr_base_batch
-        if base is not None:
-            return self.scaled_lr(lr, base, "optim.lr", "optim.lr_base_batch")
-        images, parts = global_batch(self.trainer)
-        rank_zero_info(f"effective lr {lr:.4g} (as given: no optim.lr_base_batch to scale it by); global batch "
-                       f"{images} = {parts}")
-        return lr
-
+    # --- optimiser: the optim part's, with the strategy's groups and the step the rest starts training -------------
     def configure_optimizers(self) -> dict[str, Any]:
         o = self.optim
-        lr = self.peak_lr()
+        lr = self.scaled_lr(o.lr, o.lr_base_batch, "optim.lr", "optim.lr_base_batch")
         groups = param_groups(self.model, lr, o.weight_decay, o.layer_decay, shapes=self.param_shapes, roles=self.roles)
         groups = self.finetune.optimizer_groups(self.model, groups)  # adapters: the frozen base has no place
         optimizer = adamw(groups, lr=lr, betas=o.betas)
         warmup, total = self.schedule_steps(o.warmup_epochs, o.warmup_steps)
         if o.schedule == "onecycle" and total >= 3:  # (1-2 steps, e.g. fast_dev_run: the cosine lambda below)
             return step_schedule(optimizer, one_cycle(optimizer, warmup, total))
-        return step_schedule(optimizer, self.lr_lambdas(groups, warmup, total, self.min_lr_ratio(o.min_lr, lr)))
-
-    def lr_lambdas(self, groups: list[dict[str, Any]], warmup: int, total: int, min_ratio: float
-                   ) -> list[Callable[[int], float]]:
-        """Each group's lr multiplier of the step: warm-up + cosine; where the strategy trains the head alone first
-        (``Staged``, ``Adapters(head_epochs)``) the rest's groups warm up again from the epoch they start training."""
-        schedule = lambda step: warmup_cosine(step, warmup, total, min_ratio)
-        unfreeze = self.finetune.unfreeze_epoch()
-        if unfreeze is None:
-            return [schedule] * len(groups)
-        start = unfreeze * per_epoch_steps(self.trainer, total)
-        rest = total - start
-        backbone = lambda step: warmup_cosine(step - start, warmup, rest, min_ratio) if step >= start else 0.0
-        return [schedule if g["name"].startswith("head_") else backbone for g in groups]
+        unfreeze = self.finetune.unfreeze_epoch()  # Staged, Adapters(head_epochs): the head alone first
+        start = None if unfreeze is None else unfreeze * per_epoch_steps(self.trainer, total)
+        return step_schedule(optimizer, group_schedules(groups, warmup, total, self.min_lr_ratio(o.min_lr, lr), start))
 
     # --- checkpoint (checked on loading by VisionTask.on_load_checkpoint) ---------------------
     def checkpoint_meta(self) -> dict[str, Any]:

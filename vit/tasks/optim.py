@@ -126,6 +126,17 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def group_schedules(groups: list[dict[str, Any]], warmup: int, total: int, min_ratio: float, start: int | None
+                    ) -> list[Callable[[int], float]]:
+    """Each group's lr multiplier of the step: warm-up + cosine over the fit; where the head trains alone first
+    (``start``: the step the rest begins training), the other groups stay at 0 until then and warm up again."""
+    schedule = lambda step: warmup_cosine(step, warmup, total, min_ratio)
+    if start is None:
+        return [schedule] * len(groups)
+    rest = lambda step: warmup_cosine(step - start, warmup, total - start, min_ratio) if step >= start else 0.0
+    return [schedule if g["name"].startswith("head_") else rest for g in groups]
+
+
 class _ThisRunsSchedule:
     """Mixed into a torch lr scheduler: a checkpoint's state gives it the step reached, and the lr of that step
     comes from this run's schedule, whose length (``planned``: the attributes that hold it) is kept.
