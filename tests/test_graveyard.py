@@ -16,7 +16,7 @@ import pytest
 import vit
 from tests.conftest import subprocess_env
 from vit import _graveyard
-from vit._graveyard import MODULES, NAMES, REMOVED_IN, RENAMED
+from vit._graveyard import GONE, MODULES, NAMES, NEW_NAMES, REMOVED_IN, RENAMED
 
 VIT = Path(vit.__file__).parent
 # (old module, a name it had in 0.1, where the name lives now): a hand-written sample, independent of the table
@@ -47,7 +47,26 @@ MOVED = [
     ("vit.cli", "experiment_folder", "vit.checkpoints.runs"),
     ("vit.cli", "TrainingCurves", "vit.cli.training"),
     ("vit.features", "new_run_folder", "vit.checkpoints.runs"),
+    # 0.2's task layer (issue 62)
+    ("vit.tasks.adapters", "PartialEma", "vit.tasks.ema"),
+    ("vit.tasks.adapters", "ema_copy", "vit.tasks.ema"),
+    ("vit.tasks.classify", "MOVED", "vit.tasks.compat"),
+    ("vit.tasks.classify", "old_arguments", "vit.tasks.compat"),
+    ("vit.tasks.classify", "upgraded_hparams", "vit.tasks.compat"),
+    ("vit.tasks.contrastive", "check_head_init", "vit.tasks.classify"),
+    ("vit.tasks.finetune", "STRATEGIES", "vit.tasks.compat"),
+    ("vit.preprocessing", "pretrained_preprocessing", "vit.checkpoints.pretrained_cfg"),
+    ("vit.checkpoints.lora", "load_base", "vit.checkpoints.weights"),
+    ("vit.checkpoints.lora", "load_merged", "vit.checkpoints.weights"),
+    ("vit.checkpoints.weights", "hub_cache", "vit.checkpoints.hub"),
+    ("vit.checkpoints.weights", "HF_HUB", "vit.checkpoints.hub"),
 ]
+# (old module, old name, new module, new name): renamed as they moved
+MOVED_RENAMED = [
+    ("vit.tasks.finetune", "LoraOptions", "vit.tasks.finetune", "Adapters"),
+    ("vit.tasks.multilabel", "LabelEvaluation", "vit.tasks.multilabel", "MultiLabelEvaluation"),
+]
+# (old module, old name, what its error must name): gone with no successor (GONE_SAMPLE, below)
 
 
 def deprecations(action: Callable[[], Any]) -> tuple[Any, list[str]]:
@@ -64,6 +83,15 @@ def fresh_import(name: str) -> Any:
     return importlib.import_module(name)
 
 
+GONE_SAMPLE = [
+    ("vit.tasks.adapters", "AdapterTraining", "vit.tasks.finetune.Adapters"),
+    ("vit.tasks.finetune", "check_strategy", "strategy.check(depth)"),
+    ("vit.tasks.finetune", "frozen_parts", "strategy.frozen(network, roles, epoch)"),
+    ("vit.tasks.finetune", "unfreeze_epoch", "strategy.unfreeze_epoch()"),
+    ("vit.tasks.multilabel", "label_test_report", "vit.tasks.multilabel.label_report"),
+]
+
+
 @pytest.mark.parametrize(("old", "name", "new"), MOVED, ids=[f"{o}.{n}" for o, n, _ in MOVED])
 def test_an_old_name_is_the_new_object_and_its_warning_names_the_new_path(old, name, new):
     found, messages = deprecations(lambda: getattr(importlib.import_module(old), name))
@@ -76,7 +104,7 @@ def test_an_old_module_imports_with_a_warning_naming_its_new_modules(old):
     module, messages = deprecations(lambda: fresh_import(old))
     assert module.__name__ == old
     assert any(all(new in m for new in MODULES[old]) and REMOVED_IN in m for m in messages), messages
-    assert not (VIT / f"{old.split('.')[1]}.py").exists()  # no file of its own: the table is the only place
+    assert not VIT.joinpath(*old.split(".")[1:]).with_suffix(".py").exists()  # no file: the table is the only place
 
 
 def defined_in(module: str) -> list[str]:
@@ -104,6 +132,46 @@ def test_a_name_that_left_a_module_still_there_is_found_with_a_warning(module, n
     found, messages = deprecations(lambda: getattr(importlib.import_module(module), name))
     assert found is getattr(importlib.import_module(NAMES[module, name]), name)
     assert any(f"{NAMES[module, name]}.{name}" in m and REMOVED_IN in m for m in messages), messages
+
+
+@pytest.mark.parametrize(("old", "name", "new", "new_name"), MOVED_RENAMED,
+                         ids=[f"{o}.{n}" for o, n, *_ in MOVED_RENAMED])
+def test_a_renamed_name_is_the_new_object_and_its_warning_names_it(old, name, new, new_name):
+    found, messages = deprecations(lambda: getattr(importlib.import_module(old), name))
+    assert found is getattr(importlib.import_module(new), new_name)
+    assert any(f"{old}.{name} is now {new}.{new_name}" in m and REMOVED_IN in m for m in messages), messages
+
+
+@pytest.mark.parametrize(("module", "name"), sorted(NEW_NAMES))
+def test_every_renamed_entry_gives_the_new_object(module, name):
+    new, new_name = NEW_NAMES[module, name]
+    found, messages = deprecations(lambda: getattr(importlib.import_module(module), name))
+    assert found is getattr(importlib.import_module(new), new_name)
+    assert name not in vars(importlib.import_module(module))  # found by the table, not left behind
+    assert any(f"{new}.{new_name}" in m and REMOVED_IN in m for m in messages), messages
+
+
+@pytest.mark.parametrize(("old", "name", "advice"), GONE_SAMPLE, ids=[f"{o}.{n}" for o, n, _ in GONE_SAMPLE])
+def test_a_gone_name_is_an_import_error_saying_what_to_use(old, name, advice):
+    deprecations(lambda: importlib.import_module(old))
+    with pytest.raises(ImportError, match="is gone") as caught:
+        exec(f"from {old} import {name}", {})  # as a user's line writes it: from ... import keeps the message
+    assert f"{old}.{name}" in str(caught.value) and advice in str(caught.value)
+
+
+@pytest.mark.parametrize(("module", "name"), sorted(GONE))
+def test_every_gone_entry_raises_its_advice_and_the_module_lacks_it(module, name):
+    deprecations(lambda: importlib.import_module(module))
+    with pytest.raises(ImportError) as caught:
+        getattr(importlib.import_module(module), name)
+    assert str(caught.value) == f"{module}.{name} is gone (since 0.2): {GONE[module, name]}"
+    assert name not in vars(importlib.import_module(module))
+
+
+def test_the_gone_adapters_module_names_the_strategy_on_import():
+    _, messages = deprecations(lambda: fresh_import("vit.tasks.adapters"))
+    assert any("vit.tasks.ema" in m and "AdapterTraining is gone" in m and "vit.tasks.finetune.Adapters" in m
+               for m in messages), messages
 
 
 # the renamed loaders answer where 0.1 had them, and in vit.deploy, whose __all__ named them until 0.2

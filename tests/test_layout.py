@@ -191,15 +191,6 @@ def imports_module(test_file: Path, module: str) -> bool:
     return False
 
 
-# Mirrored test files that reach their module another way today (the console script's command table, a package's
-# re-export, another module's function): each imports its module when it is next touched, and leaves this list.
-NOT_YET_IMPORTING = {
-    "tests/data/test_base.py", "tests/data/test_corpus.py",
-    "tests/data/test_fingerprint.py", "tests/serve/test_app.py", "tests/serve/test_schema.py",
-    "tests/tasks/test_base.py", "tests/tasks/test_pretrain.py",
-}
-
-
 def test_each_mirrored_test_file_imports_the_module_it_tests():
     """A module's test file exercises that module, not only something near it: it imports it (by the AST)."""
     sample = TESTS / "nn" / "test_layers.py"
@@ -207,6 +198,5 @@ def test_each_mirrored_test_file_imports_the_module_it_tests():
     not_importing = {str(mirrored_test(p).relative_to(TESTS.parent)) for p in sorted(VIT.rglob("*.py"))
                      if not p.name.startswith("_") and mirrored_test(p).exists()
                      and not imports_module(mirrored_test(p), module_name(p))}
-    new, done = sorted(not_importing - NOT_YET_IMPORTING), sorted(NOT_YET_IMPORTING - not_importing)
-    assert not new, "test files that do not import the module they mirror:\n  " + "\n  ".join(new)
-    assert not done, "these import their module now: take them off NOT_YET_IMPORTING:\n  " + "\n  ".join(done)
+    assert not not_importing, "test files that do not import the module they mirror:\n  " + "\n  ".join(
+        sorted(not_importing))

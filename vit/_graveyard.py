@@ -6,8 +6,9 @@ concern (`vit.deploy`, `vit.checkpoints`, `vit.cli`). Users' notebooks import th
 - a module that is gone (`MODULES`) is made on import by a finder on ``sys.meta_path`` (`install`, called by
   `vit/__init__.py`): ``import vit.weights`` warns once, and each name asked of it (``vit.weights.load_pretrained``)
   is looked up in the modules listed, warning with the one that defines it;
-- a name that left a module that is still there (`NAMES`: ``vit.cli.experiment_folder``) is found by that
-  module's ``__getattr__``, which calls `moved_name`;
+- a name that left a module that is still there (`NAMES`: ``vit.cli.experiment_folder``; `NEW_NAMES` where it
+  was renamed too) is found by that module's ``__getattr__``, which calls `moved_name`; one with no successor
+  (`GONE`: ``vit.tasks.finetune.check_strategy``) is an ImportError that says what to do instead;
 - a function that became another with other arguments (`RENAMED`: ``load_backend``) is kept below, as a wrapper.
 
 Lightning's ``_graveyard`` and timm's table of deprecated names work this way. This module imports nothing of
@@ -47,6 +48,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "vit.quantize": ("vit.cli.data", "vit.deploy.quantize"),
     "vit.training": ("vit.cli.training",),
     "vit.weights": ("vit.checkpoints.weights", "vit.checkpoints.convert"),
+    "vit.tasks.adapters": ("vit.tasks.ema",),  # 0.2's task layer: adapters are a strategy (`GONE`), the EMA stays
 }
 
 # names that left a module that is still there -> (module, name): the module the name lives in now
@@ -56,6 +58,44 @@ NAMES: dict[tuple[str, str], str] = {
     ("vit.cli", "checkpoint_by_name"): "vit.checkpoints.runs",
     ("vit.cli", "TrainingCurves"): "vit.cli.training",
     ("vit.features", "new_run_folder"): "vit.checkpoints.runs",
+    # 0.2's task layer (issue 62): the classifier's parts, the old spellings in compat, the hub in its own module
+    ("vit.tasks.classify", "MOVED"): "vit.tasks.compat",
+    ("vit.tasks.classify", "old_arguments"): "vit.tasks.compat",
+    ("vit.tasks.classify", "upgraded_hparams"): "vit.tasks.compat",
+    ("vit.tasks.contrastive", "check_head_init"): "vit.tasks.classify",
+    ("vit.tasks.finetune", "STRATEGIES"): "vit.tasks.compat",  # the old strings, as the keys of a dict now
+    ("vit.preprocessing", "pretrained_preprocessing"): "vit.checkpoints.pretrained_cfg",
+    ("vit.checkpoints.lora", "load_base"): "vit.checkpoints.weights",
+    ("vit.checkpoints.lora", "load_merged"): "vit.checkpoints.weights",
+    ("vit.checkpoints.lora", "Loader"): "vit.checkpoints.weights",
+    ("vit.checkpoints.weights", "hub_cache"): "vit.checkpoints.hub",
+    ("vit.checkpoints.weights", "hub_folder"): "vit.checkpoints.hub",
+    ("vit.checkpoints.weights", "HF_HUB"): "vit.checkpoints.hub",
+    ("vit.checkpoints.weights", "HUB_WEIGHTS"): "vit.checkpoints.hub",
+    ("vit.checkpoints.weights", "HUB_PROBE_SECONDS"): "vit.checkpoints.hub",
+}
+
+# names that live on under another name -> (module, name) of the new one
+NEW_NAMES: dict[tuple[str, str], tuple[str, str]] = {
+    ("vit.tasks.finetune", "LoraOptions"): ("vit.tasks.finetune", "Adapters"),  # options and strategy in one
+    ("vit.tasks.multilabel", "LabelEvaluation"): ("vit.tasks.multilabel", "MultiLabelEvaluation"),
+}
+
+# names with no successor -> what to do instead: asking for one is an ImportError saying so (an ImportError, not
+# an AttributeError: ``from m import name`` keeps its message)
+_PARTS = "a fine-tuning strategy (vit.tasks.finetune: Full, LinearProbe, Partial, Staged, Adapters)"
+GONE: dict[tuple[str, str], str] = {
+    ("vit.tasks.adapters", "AdapterTraining"): "adapters are the strategy vit.tasks.finetune.Adapters (finetune: "
+                                               "{class_path: vit.tasks.finetune.Adapters})",
+    ("vit.tasks.finetune", "ADAPTERS"): "adapters are one class: isinstance(finetune, vit.tasks.finetune.Adapters)",
+    ("vit.tasks.finetune", "check_strategy"): f"{_PARTS} checks itself: strategy.check(depth); an old string "
+                                              "becomes one with vit.tasks.compat.strategy_named",
+    ("vit.tasks.finetune", "frozen_parts"): f"{_PARTS} answers it: strategy.frozen(network, roles, epoch)",
+    ("vit.tasks.finetune", "unfreeze_epoch"): f"{_PARTS} answers it: strategy.unfreeze_epoch()",
+    ("vit.tasks.multilabel", "label_test_report"): "the test report is vit.tasks.multilabel.label_report, which "
+                                                   "MultiLabelEvaluation.end('test', run) calls",
+    ("vit.tasks.contrastive", "HEAD_INITS"): "head_init is random, zeroshot or zeroshot:TEMPLATES, checked by "
+                                             "vit.tasks.classify.check_head_init",
 }
 
 # functions that became another with other arguments -> how to call the new one; the wrappers are below. They
@@ -92,11 +132,18 @@ def _home(modules: Sequence[str], name: str) -> str | None:
 
 
 def moved_name(module: str, name: str) -> Any:
-    """``module.name`` for a name that moved (`NAMES`, `RENAMED`, or any name of a gone module), with a
-    DeprecationWarning naming where to import it from now; AttributeError for a name the module never had."""
+    """``module.name`` for a name that moved (`NAMES`, `NEW_NAMES`, `RENAMED`, or any name of a gone module), with a
+    DeprecationWarning naming where to import it from now; ImportError saying what to do instead for a name that
+    is gone (`GONE`); AttributeError for a name the module never had."""
+    if (module, name) in GONE:
+        raise ImportError(f"{module}.{name} is gone (since 0.2): {GONE[module, name]}", name=module)
     if name in RENAMED and module in _RENAMED_IN:
         _warn(f"{module}.{name} is now {RENAMED[name]}")
         return globals()[name]
+    if (module, name) in NEW_NAMES:
+        new, new_name = NEW_NAMES[module, name]
+        _warn(f"{module}.{name} is now {new}.{new_name}: import that from {new}")
+        return getattr(importlib.import_module(new), new_name)
     new = NAMES.get((module, name))
     if new is None and module in MODULES and not name.startswith("__"):
         new = _home(MODULES[module], name)
@@ -122,8 +169,9 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__getattr__ = lambda name: moved_name(old, name)
         module.__dir__ = lambda: sorted({n for m in new for n in dir(importlib.import_module(m))
                                          if not n.startswith("_")})
+        gone = "".join(f"; {name} is gone: {advice}" for (m, name), advice in GONE.items() if m == old)
         # stacklevel 2 is the importing line: warnings skips importlib's own frames
-        warnings.warn(f"{old} moved: import from {', '.join(new)} (the old path goes in {REMOVED_IN})",
+        warnings.warn(f"{old} moved: import from {', '.join(new)}{gone} (the old path goes in {REMOVED_IN})",
                       DeprecationWarning, stacklevel=2)
 
 

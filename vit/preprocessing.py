@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vit._graveyard import moved_name
 from vit.errors import UserValueError
 
 # The checkpoint's (and the ONNX metadata's) names for the record's fields.
@@ -128,3 +129,7 @@ class Prepared:
     def interpolation(self) -> str:
         """Resize interpolation."""
         return self.preprocessing.interpolation
+
+
+def __getattr__(name: str) -> Any:
+    return moved_name(__name__, name)  # 0.1's pretrained_preprocessing (vit/_graveyard.py)

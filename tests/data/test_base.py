@@ -7,6 +7,7 @@ import torch
 
 from tests.formats import write_cifar10, write_class_folders
 from vit.data import CIFAR, Digits, ImageFolder
+from vit.data.base import drops_last_batch
 
 
 def datamodule(kind: str, tmp_path):
@@ -83,3 +84,17 @@ def test_the_drop_last_rule_counts_each_ranks_share_of_the_images(tmp_path):
         assert [len(y) for _, y in ranked] == [32, 18]
     dm.trainer = SimpleNamespace(world_size=1, training=False)
     assert dm.train_dataloader().drop_last is True  # the control: one process drops its last 4
+
+
+@pytest.mark.parametrize(("num_samples", "batch_size", "drops"), [
+    (90, 64, True),    # a last batch of 26 < 32: dropped
+    (95, 64, True),    # 31: just under half
+    (96, 64, False),   # 32: half a batch is kept
+    (100, 64, False),  # 36 of 100 images would be a big share of a small folder
+    (128, 64, False),  # no partial batch
+    (40, 64, False),   # under one batch: the only batch is never dropped
+    (64, 64, False),
+    (65, 64, True),    # one image over a batch
+])
+def test_drops_last_batch_only_under_half_a_batch(num_samples, batch_size, drops):
+    assert drops_last_batch(num_samples, batch_size) is drops

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from tests.formats import CORPUS
+from vit.data.corpus import Corpus, decode_lines
 from vit.data.translation import (
     TranslationDataModule,
 )
+from vit.errors import UserValueError
 
 
 def write_tsv(path, lines):
@@ -88,3 +90,24 @@ def test_a_tsv_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
     path.write_bytes(codecs.BOM_UTF8 + "Go.\tVa !\r\nHi.\u2028there.\tSalut.\r\n".encode())
     dm = TranslationDataModule(str(path), val_fraction=0.0)
     assert dm.pairs["train"] == [("Go.", "Va !"), ("Hi.\u2028there.", "Salut.")]  # U+2028 is text, not a new line
+
+
+def test_decode_lines_splits_at_line_ends_only_and_drops_the_bom():
+    data = codecs.BOM_UTF8 + "a\tb\r\nc\u2028d\re\x0cf\ng".encode()
+    assert decode_lines(data, "x.tsv") == ["a\tb", "c\u2028d", "e\x0cf", "g"]
+
+
+def test_decode_lines_names_a_bad_line_or_skips_it():
+    data = b"ok\nbad \xff\nfine"
+    with pytest.raises(UserValueError, match=r"x\.tsv line 2: not valid UTF-8 \(byte 0xff at column 5\)"):
+        decode_lines(data, "x.tsv")
+    assert decode_lines(data, "x.tsv", skip_bad_lines=True) == ["ok", None, "fine"]
+
+
+def test_corpus_keeps_stripped_pairs_and_names_empty_sides():
+    corpus = Corpus()
+    corpus.add(1, " hi ", "salut\n")
+    corpus.add(2, "  ", "x")
+    corpus.add(3, "y", "")
+    assert (corpus.pairs, corpus.lines) == ([("hi", "salut")], [1])
+    assert corpus.problems == [(2, "empty source"), (3, "empty target")]

@@ -16,7 +16,8 @@ from PIL import Image
 
 from tests.serve.conftest import client_of, huge_png, make_app, png_bytes
 from vit.deploy.predict import predict_files
-from vit.serve.core import Predictor
+from vit.serve.app import parse_flag, parse_top_k
+from vit.serve.core import Predictor, RequestError
 
 
 def run(coroutine):
@@ -451,3 +452,25 @@ def test_json_parameters_and_query_top_k(predictor, digit_bytes):
         assert [len(a["top_k"]) for a in (default, query, data_url)] == [3, 2, 4]
         assert query["top_k"] == default["top_k"][:2] and data_url["top_k"][:3] == default["top_k"]
     run(go())
+
+
+@pytest.mark.parametrize(("value", "clip", "expected"), [
+    (1, False, 1), ("5", False, 5), (5, False, 5), (6, True, 5), ("99", True, 5),
+])
+def test_parse_top_k_takes_1_to_the_classes(value, clip, expected):
+    assert parse_top_k(value, 5, clip=clip) == expected
+
+
+@pytest.mark.parametrize("value", [0, 6, "0", "-1", True, 2.0, "²", "--3", None])
+def test_parse_top_k_answers_422_outside_1_to_the_classes(value):
+    with pytest.raises(RequestError) as caught:
+        parse_top_k(value, 5)
+    assert (caught.value.status, caught.value.code) == (422, "bad_top_k")
+
+
+def test_parse_flag_reads_yes_and_no_and_refuses_the_rest():
+    assert [parse_flag(v, "attention") for v in ("1", "TRUE", "yes", "on")] == [True] * 4
+    assert [parse_flag(v, "attention") for v in (None, "0", "False", "no", "off", "")] == [False] * 6
+    with pytest.raises(RequestError) as caught:
+        parse_flag("2", "attention")
+    assert (caught.value.status, caught.value.code) == (422, "bad_attention")

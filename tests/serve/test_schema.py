@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+from pydantic import ValidationError
+
 from tests.serve.conftest import client_of, make_app
+from vit.serve.schema import ERRORS, Record, request_body
 
 
 def test_the_openapi_schema_states_both_answers(predictor):
@@ -30,3 +34,22 @@ def test_the_openapi_schema_states_both_answers(predictor):
         assert {"image/*", "application/json", "multipart/form-data"} <= set(route["requestBody"]["content"])
     assert "application/octet-stream" in task["requestBody"]["content"]
     assert "application/octet-stream" not in predict["requestBody"]["content"]
+
+
+def test_request_body_reads_untyped_bytes_only_where_asked():
+    typed = request_body(untyped=False)["requestBody"]
+    assert typed["required"] is True
+    assert sorted(typed["content"]) == ["application/json", "image/*", "multipart/form-data"]
+    untyped = request_body(untyped=True)["requestBody"]["content"]
+    assert sorted(untyped) == ["application/json", "application/octet-stream", "image/*", "multipart/form-data"]
+    assert untyped["application/octet-stream"] == {"schema": {"type": "string", "format": "binary"}}
+
+
+def test_a_record_reads_class_as_its_entries_index_and_needs_its_fields():
+    answer = {"path": "cat.jpg", "top_k": [{"class": 3, "name": "cat", "probability": 0.5}], "error": None,
+              "batch_size": 2, "timing_ms": {"total": 1.5}}
+    record = Record.model_validate(answer)
+    assert (record.top_k[0].index, record.top_k[0].name, record.labels) == (3, "cat", None)
+    with pytest.raises(ValidationError, match="batch_size"):
+        Record.model_validate({k: v for k, v in answer.items() if k != "batch_size"})
+    assert sorted(ERRORS) == [400, 401, 413, 415, 422, 503, 504]

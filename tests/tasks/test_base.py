@@ -11,7 +11,10 @@ from lightning.pytorch import Callback
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.helpers import quick_trainer, tiny_classifier, tiny_mae
+from vit.errors import UserValueError
 from vit.tasks import Optimization
+from vit.tasks.base import BaseTask, as_config, from_config
+from vit.tasks.finetune import FineTuning, Full, Staged
 
 
 def images(n: int = 24, batch: int = 8) -> DataLoader:
@@ -79,3 +82,18 @@ def test_a_checkpoint_of_another_vit_is_refused_before_any_weight_is_copied():
     with pytest.raises(ValueError, match=r"the checkpoint holds the ImageClassifier task \('classify'\), but the "
                                          r"MaskedAutoencoder task \('pretrain'\) is needed here"):
         tiny_mae().on_load_checkpoint({"vit": ten.checkpoint_meta()})
+
+
+@pytest.mark.parametrize(("min_lr", "lr", "ratio"), [(1e-5, 1e-3, 0.01), (1e-3, 1e-3, 1.0), (2e-3, 1e-3, 1.0),
+                                                      (0.0, 1e-3, 0.0), (1e-5, 0.0, 0.0)])
+def test_min_lr_ratio_is_the_floor_over_the_peak_at_most_one(min_lr, lr, ratio):
+    assert BaseTask.min_lr_ratio(min_lr, lr) == pytest.approx(ratio)
+
+
+def test_a_part_picked_by_class_round_trips_through_its_config():
+    written = as_config(Staged(head_epochs=2))
+    assert written == {"class_path": "vit.tasks.finetune.Staged", "init_args": {"head_epochs": 2}}
+    assert from_config(written, FineTuning, Full()) == Staged(head_epochs=2)
+    assert from_config(None, FineTuning, Full()) == Full() and as_config(3) == 3
+    with pytest.raises(UserValueError, match=r"is not a vit\.tasks\.finetune\.FineTuning"):
+        from_config({"class_path": "vit.tasks.heads.SingleLabelHead"}, FineTuning, Full())

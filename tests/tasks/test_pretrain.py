@@ -13,12 +13,15 @@ from tests import CONFIGS
 from tests.commands.test_probe import noisy_colour_folder
 from tests.conftest import free_port, quiet_run
 from tests.formats import random_rgb
-from tests.helpers import TINY_DIM
+from tests.helpers import TINY_DIM, tiny_mae
 from vit.checkpoints.io import read_checkpoint
 from vit.cli.main import cli
 from vit.commands import main
+from vit.errors import UserValueError
+from vit.tasks.pretrain import MaskedAutoencoder
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")]
+# the CLI runs are slow; the MAE task's own checks at the end are not
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
 RECIPE = str(CONFIGS / "pretrain" / "mae_folder_vit_small.yaml")
 SHRUNK_MODEL = f"{{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2, patch_size: 8}}"  # a 4x4 grid at 32x32
@@ -54,6 +57,7 @@ def pretrained(tmp_path_factory) -> tuple:
     return run, root, images
 
 
+@pytest.mark.slow
 def test_vit_pretrain_trains_mae_and_writes_its_checkpoint_and_figures(pretrained):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -77,6 +81,7 @@ def test_vit_pretrain_trains_mae_and_writes_its_checkpoint_and_figures(pretraine
     assert all(math.isfinite(e.value) for e in events.Scalars("val_loss"))
 
 
+@pytest.mark.slow
 def test_the_checkpoint_starts_vit_fit_and_vit_probe_with_every_encoder_key(pretrained, tmp_path):
     from vit.cli.main import build_model_and_data
 
@@ -100,6 +105,7 @@ def test_the_checkpoint_starts_vit_fit_and_vit_probe_with_every_encoder_key(pret
     assert fit.trainer.global_step > 0 and fit.model.pretrained_loaded
 
 
+@pytest.mark.slow
 def test_an_interrupted_pretraining_resumes_from_last(pretrained):
     _, root, images = pretrained
     resumed = cli(["pretrain", *pretrain_args(root, images, epochs=3), "--ckpt_path", "last"])
@@ -107,6 +113,7 @@ def test_an_interrupted_pretraining_resumes_from_last(pretrained):
     assert read_checkpoint(root / "ckpt" / "last.ckpt")["global_step"] == 12
 
 
+@pytest.mark.slow
 def test_the_wrong_task_is_a_clear_error(pretrained, capsys):
     _, root, _ = pretrained
     with pytest.raises(SystemExit):
@@ -118,6 +125,7 @@ def test_the_wrong_task_is_a_clear_error(pretrained, capsys):
     assert "holds the MaskedAutoencoder task ('pretrain'), but the ImageClassifier" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_vit_pretrain_under_ddp_on_two_cpu_processes(tmp_path):
     """Two gloo ranks: each trains on its share, val_loss is synced, rank 0 alone draws and saves."""
     import subprocess
@@ -139,3 +147,23 @@ def test_vit_pretrain_under_ddp_on_two_cpu_processes(tmp_path):
     assert read_checkpoint(tmp_path / "ckpt" / "last.ckpt")["global_step"] == 6
     run_dir = tmp_path / "logs" / "mae_digits" / "version_0"
     assert sorted(p.name for p in (run_dir / "reconstructions").iterdir()) == ["epoch_0000.png", "epoch_0001.png"]
+
+
+def test_mae_masks_the_ratio_of_patches_and_pastes_the_visible_ones_back():
+    task = tiny_mae(mask_ratio=0.75).eval()
+    assert isinstance(task, MaskedAutoencoder)
+    images = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    out, mask = task.reconstruct(images, torch.Generator().manual_seed(1))
+    n = mask.shape[1]
+    assert mask.sum(1).tolist() == [n - int(n * (1 - 0.75))] * 3  # MAE's len_keep = int(L * (1 - ratio))
+    side = math.isqrt(n)
+    p = 8 // side  # the patch side
+    shown = mask.view(3, 1, side, side).repeat_interleave(p, 2).repeat_interleave(p, 3) == 0
+    assert torch.equal(out[shown], images[shown])  # the visible patches are the image itself
+    assert not torch.allclose(out[~shown], images[~shown])
+
+
+@pytest.mark.parametrize("ratio", [0.0, 1.0])
+def test_mae_needs_some_patches_visible_and_some_masked(ratio):
+    with pytest.raises(UserValueError, match=f"mask_ratio {ratio} leaves"):
+        tiny_mae(mask_ratio=ratio)

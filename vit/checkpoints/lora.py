@@ -24,6 +24,7 @@ from typing import Any
 
 from torch import Tensor
 
+from vit._graveyard import moved_name
 from vit.checkpoints.meta import META_KEY, STATE_PREFIXES, evaluated_weights
 from vit.errors import UserValueError
 
@@ -107,3 +108,7 @@ def export_adapters(checkpoint: dict[str, Any], where: str | os.PathLike, out_di
 
 __all__ = ["STATE_PREFIXES", "base_identity", "base_to_resume", "completed", "describe_base", "export_adapters",
            "held_names"]
+
+
+def __getattr__(name: str) -> Any:
+    return moved_name(__name__, name)  # 0.1's load_base, load_merged, Loader (vit/_graveyard.py)

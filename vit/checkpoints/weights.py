@@ -23,8 +23,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from vit._graveyard import moved_name
+from vit.checkpoints import hub
 from vit.checkpoints.convert import to_timm_names
-from vit.checkpoints.hub import HF_HUB, HUB_WEIGHTS, cached_file, check_reachable, hub_folder, hub_repo, hub_weights
+from vit.checkpoints.hub import cached_file, check_reachable, hub_repo, hub_weights
 from vit.checkpoints.lora import describe_base
 from vit.checkpoints.meta import EMA_PREFIX, META_KEY, MODEL_PREFIX, evaluated_weights
 from vit.errors import UserError, UserPathError, UserValueError, WeightsUnavailableError
@@ -55,9 +57,9 @@ def weights_file(path: str | os.PathLike) -> Path:
     """The checkpoint file ``path`` names (a hub folder: its weights file), or an error naming what is missing."""
     path = Path(path)
     if path.is_dir():
-        found = [path / name for name in HUB_WEIGHTS if (path / name).is_file()]
+        found = [path / name for name in hub.HUB_WEIGHTS if (path / name).is_file()]
         if not found:
-            raise UserPathError(f"{path}: a folder without {' or '.join(HUB_WEIGHTS)}")
+            raise UserPathError(f"{path}: a folder without {' or '.join(hub.HUB_WEIGHTS)}")
         path = found[0]
     if not path.is_file():
         raise UserPathError(f"checkpoint file not found: {path}")
@@ -266,17 +268,17 @@ def check_available(source: str | os.PathLike) -> None:
     if _names_a_file(source):
         weights_file(source)
         return
-    if str(source).startswith(HF_HUB):
-        hub_folder(str(source))
+    if str(source).startswith(hub.HF_HUB):
+        hub.hub_folder(str(source))
         return
-    hub = hub_repo(str(source))  # unknown names and weights outside the hub: left to load_pretrained
-    if hub is not None and cached_file(*hub) is None:
-        check_reachable(str(source), hub[0])
+    repo = hub_repo(str(source))  # unknown names and weights outside the hub: left to load_pretrained
+    if repo is not None and cached_file(*repo) is None:
+        check_reachable(str(source), repo[0])
 
 
 def _names_a_file(source: str | os.PathLike) -> bool:
     """A checkpoint file or hub folder, rather than a timm pretrained name or a shared model (hf-hub:)."""
-    if str(source).startswith(HF_HUB):
+    if str(source).startswith(hub.HF_HUB):
         return False
     path = Path(source)
     return path.suffix.lower() in SUFFIXES or path.exists() or os.sep in str(source)
@@ -325,7 +327,7 @@ def load_pretrained(model: VisionTransformer, source: str | os.PathLike) -> Load
     result = LoadResult(source=str(source))
     if _names_a_file(source):
         sd = read_state_dict(source)
-    elif str(source).startswith(HF_HUB):
+    elif str(source).startswith(hub.HF_HUB):
         sd = _from_timm_hub(str(source))
     else:
         import timm
@@ -343,3 +345,7 @@ def load_pretrained(model: VisionTransformer, source: str | os.PathLike) -> Load
     for note in result.notes:
         log.warning("%s: %s", result.source, note)
     return result
+
+
+def __getattr__(name: str) -> Any:
+    return moved_name(__name__, name)  # 0.1's hub_cache, hub_folder, HF_HUB, ... (vit/_graveyard.py)

@@ -17,12 +17,13 @@ from typing import Any, ClassVar
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
+from vit._graveyard import moved_name
 from vit.checkpoints.meta import META_KEY, classify_meta
 from vit.errors import UserValueError
 from vit.preprocessing import Prepared, Preprocessing
+from vit.tasks import compat
 from vit.tasks.backbones import backbone_named
 from vit.tasks.base import VisionTask, as_config, from_config
-from vit.tasks.compat import MOVED, read_old_spellings, upgraded_arguments
 from vit.tasks.ema import check_ema_sharding, ema_copy
 from vit.tasks.evaluation import Run
 from vit.tasks.finetune import FineTuning, Frozen, Full, Staged, apply_freezing
@@ -84,9 +85,9 @@ class ImageClassifier(Prepared, VisionTask):
     """
 
     task = "classify"
-    moved: ClassVar[dict[str, str]] = MOVED
+    moved: ClassVar[dict[str, str]] = compat.MOVED
     test_tta: str = "none"  # the test's TTA: "flip" where `vit fit --calibrate` measured it better on val
-    old_spellings = staticmethod(upgraded_arguments)  # what `vit fit`'s parser reads the new way, with a warning
+    old_spellings = staticmethod(compat.upgraded_arguments)  # what `vit fit`'s parser reads the new way, with a warning
 
     def __init__(
         self,
@@ -125,7 +126,7 @@ class ImageClassifier(Prepared, VisionTask):
         """The parts the hyperparameters name (backbone, head, optim, finetune), the network and its EMA copy,
         randomly initialised (Lightning's ``configure_model`` hook, below, loads the pretrained weights)."""
         hp = self.hparams
-        read_old_spellings(hp, type(self))  # finetune: lora, mean, ...: read the new way, with a warning
+        compat.read_old_spellings(hp, type(self))  # finetune: lora, mean, ...: read the new way, with a warning
         self.backbone = backbone_named(hp.backbone)
         self.head: ClassificationHead = head_for(from_config(hp.head, ClassificationHead, SingleLabelHead()),
                                                  hp.label_kind)
@@ -343,3 +344,7 @@ def check_head_init(head_init: str, pretrained: str | None, backbone: str) -> No
         raise UserValueError(f"head_init: zeroshot builds our ViT's image tower; backbone {backbone!r} cannot take it")
 
 __all__ = ["ImageClassifier", "check_head_init"]
+
+
+def __getattr__(name: str) -> Any:
+    return moved_name(__name__, name)  # 0.1's MOVED, old_arguments, upgraded_hparams (vit/_graveyard.py)

@@ -27,6 +27,7 @@ from typing import Any
 
 from torch import Tensor
 
+from vit._graveyard import moved_name
 from vit.checkpoints.average import TRAINING_ONLY
 from vit.checkpoints.io import read_checkpoint
 from vit.checkpoints.meta import META_KEY, expect_task
@@ -210,3 +211,7 @@ def zeroshot_start(model: VisionTransformer, source: str | os.PathLike, class_na
 
 __all__ = ["LOSSES", "ContrastiveTask", "load_contrastive", "load_text_model",
            "zeroshot_classifier", "zeroshot_start"]
+
+
+def __getattr__(name: str) -> Any:
+    return moved_name(__name__, name)  # 0.1's check_head_init, HEAD_INITS (vit/_graveyard.py)

@@ -38,6 +38,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from vit._graveyard import moved_name
 from vit.checkpoints.lora import STATE_PREFIXES, base_identity, completed, describe_base, held_names
 from vit.checkpoints.meta import META_KEY
 from vit.checkpoints.weights import load_base
@@ -350,3 +351,7 @@ def apply_freezing(network: nn.Module, frozen: Frozen) -> None:
 
 __all__ = ["Adapters", "FineTuning", "Frozen", "Full", "LinearProbe", "Partial", "Staged", "adapter_trained",
            "apply_freezing"]
+
+
+def __getattr__(name: str) -> Any:
+    return moved_name(__name__, name)  # 0.1's LoraOptions, STRATEGIES, check_strategy, ... (vit/_graveyard.py)

@@ -31,6 +31,7 @@ from torchmetrics.functional.classification import (
 )
 from torchmetrics.utilities import dim_zero_cat
 
+from vit._graveyard import moved_name
 from vit.checkpoints.meta import label_meta, label_thresholds
 from vit.tasks.evaluation import Evaluation, Run
 
@@ -281,3 +282,7 @@ def label_report(run: Run, probs: Tensor, targets: Tensor, thresholds: Tensor, m
 
 __all__ = ["LabelMistakes", "LabelScores", "MultiLabelEvaluation", "MultiLabelMixup", "choose_thresholds", "class_ap",
            "label_metrics", "label_report", "mix_targets", "save_label_report"]
+
+
+def __getattr__(name: str) -> Any:
+    return moved_name(__name__, name)  # 0.1's LabelEvaluation, label_test_report (vit/_graveyard.py)
