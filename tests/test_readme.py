@@ -87,13 +87,25 @@ class Parsed(Exception):
 def test_every_script_command_parses(argv, monkeypatch):
     """Each script runs up to its argument parsing with the documented arguments, and stops there."""
     assert (ROOT / argv[0]).is_file(), argv[0]
-    original = argparse.ArgumentParser.parse_args
+    parse_args, parse_known_args = argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args
+    inside = []  # parse_args calls parse_known_args, then refuses what is left: that refusal is checked too
 
     def parse_then_stop(self, args=None, namespace=None):
-        original(self, args, namespace)
+        inside.append(True)
+        try:
+            parse_args(self, args, namespace)
+        finally:
+            inside.pop()
+        raise Parsed
+
+    def parse_known_then_stop(self, args=None, namespace=None):  # a script that hands the rest on (LightningCLI)
+        found = parse_known_args(self, args, namespace)
+        if inside:
+            return found
         raise Parsed
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", parse_known_then_stop)
     monkeypatch.setattr(sys, "argv", [str(ROOT / argv[0]), *argv[1:]])
     monkeypatch.syspath_prepend(str((ROOT / argv[0]).parent))  # as running it does: its siblings import by name
     with pytest.raises(Parsed):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -106,11 +107,13 @@ def test_the_checkpoint_starts_vit_fit_and_vit_probe_with_every_encoder_key(pret
 
 
 @pytest.mark.slow
-def test_an_interrupted_pretraining_resumes_from_last(pretrained):
+def test_an_interrupted_pretraining_resumes_from_last(pretrained, tmp_path):
     _, root, images = pretrained
-    resumed = cli(["pretrain", *pretrain_args(root, images, epochs=3), "--ckpt_path", "last"])
+    shutil.copytree(root / "ckpt", tmp_path / "ckpt")  # a copy: the module's other tests read the fixture's last.ckpt
+    resumed = cli(["pretrain", *pretrain_args(tmp_path, images, epochs=3), "--ckpt_path", "last"])
     assert resumed.trainer.global_step == 3 * 4 and resumed.trainer.current_epoch == 3
-    assert read_checkpoint(root / "ckpt" / "last.ckpt")["global_step"] == 12
+    assert read_checkpoint(tmp_path / "ckpt" / "last.ckpt")["global_step"] == 12
+    assert read_checkpoint(root / "ckpt" / "last.ckpt")["global_step"] == 8
 
 
 @pytest.mark.slow

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -31,6 +33,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
+from vit.checkpoints.io import read_checkpoint
 from vit.checkpoints.meta import META_KEY, expect_task
 from vit.errors import UserValueError
 from vit.nn.vision import VisionTransformer
@@ -57,6 +60,14 @@ class BaseTask(LightningModule):
         self.configure_models()
         self.configure_losses()
         self.configure_metrics()
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """Lightning's, after a check that the file holds this task: another task's hyperparameters would build this
+        one (and fail on arguments it never took) before ``on_load_checkpoint`` could say what the file holds."""
+        if isinstance(checkpoint_path, (str, os.PathLike)) and Path(checkpoint_path).is_file():
+            expect_task(read_checkpoint(checkpoint_path, mmap=True), cls.task, "the checkpoint")
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def configure_models(self) -> None:
         """Build the networks."""
