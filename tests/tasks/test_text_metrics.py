@@ -14,6 +14,7 @@ from vit.tasks.text_metrics import CharF
     (["abcdefgh", "ab"], ["abc", "abcd"]),  # references shorter than the 6-grams, outputs longer
     (["a b c", "", ""], ["abc", "d", "ef"]),  # whitespace is not a character; nothing of two lines right
     (["", ""], ["ab", "cd"]),  # nothing at all
+    (["xyz", "uvw"], ["abc", "def"]),  # n-grams on both sides, none shared: 0, not the F of nothing
 ])
 def test_chrf_is_sacrebleus_on_empty_wrong_and_short_lines(hyps, refs):
     metric = CharF()
