@@ -141,7 +141,9 @@ def test_image_recipe_runs_its_whole_pipeline(path, tmp_path):
     assert classifier.class_names == run.datamodule.class_names
     assert logged(trainer, "test_acc")  # ... and the test ran on it
     assert "confidence" in torch.load(best, weights_only=True)  # --calibrate true: T and "unknown" in the best
-    if init.get("finetune") in ("lora", "dora"):  # adapters: the file holds what trained, the base is named
+    from vit.tasks.finetune import Adapters
+
+    if isinstance(model.finetune, Adapters):  # adapters (any spelling): the file holds what trained, the base is named
         saved = torch.load(best, weights_only=True)
         assert saved["vit"]["lora"]["base"]["path"] and not any(k.endswith("qkv.weight") for k in saved["state_dict"])
     if "distillation" in init:  # the student learnt from the teacher, which is not in its file
