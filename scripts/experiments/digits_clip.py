@@ -1,17 +1,21 @@
 """A known answer offline for zero-shot classification: a tiny CLIP trained from scratch on captions of
 scikit-learn's digits, scored zero-shot on the digits' test split with prompt templates it never saw in training;
-then `head_init: zeroshot` fine-tuning against a random head, and WiSE-FT (`vit average`) between the zero-shot
-and the fine-tuned classifier. Seeds 0-2; the table and the ablation go in docs/zeroshot.md.
+then `head_init: zeroshot` fine-tuning against a random head, what the recipe keeps (`keep_better`: the fine-tune
+only where it beats the zero-shot start on validation), and WiSE-FT (`vit average`) between the zero-shot and the
+fine-tuned classifier. Seeds 0-2; the table and the ablation go in docs/zeroshot.md.
 
-    python scripts/experiments/digits_clip.py --seeds 0 1 2   # the measured run; --help lists the ablation's switches
+    python scripts/experiments/digits_clip.py --seeds 0 1 2           # the measured run; --help lists the switches
+    python scripts/experiments/digits_clip.py --seeds 0 1 2 --reuse   # the fine-tunes again on the saved CLIPs
 
 Every training image gets a caption row per template of TEN_TEMPLATES + MORE_TEMPLATES (38), the digit as a
 numeral or a word ("a handwritten 7", "the digit seven", ...); `CaptionTable` pairs it with one of them per visit,
 drawn anew each epoch (``--captions one``: one caption per image drawn once, as before). The contrastive batches
 hold ten different digits (`DistinctDigits`; ``--no-distinct --batch 32`` for plain shuffled batches). The
 zero-shot classifier is built from HELD_OUT templates filled with the class names the data carries ("0".."9"):
-"a picture of 7"; no training caption holds a held-out phrasing or its words (asserted below). About 60-85 s a
-seed with one torch thread on the shared 2-core machine.
+"a picture of 7"; no training caption holds a held-out phrasing or its words (asserted below). The fine-tunes
+train on the plain images the contrastive training saw (``--ft_affine``: with `Digits`' random affine, which cost
+the zero-shot head's fine-tune 7 points; scripts/experiments/digits_clip_finetune.py measures each cause). About
+60-85 s a seed with one torch thread on the shared 2-core machine; with ``--reuse`` about 20 s.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import csv
 import json
 import random
+import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -37,8 +42,11 @@ from vit.checkpoints.meta import classifier_checkpoint
 from vit.data.captions import CaptionSampler, CaptionTable
 from vit.data.digits import DIGITS_MEAN, DIGITS_STD, Digits, DigitsSet
 from vit.deploy import load_classifier
+from vit.nn.clip import CLIP
+from vit.preprocessing import Preprocessing
 from vit.tasks import ImageClassifier, Optimization
-from vit.tasks.contrastive import ContrastiveTask, zeroshot_classifier
+from vit.tasks.contrastive import ContrastiveTask, load_contrastive, zeroshot_classifier
+from vit.tasks.heads import SingleLabelHead
 
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 # {n}: the numeral, {w}: the word. Training captions only: none of these is a HELD_OUT template (checked below).
@@ -60,6 +68,7 @@ assert not any(h.replace("{}", "").strip() in t or w in t.split() for t in TEN_T
 VISION_KWARGS = {"embed_dim": 64, "depth": 4, "num_heads": 4}
 TEXT = {"embed_dim": 64, "depth": 2, "num_heads": 4, "mlp_ratio": 2.0}
 TOWER = {**VISION_KWARGS, "proj_dim": 64, "normalize_embedding": True}  # the classifier of that image tower
+NO_AFFINE = {"max_shift": 0.0, "max_rotation": 0.0, "zoom": (1.0, 1.0)}  # `Digits` without its random affine
 
 
 def captions(label: int, templates: Sequence[str]) -> list[str]:
@@ -173,42 +182,66 @@ def train_clip(data: Digits, seed: int, root: Path, args: argparse.Namespace) ->
     return task.eval()
 
 
-class TestEachEpoch(Callback):
-    """Top-1 on the test split after every training epoch (the evaluated weights), for epochs-to-accuracy."""
+class EachEpoch(Callback):
+    """Validation and test top-1 of the evaluated weights: the start (`record`, before fit) and every epoch's end."""
 
-    def __init__(self, test: DigitsSet) -> None:
-        self.test, self.curve = test, []
+    def __init__(self, data: Digits) -> None:
+        self.data, self.val, self.test = data, [], []
+
+    def record(self, model: torch.nn.Module) -> None:
+        self.val.append(top1(model, self.data.val_set))
+        self.test.append(top1(model, self.data.test_set))
 
     def on_train_epoch_end(self, trainer: Trainer, module: ImageClassifier) -> None:
-        self.curve.append(top1(module.eval_model, self.test))
+        self.record(module.eval_model)
         module.train()
 
 
-def fine_tune(data: Digits, seed: int, clip_path: Path, head: str, args: argparse.Namespace
-              ) -> tuple[list[float], dict]:
+def keep_better(val: Sequence[float]) -> int:
+    """The recipe's rule for a fine-tune from the zero-shot head: keep the fine-tuned end (-1) only when it scores
+    higher on validation than the start (0), else the zero-shot classifier; a tie keeps the start."""
+    return -1 if val[-1] > val[0] else 0
+
+
+def fine_tune_data(seed: int, affine: bool) -> Digits:
+    """The fine-tunes' digits: the seed's split, its training images without the random affine unless ``affine``
+    (the contrastive training saw its images plain; with the affine the zero-shot head's start lost 7 points)."""
+    data = Digits(seed=seed, **({} if affine else NO_AFFINE))
+    data.setup("fit")
+    return data
+
+
+def fine_tune(seed: int, clip_path: Path, head: str, args: argparse.Namespace) -> tuple[EachEpoch, dict]:
     """`vit fit` of the CLIP's image tower on the digits' labels from the zero-shot head ("zeroshot") or a random
     one ("random": the zero-shot start with the head re-initialised as a new network's), both arms with the same
-    optimisation; the test top-1 before training and after each epoch, and the final weights as a classifier
-    checkpoint."""
+    optimisation and data (the random affine off unless ``--ft_affine``: the contrastive training saw none); the
+    val and test top-1 before training and after each epoch, and the final weights as a classifier checkpoint."""
     (clip_path.parent / "held_out.txt").write_text("\n".join(HELD_OUT) + "\n")
+    data = fine_tune_data(seed, args.ft_affine)
     seed_everything(seed, verbose=False)
     task = ImageClassifier(model="vit_digits_patch2_8", model_kwargs=TOWER, num_classes=10,
-                           class_names=data.class_names, mean=DIGITS_MEAN, std=DIGITS_STD, interpolation="bilinear",
-                           pretrained=str(clip_path), head_init=f"zeroshot:{clip_path.parent / 'held_out.txt'}",
+                           class_names=data.class_names, pretrained=str(clip_path),
+                           head_init=f"zeroshot:{clip_path.parent / 'held_out.txt'}",
+                           preprocessing=Preprocessing(DIGITS_MEAN, DIGITS_STD, interpolation="bilinear"),
+                           head=SingleLabelHead(label_smoothing=args.ft_smoothing),
                            optim=Optimization(lr=args.ft_lr, warmup_epochs=args.ft_warmup, weight_decay=0.05,
                                               layer_decay=args.layer_decay))
     task.configure_model()
     if head == "random":
         fresh = vit.create_model("vit_digits_patch2_8", **TOWER, num_classes=10)
         task.model.head.load_state_dict(fresh.head.state_dict())
-    curve = TestEachEpoch(data.test_set)
-    curve.curve.append(top1(task.model, data.test_set))  # epoch 0: the start
+    else:  # the zero-shot head's logits times a factor (1: the CLIP's own scale, exp(logit_scale))
+        with torch.no_grad():
+            task.model.head.weight.mul_(args.ft_head_scale)
+            task.model.head.bias.mul_(args.ft_head_scale)
+    curves = EachEpoch(data)
+    curves.record(task.model)  # epoch 0: the start
     task.model.train()
     run = Trainer(default_root_dir=clip_path.parent, accelerator="cpu", max_epochs=args.ft_epochs, logger=False,
                   enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                  num_sanity_val_steps=0, callbacks=[curve])
+                  num_sanity_val_steps=0, limit_val_batches=0, callbacks=[curves])
     run.fit(task, data)
-    return curve.curve, classifier_checkpoint(task.checkpoint_meta(), task.eval_model.state_dict())
+    return curves, classifier_checkpoint(task.checkpoint_meta(), task.eval_model.state_dict())
 
 
 def epochs_to(curve: list[float], target: float) -> int | None:
@@ -216,39 +249,52 @@ def epochs_to(curve: list[float], target: float) -> int | None:
     return next((i for i, acc in enumerate(curve) if acc >= target), None)
 
 
+def clip_of(data: Digits, seed: int, folder: Path, args: argparse.Namespace) -> tuple[CLIP, object, list | None]:
+    """The seed's trained CLIP and tokenizer (and its zero-shot curve): trained and saved as clip.ckpt, or with
+    ``--reuse`` read back from a clip.ckpt an earlier run saved (no curve then)."""
+    if args.reuse and (folder / "clip.ckpt").is_file():
+        clip, tokenizer = load_contrastive(folder / "clip.ckpt")
+        return clip, tokenizer, None
+    task = train_clip(data, seed, folder / "clip", args)
+    save_checkpoint({"vit": task.checkpoint_meta(), "state_dict": {f"clip.{k}": v for k, v in
+                                                                   task.clip.state_dict().items()}},
+                    folder / "clip.ckpt")
+    return task.clip, task.tokenizer, task.zeroshot_curve
+
+
 def run_seed(seed: int, out: Path, args: argparse.Namespace) -> dict[str, float]:
-    """One seed: zero-shot top-1 with held-out templates, the two fine-tunes, and WiSE-FT at alpha 0.5."""
+    """One seed: zero-shot top-1 with held-out templates, the two fine-tunes, what the recipe keeps of the
+    zero-shot head's (`keep_better`), and WiSE-FT at alpha 0.5."""
     data = Digits(seed=seed)
     data.setup("fit")
-    start = time.perf_counter()
-    task = train_clip(data, seed, out / f"seed{seed}" / "clip", args)
-    classifier = zeroshot_classifier(task.clip, task.tokenizer, data.class_names, HELD_OUT)
-    seen = zeroshot_classifier(task.clip, task.tokenizer, data.class_names, ("a handwritten {}",))
+    start, folder = time.perf_counter(), out / f"seed{seed}"
+    clip, tokenizer, curve = clip_of(data, seed, folder, args)
+    classifier = zeroshot_classifier(clip, tokenizer, data.class_names, HELD_OUT)
+    seen = zeroshot_classifier(clip, tokenizer, data.class_names, ("a handwritten {}",))
     result = {"seed": seed, "zeroshot_top1": top1(classifier, data.test_set),
               "zeroshot_top1_train_template": top1(seen, data.test_set),
-              "zeroshot_curve": task.zeroshot_curve, "clip_seconds": time.perf_counter() - start}
+              "zeroshot_curve": curve, "clip_seconds": time.perf_counter() - start}
     meta = {"task": "classify", "model_name": "vit_digits_patch2_8", "model_config": classifier.config.to_dict(),
             "class_names": data.class_names, "mean": list(DIGITS_MEAN), "std": list(DIGITS_STD), "crop_pct": 1.0,
             "interpolation": "bilinear"}
-    save_checkpoint(classifier_checkpoint(meta, classifier.state_dict()), out / f"seed{seed}" / "zeroshot.ckpt")
-    save_checkpoint({"vit": task.checkpoint_meta(), "state_dict": {f"clip.{k}": v for k, v in
-                                                                   task.clip.state_dict().items()}},
-                    out / f"seed{seed}" / "clip.ckpt")
-    folder = out / f"seed{seed}"
+    save_checkpoint(classifier_checkpoint(meta, classifier.state_dict()), folder / "zeroshot.ckpt")
     if not args.ft_epochs:
         print(json.dumps(result), flush=True)
         return result
-    zs_curve, zs_ft = fine_tune(data, seed, folder / "clip.ckpt", "zeroshot", args)
-    rnd_curve, _ = fine_tune(data, seed, folder / "clip.ckpt", "random", args)
+    zs, zs_ft = fine_tune(seed, folder / "clip.ckpt", "zeroshot", args)
+    rnd, _ = fine_tune(seed, folder / "clip.ckpt", "random", args)
     save_checkpoint(zs_ft, folder / "finetuned.ckpt")
+    kept = keep_better(zs.val)
+    shutil.copyfile(folder / ("finetuned.ckpt" if kept else "zeroshot.ckpt"), folder / "kept.ckpt")
     save_checkpoint(average_checkpoints([folder / "zeroshot.ckpt", folder / "finetuned.ckpt"], 0.5),
                     folder / "wise.ckpt")
-    target = min(zs_curve[-1], rnd_curve[-1]) - 0.005  # the accuracy both reach (to half a point)
-    result |= {"ft_zeroshot_head": zs_curve[-1], "ft_random_head": rnd_curve[-1],
+    target = min(zs.test[-1], rnd.test[-1]) - 0.005  # the accuracy both reach (to half a point)
+    result |= {"ft_zeroshot_head": zs.test[-1], "ft_random_head": rnd.test[-1], "kept": zs.test[kept],
+               "kept_is": "fine-tuned" if kept else "zero-shot", "val_start_end": [zs.val[0], zs.val[-1]],
                "wise_ft_0.5": top1(load_classifier(folder / "wise.ckpt").model, data.test_set),
-               "target": target, "epochs_zeroshot_head": epochs_to(zs_curve, target),
-               "epochs_random_head": epochs_to(rnd_curve, target), "curve_zeroshot_head": zs_curve,
-               "curve_random_head": rnd_curve, "seconds": time.perf_counter() - start}
+               "target": target, "epochs_zeroshot_head": epochs_to(zs.test, target),
+               "epochs_random_head": epochs_to(rnd.test, target), "curve_zeroshot_head": zs.test,
+               "curve_random_head": rnd.test, "seconds": time.perf_counter() - start}
     print(json.dumps(result), flush=True)
     return result
 
@@ -269,11 +315,18 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--distinct", action=argparse.BooleanOptionalAction, default=True,
                         help="batches of different digits (batch <= 10)")
     parser.add_argument("--lr", type=float, default=2e-3, help="contrastive peak lr")
-    parser.add_argument("--ft_epochs", type=int, default=10, help="epochs of each fine-tune (0: none)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="read each seed's CLIP from OUT/seedS/clip.ckpt when an earlier run saved it")
+    parser.add_argument("--ft_epochs", type=int, default=20, help="epochs of each fine-tune (0: none)")
+    parser.add_argument("--ft_affine", action=argparse.BooleanOptionalAction, default=False,
+                        help="the fine-tunes' data with Digits' random affine (the contrastive training has none)")
     parser.add_argument("--ft_lr", type=float, default=5e-4, help="both fine-tunes' peak lr (the head's)")
-    parser.add_argument("--ft_warmup", type=float, default=0.0, help="both fine-tunes' warm-up epochs")
+    parser.add_argument("--ft_warmup", type=float, default=1.0, help="both fine-tunes' warm-up epochs")
     parser.add_argument("--layer_decay", type=float, default=0.75,
                         help="both fine-tunes' layer-wise lr decay (1: every layer at the head's lr)")
+    parser.add_argument("--ft_smoothing", type=float, default=0.1, help="both fine-tunes' label smoothing")
+    parser.add_argument("--ft_head_scale", type=float, default=1.0,
+                        help="the zero-shot head's weight and bias times this at the fine-tune's start")
     args = parser.parse_args(argv)
     if args.distinct and args.batch > 10:
         parser.error(f"--distinct needs --batch <= 10 (ten digits), got {args.batch}")
@@ -284,8 +337,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     args = parse(argv)
     torch.set_num_threads(1)  # a shared 2-core machine: two threads a process thrashed (40 s an epoch, not 5)
     results = [run_seed(seed, Path(args.out), args) for seed in args.seeds]
-    keys = ("zeroshot_top1", "zeroshot_top1_train_template", "ft_zeroshot_head", "ft_random_head", "wise_ft_0.5",
-            "seconds")
+    keys = ("zeroshot_top1", "zeroshot_top1_train_template", "ft_zeroshot_head", "kept", "ft_random_head",
+            "wise_ft_0.5", "seconds")
     for key in (k for k in keys if k in results[0]):
         values = [r[key] for r in results]
         mean = sum(values) / len(values)
@@ -293,13 +346,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
         print(f"{key}: mean {mean:.3f} sd {spread:.3f} ({', '.join(f'{v:.3f}' for v in values)})")
     if not args.ft_epochs:
         return results
-    print("| seed | zero-shot (held-out templates) | fine-tuned, zero-shot head | fine-tuned, random head | "
-          "WiSE-FT 0.5 | epochs to target: zero-shot head / random head (target) | seconds |")
-    print("|---|---|---|---|---|---|---|")
+    print("| seed | zero-shot (held-out templates) | fine-tuned, zero-shot head | kept by validation | "
+          "fine-tuned, random head | WiSE-FT 0.5 | epochs to target: zero-shot head / random head (target) | seconds |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['seed']} | {r['zeroshot_top1']:.3f} | {r['ft_zeroshot_head']:.3f} | {r['ft_random_head']:.3f} | "
-              f"{r['wise_ft_0.5']:.3f} | {r['epochs_zeroshot_head']} / {r['epochs_random_head']} ({r['target']:.3f}) | "
-              f"{r['seconds']:.0f} |")
+        cells = (f"{r['zeroshot_top1']:.3f}", f"{r['ft_zeroshot_head']:.3f}", f"{r['kept']:.3f} ({r['kept_is']})",
+                 f"{r['ft_random_head']:.3f}", f"{r['wise_ft_0.5']:.3f}",
+                 f"{r['epochs_zeroshot_head']} / {r['epochs_random_head']} ({r['target']:.3f})", f"{r['seconds']:.0f}")
+        print(f"| {r['seed']} | " + " | ".join(cells) + " |")
     return results
 
 
