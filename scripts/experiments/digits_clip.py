@@ -14,8 +14,9 @@ hold ten different digits (`DistinctDigits`; ``--no-distinct --batch 32`` for pl
 zero-shot classifier is built from HELD_OUT templates filled with the class names the data carries ("0".."9"):
 "a picture of 7"; no training caption holds a held-out phrasing or its words (asserted below). The fine-tunes
 train on the plain images the contrastive training saw (``--ft_affine``: with `Digits`' random affine, which cost
-the zero-shot head's fine-tune 7 points; scripts/experiments/digits_clip_finetune.py measures each cause). About
-60-85 s a seed with one torch thread on the shared 2-core machine; with ``--reuse`` about 20 s.
+the fine-tune from the zero-shot head 7 points; scripts/experiments/digits_clip_finetune.py measures each cause).
+About 100-110 s a seed with one torch thread on the shared 2-core machine (the CLIP 70-85 s of it); with ``--reuse``
+about 25 s.
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ def keep_better(val: Sequence[float]) -> int:
 
 def fine_tune_data(seed: int, affine: bool) -> Digits:
     """The fine-tunes' digits: the seed's split, its training images without the random affine unless ``affine``
-    (the contrastive training saw its images plain; with the affine the zero-shot head's start lost 7 points)."""
+    (the contrastive training saw its images plain; with the affine the fine-tune fell 7 points below its start)."""
     data = Digits(seed=seed, **({} if affine else NO_AFFINE))
     data.setup("fit")
     return data
