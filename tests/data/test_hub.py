@@ -167,3 +167,14 @@ def test_vit_fit_with_the_scratch_recipe_reads_hub_parquet_unchanged_and_the_car
         "01234567"
     front = card_data(None, facts, "vit_small", "digits").to_dict()
     assert front["datasets"] == ["vit-tests/digits"]
+
+
+def test_vit_fit_on_an_uncached_hf_name_offline_fails_in_one_line(tmp_path, monkeypatch, capsys):
+    from tests.test_errors import SCRATCH, user_error
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "nothing"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    err = user_error(["fit", "--config", SCRATCH, "--data.init_args.root", "hf://someone/digits"], capsys)
+    line = next(x for x in err.splitlines() if "hf download" in x)
+    assert "hf://someone/digits is not in the local Hub cache" in line
+    assert "`hf download someone/digits --repo-type dataset`" in line

@@ -113,9 +113,12 @@ def _codes(column: Any, names: list[str] | None, class_label: list[str] | None) 
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if class_label is not None:
+    if class_label is not None:  # ints into the feature's names, then into ``names`` (data.classes) where they differ
         codes = column.fill_null(-1).to_numpy().astype(np.int64)
         codes[(codes < -1) | (codes >= len(class_label))] = -2
+        if names != class_label:
+            lookup = np.asarray([names.index(n) if n in names else -2 for n in class_label], dtype=np.int64)
+            codes[codes >= 0] = lookup[codes[codes >= 0]]
         return codes
     text = column.cast(pa.string())
     found = pc.index_in(text, value_set=pa.array(names, pa.string())).fill_null(-2).to_numpy().astype(np.int64)
@@ -177,7 +180,7 @@ def read_hf(source: HFSource, *, image_column_name: str | None = None, label_col
             raise UserValueError(f"{where}: split {name} lacks column {image!r} or {label!r}; its columns: "
                                  f"{table.column_names}")
         chunks += _image_chunks(table.column(image), source.folder, start, paths, bad)
-        codes, hot = _encode(table.column(label), names, class_label if classes is None else None, multi, start, bad)
+        codes, hot = _encode(table.column(label), names, class_label, multi, start, bad)
         labels.append(codes)
         targets.append(hot)
         split_of += [name] * len(table)

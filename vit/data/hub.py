@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from vit.data.fast import collate
 from vit.data.fingerprint import fingerprint
@@ -168,7 +168,7 @@ class HFDataset(LabelsFile):
         if not bad:
             return splits
         report = describe_bad_rows(self.spec, bad, len(rows))
-        if not (self.skip_bad_images or self.skip_bad_rows):
+        if not self.skip_bad_images:
             raise UserValueError(f"{report}\nFix or remove these rows, or set data.skip_bad_images: true to train "
                                  "without them.")
         log.warning("leaving out %s", report)
@@ -234,8 +234,10 @@ class HFDataset(LabelsFile):
 def _header_problem(source: Any) -> str | None:
     """What is wrong with an encoded image, from its header alone, or None."""
     try:
-        with Image.open(source) as img:
-            img.size  # noqa: B018 (the header is read)
+        with Image.open(source):
+            pass
+    except UnidentifiedImageError:
+        return "not an image in a format PIL reads"
     except Exception as e:  # PIL raises several types for bad data; all mean the same to a user
-        return f"{type(e).__name__}: {e}"
+        return f"unreadable header ({type(e).__name__}: {e})"
     return None
