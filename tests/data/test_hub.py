@@ -178,3 +178,20 @@ def test_vit_fit_on_an_uncached_hf_name_offline_fails_in_one_line(tmp_path, monk
     line = next(x for x in err.splitlines() if "hf download" in x)
     assert "hf://someone/digits is not in the local Hub cache" in line
     assert "`hf download someone/digits --repo-type dataset`" in line
+
+
+def test_rows_interleaved_across_classes_are_ordered_and_split_as_the_class_folders(three_ways, tmp_path):
+    """Rows dealt class by class in turn (each class's rows still in the folder's order) come out in the folder
+    path's order, so the seeded split takes the same images in the same order."""
+    labels = three_ways["labels"]
+    images, _ = digits(20)
+    order = sorted(range(len(labels)), key=lambda i: (i % 20, labels[i]))  # 0, 20, 40, ...: one of each class
+    write_parquet(tmp_path / "p", {"train": dataset([images[i] for i in order], [labels[i] for i in order], NAMES)})
+    folder = ImageFolder(str(three_ways["root"] / "folder"), **OPTS)
+    data = HFDataset(str(tmp_path / "p"), **OPTS)
+    folder.setup("fit")
+    data.setup("fit")
+    row_of = {p: i for i, p in enumerate(three_ways["paths"])}
+    for split in ("train", "val", "test"):
+        ours, theirs = getattr(data, f"{split}_set").samples, getattr(folder, f"{split}_set").samples
+        assert [(order[r], label) for r, label in ours] == [(row_of[p], label) for p, label in theirs]
