@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multilabel_digits import recipe_arm, write_composites  # noqa: E402
+from multilabel_digits import recipe_arm, write_composites
 
 
 def write_arrow(folder: Path, out: Path) -> Path:
