@@ -45,7 +45,8 @@ def want_traceback() -> bool:
 
 # Optional packages -> the extra of pyproject.toml that brings each (one feature each).
 EXTRAS = {"litdata": "shards", "webdataset": "shards", "wandb": "wandb", "onnx": "export", "onnxruntime": "export",
-          "onnxscript": "export", "fastapi": "serve", "uvicorn": "serve", "ipywidgets": "notebook"}
+          "onnxscript": "export", "fastapi": "serve", "uvicorn": "serve", "ipywidgets": "notebook",
+          "pyarrow": "hf", "datasets": "hf"}
 
 
 def missing_extra(error: BaseException) -> MissingPackageError | None:

@@ -53,6 +53,7 @@ from vit.cli.training import (
     VitTrainer,
 )
 from vit.data.base import no_test_reason
+from vit.data.hf import is_hf_root
 from vit.errors import UserValueError
 from vit.preprocessing import DATA_KEYS
 
@@ -146,6 +147,7 @@ class VitCLI(LightningCLI):
             import torch
 
             torch.set_num_threads(config["num_threads"])
+        read_hf_data_as_such(config)
         init_args = config.get("model", {}).get("init_args") or {}
         follow_the_weights(config)  # before the pretrained source is dropped for a resume, below
         if config.get("ckpt_path") and init_args.get("pretrained"):
@@ -333,6 +335,15 @@ def follow_the_weights(config: Any) -> None:
     rank_zero_info("preprocessing from " + origin + ": "
                    + (", ".join(f"{k} {data_args[k]}" for k in filled) or "nothing filled in")
                    + (f" ({'; '.join(notes)})" if notes else ""))
+
+
+def read_hf_data_as_such(config: Any) -> None:
+    """ImageFolder or LabelsFile given Hugging Face data (hf://, a save_to_disk or Parquet folder): read it with
+    vit.data.HFDataset, which takes their options, so every recipe runs on such data unchanged."""
+    data = config.get("data") or {}
+    root = (data.get("init_args") or {}).get("root")
+    if str(data.get("class_path")).endswith((".ImageFolder", ".LabelsFile")) and root and is_hf_root(root):
+        data["class_path"] = "vit.data.hub.HFDataset"
 
 
 def data_class(config: Any) -> type | None:

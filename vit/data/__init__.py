@@ -11,8 +11,12 @@ prediction never loads Lightning.
     folder.py       class folders (and ImageNet's layout); cifar.py, digits.py: the bundled formats
     rows.py         a labels table's rows (CSV, TSV, JSONL) read without Lightning; table.py: its DataModule;
                     stratify.py: multi-label splits that keep each label's share
+    hf.py           Hugging Face data (save_to_disk, Hub Parquet, hf://) found and read with pyarrow; hfrows.py: its
+                    rows as a labels table; hub.py: its DataModule, HFDataset;
+                    hfstream.py: its training rows streamed to every worker and rank, resumable
     captions.py     image-caption tables for contrastive training; clip_text.py: CLIP/SigLIP tokenizers, prompts
-    shards.py       an image folder written as streaming shards; stream.py: read back, with mid-epoch resume
+    shards.py       an image folder written as streaming shards; stream.py: read back, with mid-epoch resume;
+                    seeds.py: the per-sample seeds that make a streamed sample's draws the same in any run
     unlabelled.py   a folder without labels, for MAE pre-training
     tokenizers.py   word, character and BPE tokenizers for the text Transformer; corpus.py: parallel text files;
                     translation.py: its batches and DataModules; synthetic.py: toy translation tasks
@@ -31,6 +35,7 @@ _DATAMODULES = {
     "ImageFolder": "vit.data.folder",
     "ImageNet": "vit.data.folder",
     "LabelsFile": "vit.data.table",
+    "HFDataset": "vit.data.hub",
     "ImageShards": "vit.data.stream",
     "UnlabelledFolder": "vit.data.unlabelled",
     "TranslationDataModule": "vit.data.translation",

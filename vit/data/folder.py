@@ -63,10 +63,9 @@ class ImageFiles(Dataset):
     each file opened but not decoded and decodes it itself: a JPEG much larger than its crop at a fraction of
     its size.
 
-    A file that fails to decode raises an error naming it; with ``replace_bad`` it is replaced by the
-    next decodable image of its class instead. Failures are counted per file in shared memory, so the
-    counts of all DataLoader workers add up; once more than ``max_bad_fraction`` of the files have
-    failed, loading stops with an error that lists them.
+    A file that fails to decode raises an error naming it; with ``replace_bad`` it is replaced by the next decodable
+    image of its class instead. Failures are counted per file in shared memory, so the counts of all DataLoader
+    workers add up; once more than ``max_bad_fraction`` of the files have failed, loading stops with an error.
     """
 
     def __init__(
@@ -87,6 +86,10 @@ class ImageFiles(Dataset):
         """Which images may stand in for an undecodable one of ``label``: those of its class."""
         return label
 
+    def source(self, path: Any) -> Any:
+        """What a sample's path opens as: the file (`vit.data.hub` gives an Arrow row's bytes)."""
+        return path
+
     def __len__(self) -> int:
         return len(self.samples)
 
@@ -104,9 +107,9 @@ class ImageFiles(Dataset):
         path, label = self.samples[index]
         try:
             if isinstance(self.transform, FastTrainTransform):  # it decodes: a big JPEG at a fraction of its size
-                with open_image(path) as img:
+                with open_image(self.source(path)) as img:
                     return self.transform(img), label
-            img = load_image(path, short_side=self.short_side)
+            img = load_image(self.source(path), short_side=self.short_side)
         except OSError as e:
             if not self.replace_bad:
                 raise UndecodableImageError(
@@ -135,7 +138,8 @@ class ImageFiles(Dataset):
         for other in group[start + 1:] + group[:start]:
             if not self.failures[other]:
                 try:
-                    return load_image(self.samples[other][0], short_side=self.short_side), self.samples[other][1]
+                    return load_image(self.source(self.samples[other][0]), short_side=self.short_side), \
+                        self.samples[other][1]
                 except OSError:
                     self.failures[other] += 1
         raise UndecodableImageError(f"no image of the class of {self.samples[index][0]} can be decoded; `vit audit` "
@@ -153,7 +157,7 @@ class ImageFiles(Dataset):
         """Item ``index`` decoded in its own mode, untransformed, ``.format`` set: as stored, but turned as its EXIF
         orientation says, as training sees it (`vit audit` then finds a phone's tagged original beside its upright
         export)."""
-        with Image.open(self.samples[index][0]) as img:
+        with Image.open(self.source(self.samples[index][0])) as img:
             turned = exif_orientation(img) != 1
             img.load()
         if not turned:

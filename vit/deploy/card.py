@@ -38,6 +38,7 @@ class RunFacts:
     run: Path | None = None
     config: str | None = None  # the run's config.yaml, as written
     data: str | None = None  # the DataModule's class_path
+    dataset: dict[str, Any] | None = None  # Hugging Face data's name, revision and fingerprint (vit.data.HFDataset)
     val_acc: float | None = None
     test: dict[str, float] = field(default_factory=dict)  # only when this checkpoint is the one the run tested
     tested: str | None = None  # the checkpoint the run tested, when it is another
@@ -95,6 +96,8 @@ def run_facts(checkpoint: dict[str, Any], path: str | os.PathLike, run: str | os
     by `find_run`)."""
     facts = RunFacts(Path(path), checkpoint.get("epoch"), checkpoint.get("global_step"),
                      (checkpoint.get("hyper_parameters") or {}).get("pretrained"))
+    facts.dataset = next((v["data_source"] for v in checkpoint.values()  # (the DataModule's state, by its class)
+                          if isinstance(v, dict) and isinstance(v.get("data_source"), dict)), None)
     facts.run = Path(run) if run is not None else find_run(path) if Path(path).is_file() else None
     if facts.run is None:
         return facts
@@ -152,8 +155,10 @@ def card_data(classifier: Classifier, facts: RunFacts, architecture: str, name: 
     from huggingface_hub import EvalResult, ModelCardData
 
     base = base_weights(facts.base)
-    results = [EvalResult(task_type="image-classification", dataset_type=facts.data or "unknown",
-                          dataset_name=(facts.data or "unknown").rsplit(".", 1)[-1], dataset_split="test",
+    hf = facts.dataset or {}
+    results = [EvalResult(task_type="image-classification", dataset_type=hf.get("name") or facts.data or "unknown",
+                          dataset_name=hf.get("name") or (facts.data or "unknown").rsplit(".", 1)[-1],
+                          dataset_split="test", dataset_revision=hf.get("revision"),
                           metric_type=TEST_KEYS[key], metric_name=key, metric_value=value)
                for key, value in facts.test.items()]
     return ModelCardData(
@@ -161,7 +166,16 @@ def card_data(classifier: Classifier, facts: RunFacts, architecture: str, name: 
         base_model=base.get("base_model"), base_model_relation="finetune" if base.get("base_model") else None,
         license=base.get("license"), license_name=base.get("license_name"), license_link=base.get("license_link"),
         model_name=name if results else None, eval_results=results or None,
+        datasets=[hf["name"]] if hf.get("name") else None,
     )
+
+
+def _data_line(facts: RunFacts) -> str:
+    """The training data as the run knew it: Hugging Face data by name, revision and fingerprint, else the class."""
+    hf = facts.dataset
+    if not hf:
+        return f"`{facts.data or 'unknown'}`"
+    return f"`{hf['name']}` (revision {hf.get('revision') or '-'}, fingerprint {hf.get('fingerprint') or '-'})"
 
 
 def _results(facts: RunFacts) -> list[str]:
@@ -252,7 +266,7 @@ def model_card(classifier: Classifier, facts: RunFacts, architecture: str, name:
         "## License", "", f"License: {license_line}.", "",
         "## Intended use and limits", "", f"Intended use: {FILL_IN}", "",
         f"Out-of-scope use and known limits (data it was not trained on, classes it cannot say): {FILL_IN}", "",
-        f"Training data and its license: `{facts.data or 'unknown'}` {FILL_IN}", "",
+        f"Training data and its license: {_data_line(facts)} {FILL_IN}", "",
     ]
     data = card_data(classifier, facts, architecture, name)
     return f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body)
