@@ -4,6 +4,7 @@ each a short message."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -195,3 +196,19 @@ def test_rows_interleaved_across_classes_are_ordered_and_split_as_the_class_fold
     for split in ("train", "val", "test"):
         ours, theirs = getattr(data, f"{split}_set").samples, getattr(folder, f"{split}_set").samples
         assert [(order[r], label) for r, label in ours] == [(row_of[p], label) for p, label in theirs]
+
+
+def test_vit_audit_reads_hub_data_as_it_reads_the_class_folders(three_ways, tmp_path):
+    """`vit audit` on a save_to_disk folder counts what it counts on the same digits as class folders."""
+    from tests.commands.test_audit import audit_args
+    from vit.commands import run
+
+    got = {}
+    for kind in ("folder", "disk"):
+        out = tmp_path / kind
+        run(audit_args(three_ways["root"] / kind, out, tmp_path / f"cache-{kind}", "--no_labels", "--data.img_size",
+                       "8"))
+        got[kind] = json.loads((out / "summary.json").read_text())["inventory"]
+    assert got["disk"]["images"] == got["folder"]["images"] == len(three_ways["labels"])
+    for key in ("images_per_split", "images_per_class"):
+        assert got["disk"][key] == got["folder"][key], key
