@@ -50,7 +50,7 @@ EXACT_TOLERANCE = 1e-4
 BACKENDS = ("torch", "torch autocast bf16", "torch-bf16", "torch-bf16 sdpa", "torch-compile", "torch-compile-bf16",
             "onnx", "onnx-int8", "onnx-int8 dynamic", "openvino", "openvino-bf16", "openvino-int8")
 # what `--backend auto` chooses among, for a checkpoint and for its int8 file (vit.deploy.backends.auto_candidates)
-AUTO_SETS = {"auto": ("torch", "torch-bf16", "onnx", "openvino", "openvino-bf16"),
+AUTO_SETS = {"auto": ("torch", "openvino-bf16", "torch-bf16", "openvino", "onnx"),
              "auto (int8 file)": ("onnx-int8", "openvino-int8")}
 EXACT = ("torch", "torch-compile", "onnx", "openvino")
 

@@ -14,7 +14,7 @@ import vit.deploy.cpu
 from tests.deploy.conftest import ZEN4
 from vit.commands.predict import parse_args
 from vit.deploy import auto, load_classifier
-from vit.deploy.backends import auto_candidates
+from vit.deploy.backends import auto_candidates, load_auto
 
 WEIGHT = torch.randn(10, 12, generator=torch.Generator().manual_seed(0))
 IMAGES = torch.randn(16, 3, 2, 2, generator=torch.Generator().manual_seed(1))
@@ -37,7 +37,9 @@ def overconfident(logits: torch.Tensor) -> torch.Tensor:  # same top-1 everywher
 
 
 PLANTED = {"reference": slow(0.02), "fast-wrong": slow(0.0, wrong), "fast-overconfident": slow(0.0, overconfident),
-           "close": slow(0.01, lambda z: z + 1e-3 * torch.randn(z.shape, generator=torch.Generator().manual_seed(2)))}
+           "close": slow(0.01, lambda z: z + 1e-3 * torch.randn(z.shape, generator=torch.Generator().manual_seed(2))),
+           # a model unsure of everything: probabilities near 1/10, so answers can all change within 0.05 of them
+           "flat": slow(0.02, lambda z: z * 0.01), "flat-wrong": slow(0.0, lambda z: wrong(z * 0.01))}
 
 
 def choice(tmp_path, names, batch_size=4, **kwargs):
@@ -67,6 +69,13 @@ def test_a_fast_wrong_backend_is_never_chosen(tmp_path):
     (tmp_path / "other").mkdir()
     _, chosen, _ = choice(tmp_path / "other", ["reference", "fast-wrong"])
     assert chosen["backend"] == "reference"
+
+
+def test_changed_answers_are_dropped_even_with_close_probabilities(tmp_path):
+    _, chosen, _ = choice(tmp_path, ["flat", "flat-wrong"])
+    wrong_one = chosen["results"]["flat-wrong"]
+    assert wrong_one["max_prob_diff"] <= auto.PROB_TOLERANCE and wrong_one["agreement"] == 0.0
+    assert chosen["backend"] == "flat"
 
 
 @pytest.mark.parametrize(("agreement", "prob_diff", "ok"), [
@@ -113,7 +122,7 @@ def test_auto_on_the_trained_digits_model(trained, tmp_path, monkeypatch):
     shutil.copy(trained["ckpt"], ckpt)
     names = auto_candidates(ckpt)
     assert names[0] == "torch" and "openvino" in names and "torch-compile" not in names
-    model = load_classifier(ckpt, backend="auto", batch_size=8, sample=trained["images"][:16], threads=1)
+    model = load_auto(ckpt, batch_size=8, sample=trained["images"][:16], threads=1, budget_s=5)
     assert model.auto["backend"] == getattr(model, "backend", "torch")
     assert not model.auto["cached"] and set(model.auto["results"]) == set(names)
     again = load_classifier(ckpt, backend="auto", batch_size=8, threads=1)

@@ -35,6 +35,7 @@ BUDGET_S = 30.0  # the whole measurement: builds, warm-ups and timings
 MIN_AGREEMENT = 0.99  # top-1 agreement with the reference on the sample images
 PROB_TOLERANCE = 0.05  # largest |softmax difference| from the reference, any image, any class
 SAMPLE_IMAGES = 16
+TIMED_BATCH = 16  # a larger batch is timed at 16: a CPU's img/s barely moves past it, and the budget holds
 CACHE_VERSION = 1
 
 Model = Callable[[Tensor], Tensor]
@@ -127,7 +128,7 @@ def measure(names: Sequence[str], build: Callable[[str], Model], images: Tensor,
     A candidate that fails to build or run is recorded with its error; one left when the budget is spent is
     recorded as not measured. Both are never chosen."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-    parts = batches(images, batch_size)
+    parts = batches(images, min(batch_size, TIMED_BATCH))
     say(f"--backend auto: timing {len(names)} backends ({', '.join(names)}) on {len(images)} images at batch "
         f"{batch_size}, within {budget_s:.0f} s; the choice is cached for the next run")
     deadline, results, reference = time.perf_counter() + budget_s, {}, None

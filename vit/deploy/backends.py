@@ -291,7 +291,8 @@ def auto_candidates(path: str | os.PathLike, device: str | torch.device = "cpu")
         names = ["onnx-int8", "openvino-int8"] if proto is not None and is_int8(proto) else \
             ["onnx", "openvino", "openvino-bf16"]
     else:
-        names = ["torch", "torch-bf16", "onnx", "openvino", "openvino-bf16"]
+        # the likelier winners first (docs/speed.md): a candidate the budget leaves unmeasured is never chosen
+        names = ["torch", "openvino-bf16", "torch-bf16", "openvino", "onnx"]
     runnable = []
     for name in names:
         with contextlib.suppress(UserValueError, MissingPackageError):
