@@ -129,8 +129,9 @@ def measure(names: Sequence[str], build: Callable[[str], Model], images: Tensor,
     recorded as not measured. Both are never chosen."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     parts = batches(images, min(batch_size, TIMED_BATCH))
+    timed = f"{min(batch_size, TIMED_BATCH)}" + (f" (for batch {batch_size})" if batch_size > TIMED_BATCH else "")
     say(f"--backend auto: timing {len(names)} backends ({', '.join(names)}) on {len(images)} images at batch "
-        f"{batch_size}, within {budget_s:.0f} s; the choice is cached for the next run")
+        f"{timed}, within {budget_s:.0f} s; the choice is cached for the next run")
     deadline, results, reference = time.perf_counter() + budget_s, {}, None
     for i, name in enumerate(names):
         left = deadline - time.perf_counter()
