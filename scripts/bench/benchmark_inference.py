@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict:
         images = torch.randn(args.images, classifier.in_chans, *classifier.img_size, generator=generator)
         calibration = torch.randn(32, classifier.in_chans, *classifier.img_size, generator=generator)
         labels = None
-    names = [b for b in BACKENDS if b not in args.skip and (args.compile or b != "torch-compile")]
+    names = [b for b in BACKENDS if b not in args.skip and (args.compile or not b.startswith("torch-compile"))]
     if not has_native_bf16():
         names = [b for b in names if "bf16" not in b]  # emulated: many times slower, refused by `vit predict`
     cpu = describe_cpu()
