@@ -37,7 +37,7 @@ from torch import Tensor
 import vit
 from vit.cli.data import config_split_images
 from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD
-from vit.deploy import Classifier, load_classifier
+from vit.deploy import Classifier, auto, load_classifier
 from vit.deploy.backends import Bf16Classifier, CompiledClassifier, OpenVinoClassifier
 from vit.deploy.cpu import describe_cpu, has_native_bf16, reduce_range_for
 from vit.deploy.export import onnx_bytes
@@ -47,8 +47,11 @@ from vit.deploy.quantize import CALIBRATION_IMAGES, KEEP_FP32, quantize_dynamic_
 Runner = Callable[[Tensor], Tensor]
 REFERENCE = "torch"
 EXACT_TOLERANCE = 1e-4
-BACKENDS = ("torch", "torch autocast bf16", "torch-bf16", "torch-bf16 sdpa", "torch-compile", "onnx", "onnx-int8",
-            "onnx-int8 dynamic", "openvino", "openvino-int8")
+BACKENDS = ("torch", "torch autocast bf16", "torch-bf16", "torch-bf16 sdpa", "torch-compile", "torch-compile-bf16",
+            "onnx", "onnx-int8", "onnx-int8 dynamic", "openvino", "openvino-bf16", "openvino-int8")
+# what `--backend auto` chooses among, for a checkpoint and for its int8 file (vit.deploy.backends.auto_candidates)
+AUTO_SETS = {"auto": ("torch", "openvino-bf16", "torch-bf16", "openvino", "onnx"),
+             "auto (int8 file)": ("onnx-int8", "openvino-int8")}
 EXACT = ("torch", "torch-compile", "onnx", "openvino")
 
 
@@ -64,6 +67,7 @@ def config_splits(config: str, root: str | None, count: int, classifier: Classif
 
 def random_classifier(name: str, num_classes: int) -> Classifier:
     """A randomly initialised named model, prepared like an ImageNet checkpoint."""
+    torch.manual_seed(0)  # the same weights every run: rows and their agreement compare across runs
     model = vit.create_model(name, num_classes=num_classes).eval()
     chans = model.in_chans
     mean, std = (IMAGENET_MEAN, IMAGENET_STD) if chans == 3 else ((0.5,) * chans, (0.5,) * chans)
@@ -87,18 +91,45 @@ def build_runners(classifier: Classifier, calibration: Tensor, threads: int, nam
         runners["torch-bf16"] = Bf16Classifier(copy.deepcopy(classifier))
     if "torch-bf16 sdpa" in names:  # SDPA's bf16 kernel, which torch-bf16 leaves for two matmuls without AMX
         runners["torch-bf16 sdpa"] = Bf16Classifier(copy.deepcopy(classifier), explicit_attention=False)
-    if "torch-compile" in names:
-        # no padding: batch 1 gets its own graph here, as a service answering one image at a time would
-        runners["torch-compile"] = CompiledClassifier(copy.deepcopy(classifier), pad=False)
+    for name in ("torch-compile", "torch-compile-bf16"):
+        if name in names:  # no padding: batch 1 gets its own graph here, as a service answering one image would
+            runners[name] = CompiledClassifier(copy.deepcopy(classifier), pad=False, bf16=name.endswith("bf16"))
     if any(n.startswith(("onnx", "openvino")) for n in names):
         fp32 = onnx_bytes(classifier)
         static = quantize_static_int8(fp32, calibration, reduce_range=reduce_range_for())
         made = {"onnx": lambda: OnnxClassifier(fp32, threads), "onnx-int8": lambda: OnnxClassifier(static, threads),
                 "onnx-int8 dynamic": lambda: OnnxClassifier(quantize_dynamic_int8(fp32), threads),
                 "openvino": lambda: OpenVinoClassifier(fp32, threads),
+                "openvino-bf16": lambda: OpenVinoClassifier(fp32, threads, bf16=True),
                 "openvino-int8": lambda: OpenVinoClassifier(static, threads)}
         runners |= {name: make() for name, make in made.items() if name in names}
     return runners
+
+
+class AutoRunner:
+    """`--backend auto`'s procedure (`vit.deploy.auto`) on the runners built here: for each batch size timed it
+    measures its candidates on 16 of the images within ``budget_s`` and keeps the fastest within tolerance of the
+    first (the reference); a batch of another size runs the choice of the nearest size measured. The runners are
+    built already, so build time does not count: a server's choice (no workload)."""
+
+    def __init__(self, runners: dict[str, Runner], names: Sequence[str], sample: Tensor, sizes: Sequence[int],
+                 budget_s: float) -> None:
+        self.runners = runners
+        self.results = {b: auto.measure(names, runners.__getitem__, sample, b, budget_s=budget_s,
+                                        say=lambda line: print(line, file=sys.stderr, flush=True)) for b in sizes}
+        self.chosen = {b: auto.choose(results) for b, results in self.results.items()}
+
+    def __call__(self, images: Tensor) -> Tensor:
+        size = min(self.chosen, key=lambda b: abs(b - len(images)))
+        return self.runners[self.chosen[size]](images)
+
+
+def add_auto(runners: dict[str, Runner], sample: Tensor, sizes: Sequence[int], budget_s: float) -> None:
+    """An auto row per candidate set of `AUTO_SETS` that has at least two runners here."""
+    for row, names in AUTO_SETS.items():
+        present = [n for n in names if n in runners]
+        if len(present) >= 2 and present[0] == names[0]:
+            runners[row] = AutoRunner(runners, present, sample, sizes, budget_s)
 
 
 def predict_all(run: Runner, images: Tensor, batch_size: int) -> Tensor:
@@ -154,10 +185,13 @@ def benchmark(runners: dict[str, Runner], images: Tensor, labels: Tensor | None,
         row = {"backend": name, "exact": name in EXACT,
                "max_abs_diff": (outputs[name] - reference).abs().max().item(),
                "agree_fp32": (predicted == reference.argmax(-1)).float().mean().item(),
+               "agreement": (predicted == reference.argmax(-1)).float().mean().item(),  # the same: its common name
                "flipped_margins": flipped_margins(reference, outputs[name]),
                "top1": None if labels is None else (predicted == labels).float().mean().item()}
         if name == REFERENCE:  # the scale against which a changed answer's margin reads
             row["median_margin"] = top1_margins(reference).median().item()
+        if isinstance(runners[name], AutoRunner):
+            row["chosen"] = {f"b{b}": c for b, c in runners[name].chosen.items()}
         for b, ips in speed.items():
             row[f"img_s_b{b}"] = statistics.median(ips[name])
             row[f"ratio_b{b}"] = statistics.median(i / e for i, e in zip(ips[name], ips[REFERENCE]))
@@ -178,6 +212,73 @@ def fastest(rows: list[dict], batch_size: int) -> dict[str, str | None]:
     close = [r for r in rows if within(r)]
     return {"exact": max(exact, key=lambda r: r[key])["backend"] if exact else None,
             "within_tolerance": max(close, key=lambda r: r[key])["backend"] if close else None}
+
+
+# ---- against the machine: each row's FLOP/s beside a GEMM's, timed in the same run --------------------------
+def gemm_peaks(threads: int, n: int = 1024, seconds: float = 1.0) -> dict[str, float]:
+    """GFLOP/s (GOP/s for int8) of an n x n x n matrix product on this CPU with ``threads``: fp32 and bf16
+    (torch.mm: oneDNN/MKL, AMX or AVX512-BF16 where present) and int8 (torch._int_mm, VNNI where present): the
+    measured roofs each backend's rows are read against (the best of three timings)."""
+    torch.set_num_threads(threads)
+    best = {}
+    kinds = {"fp32": (torch.float32, torch.mm), "bf16": (torch.bfloat16, torch.mm), "int8": (torch.int8, torch._int_mm)}
+    for kind, (dtype, mm) in kinds.items():
+        if kind == "bf16" and not has_native_bf16():
+            continue
+        a = (torch.randn(n, n) * 10).to(dtype)
+        b = (torch.randn(n, n) * 10).to(dtype)
+        mm(a, b)
+        rates = []
+        for _ in range(3):
+            count, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds / 3:
+                mm(a, b)
+                count += 1
+            rates.append(2 * n ** 3 * count / (time.perf_counter() - start) / 1e9)
+        best[kind] = max(rates)
+    return best
+
+
+def model_gflops(classifier: Classifier) -> float:
+    """GFLOP of one image through the model (torch's FLOP counter: matmuls and convolutions, 2 per multiply-add)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter, torch.inference_mode():
+        classifier(torch.zeros(1, classifier.in_chans, *classifier.img_size))
+    return counter.get_total_flops() / 1e9
+
+
+def precision_of(row: dict) -> str:
+    """Which GEMM roof a row is read against: int8, bf16 or fp32 (an auto row: that of its choice at batch 8)."""
+    name = " ".join([row["backend"], *row.get("chosen", {}).values()])
+    return "int8" if "int8" in name else "bf16" if "bf16" in name else "fp32"
+
+
+def add_peaks(rows: list[dict], gflops: float, peaks: dict[str, float], batches: Sequence[int]) -> None:
+    for row in rows:
+        kind = precision_of(row)
+        row["gemm_roof"] = kind
+        for b in batches:
+            row[f"gflop_s_b{b}"] = row[f"img_s_b{b}"] * gflops
+            row[f"peak_fraction_b{b}"] = row[f"gflop_s_b{b}"] / peaks[kind] if kind in peaks else None
+
+
+def print_auto(rows: list[dict], batches: Sequence[int]) -> None:
+    """Each auto row against the fastest backend within tolerance of its own set, and of every row."""
+    by_name = {r["backend"]: r for r in rows}
+    fixed = [r for r in rows if "chosen" not in r and r["agree_fp32"] >= 0.99]
+    for name, names in AUTO_SETS.items():
+        if name not in by_name:
+            continue
+        for b in batches:
+            mine = [by_name[n] for n in names if n in by_name and by_name[n] in fixed]
+            own = max(mine, key=lambda r: r[f"img_s_b{b}"])
+            best = max(fixed, key=lambda r: r[f"img_s_b{b}"])
+            speed = by_name[name][f"img_s_b{b}"]
+            print(f"{name} at batch {b}: chose {by_name[name]['chosen'][f'b{b}']}, {speed / own[f'img_s_b{b}']:.2f}x "
+                  f"the fastest of its set within tolerance ({own['backend']}), {speed / best[f'img_s_b{b}']:.2f}x "
+                  f"the fastest row within tolerance ({best['backend']})")
 
 
 ABLATION = {"kept: patch_embed, head, attention": KEEP_FP32, "int8 patch_embed too": ("head", "attention"),
@@ -202,12 +303,18 @@ def int8_ablation(classifier: Classifier, images: Tensor, labels: Tensor | None,
 
 def print_table(rows: list[dict], batches: Sequence[int]) -> None:
     """The rows as a Markdown table."""
+    b = batches[-1]
+    roof = f"peak_fraction_b{b}" in rows[0]
     speeds = "".join(f" img/s b{b} |" for b in batches) + "".join(f" vs eager b{b} |" for b in batches)
+    speeds += f" GFLOP/s b{b} | of its GEMM roof b{b} |" if roof else ""
     print(f"| backend |{speeds} max \\|logit diff\\| | same top-1 | test top-1 |")
-    print("| --- |" + " ---: |" * (2 * len(batches) + 3))
+    print("| --- |" + " ---: |" * (2 * len(batches) + 3 + 2 * roof))
     for r in rows:
         top1 = "n/a" if r["top1"] is None else f"{r['top1']:.4f}"
         cells = [f"{r[f'img_s_b{b}']:.1f}" for b in batches] + [f"{r[f'ratio_b{b}']:.2f}x" for b in batches]
+        if roof:
+            fraction = r[f"peak_fraction_b{b}"]
+            cells += [f"{r[f'gflop_s_b{b}']:.0f}", "n/a" if fraction is None else f"{fraction:.0%} ({r['gemm_roof']})"]
         print(f"| {r['backend']} | {' | '.join(cells)} | {r['max_abs_diff']:.1e} | {r['agree_fp32']:.4f} | {top1} |")
 
 
@@ -221,7 +328,7 @@ def print_flips(rows: list[dict], images: int) -> None:
                   f"top-1 led its runner-up by {margins} (median over the images: {median:.4f})")
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--ckpt", help="a `vit fit` checkpoint (with --config): accuracy on its test split")
@@ -245,10 +352,17 @@ def main(argv: list[str] | None = None) -> dict:
                         "quantised too, to see what keeping them in fp32 is worth")
     parser.add_argument("--calibration_seed", type=int, default=0, help="with --ckpt: which random draw of "
                         "training images calibrates static int8 (default: %(default)s, as `vit export` draws)")
+    parser.add_argument("--auto_budget", type=float, default=15.0, help="seconds for each `--backend auto` "
+                        "measurement (a row per candidate set, per batch size; 0: no auto rows; default: %(default)s)")
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args(argv)
     if args.ckpt and not args.config:
         parser.error("--ckpt needs --config: the `vit fit` config it was trained with (its test and training data)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
 
     torch.set_num_threads(args.threads)
     if args.ckpt:
@@ -261,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict:
         images = torch.randn(args.images, classifier.in_chans, *classifier.img_size, generator=generator)
         calibration = torch.randn(32, classifier.in_chans, *classifier.img_size, generator=generator)
         labels = None
-    names = [b for b in BACKENDS if b not in args.skip and (args.compile or b != "torch-compile")]
+    names = [b for b in BACKENDS if b not in args.skip and (args.compile or not b.startswith("torch-compile"))]
     if not has_native_bf16():
         names = [b for b in names if "bf16" not in b]  # emulated: many times slower, refused by `vit predict`
     cpu = describe_cpu()
@@ -280,16 +394,24 @@ def main(argv: list[str] | None = None) -> dict:
         return {"rows": rows}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's warnings
-        rows = benchmark(build_runners(classifier, calibration, args.threads, names), images, labels,
-                         args.batch_size, args.runs, args.min_seconds)
-    print_table(rows, list(dict.fromkeys((1, args.batch_size))))
+        runners = build_runners(classifier, calibration, args.threads, names)
+        batches = list(dict.fromkeys((1, args.batch_size)))
+        if args.auto_budget > 0:
+            add_auto(runners, images[:auto.SAMPLE_IMAGES], batches, args.auto_budget)
+        rows = benchmark(runners, images, labels, args.batch_size, args.runs, args.min_seconds)
+    peaks, gflops = gemm_peaks(args.threads), model_gflops(classifier)
+    add_peaks(rows, gflops, peaks, batches)
+    print_table(rows, batches)
     print_flips(rows, len(images))
+    print_auto(rows, batches)
+    print(f"{gflops:.2f} GFLOP an image; GEMM roofs measured here ({args.threads} threads): "
+          + ", ".join(f"{k} {v:.0f} G{'OP' if k == 'int8' else 'FLOP'}/s" for k, v in peaks.items()))
     best = fastest(rows, args.batch_size)
     print(f"fastest exact (<= {EXACT_TOLERANCE:g}): {best['exact']}; fastest within tolerance (same top-1 >= 99%, "
           f"test top-1 within 0.5 points): {best['within_tolerance']} (batch {args.batch_size})")
     result = {"model": classifier.model_name, "images": len(images), "batch_size": args.batch_size,
               "threads": args.threads, "calibration_seed": args.calibration_seed, "torch": torch.__version__,
-              "cpu_flags": cpu, "rows": rows, "fastest": best}
+              "cpu_flags": cpu, "gflop_per_image": gflops, "gemm_peaks": peaks, "rows": rows, "fastest": best}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -25,7 +25,7 @@ def test_every_backend_agrees_with_eager_fp32_on_the_trained_model(trained):
     runs = {"onnx": trained["ckpt"], "openvino": trained["fp32"], "onnx-int8": trained["int8"],
             "openvino-int8": trained["int8"]}
     if vit.deploy.cpu.has_native_bf16():
-        runs["torch-bf16"] = trained["ckpt"]
+        runs |= {"torch-bf16": trained["ckpt"], "openvino-bf16": trained["fp32"]}
     for backend, path in runs.items():
         model = load_classifier(path, backend=backend, threads=1)
         assert model.backend == backend
@@ -49,6 +49,14 @@ def test_compiled_backend_gives_eager_logits():
     torch.testing.assert_close(compiled(x[:3]), classifier(x[:3]), atol=1e-4, rtol=0)  # a last, smaller batch
     assert compiled.sizes == {4}  # padded to the compiled size: no second compile
     assert compiled.class_names == ["a", "b", "c"] and compiled.backend == "torch-compile"
+    if vit.deploy.cpu.has_native_bf16():  # the bf16 model compiled: torch-bf16's logits, up to bf16 rounding
+        import copy
+
+        eager_bf16 = backends.Bf16Classifier(copy.deepcopy(classifier))(x)
+        compiled = backends.CompiledClassifier(copy.deepcopy(classifier), mode="default", bf16=True)
+        assert compiled.backend == "torch-compile-bf16"
+        torch.testing.assert_close(compiled(x), eager_bf16, atol=0.05, rtol=0)
+        torch.testing.assert_close(compiled(x), classifier(x), atol=0.1, rtol=0)
 
 
 def test_backends_the_machine_cannot_run_are_refused_by_name(trained, monkeypatch):
@@ -57,6 +65,9 @@ def test_backends_the_machine_cannot_run_are_refused_by_name(trained, monkeypatc
     with pytest.raises(UnsupportedBackendError, match=r"torch-bf16 needs a CPU with bf16 units \(AMX-BF16 or "
                        r"AVX512-BF16\); this one has avx2 avx512f"):
         load_classifier(ckpt, backend="torch-bf16")
+    for backend, path in (("openvino-bf16", fp32), ("torch-compile-bf16", ckpt)):
+        with pytest.raises(UnsupportedBackendError, match=rf"{backend} needs a CPU with bf16 units"):
+            load_classifier(path, backend=backend)
     monkeypatch.setattr(backends, "_importable", lambda module: module != "openvino")
     with pytest.raises(MissingPackageError, match=r"needs OpenVINO: pip install 'vit\[openvino\]'"):
         load_classifier(fp32, backend="openvino")
@@ -67,8 +78,9 @@ def test_backends_the_machine_cannot_run_are_refused_by_name(trained, monkeypatc
         load_classifier(ckpt, backend="openvino-int8")
     with pytest.raises(UnsupportedBackendError, match=r"is an fp32 model .* use --backend onnx$"):
         load_classifier(fp32, backend="onnx-int8")
-    with pytest.raises(UnsupportedBackendError, match=r"is an int8 model .* use --backend openvino-int8$"):
-        load_classifier(int8, backend="openvino")
+    for backend in ("openvino", "openvino-bf16"):
+        with pytest.raises(UnsupportedBackendError, match=r"is an int8 model .* use --backend openvino-int8$"):
+            load_classifier(int8, backend=backend)
     with pytest.raises(UnsupportedBackendError, match=r"runs on the CPU, not on cuda"):
         load_classifier(ckpt, "cuda", backend="onnx")
 

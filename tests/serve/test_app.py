@@ -474,3 +474,31 @@ def test_parse_flag_reads_yes_and_no_and_refuses_the_rest():
     with pytest.raises(RequestError) as caught:
         parse_flag("2", "attention")
     assert (caught.value.status, caught.value.code) == (422, "bad_attention")
+
+
+def test_auto_shows_its_choice_in_info_and_metrics(checkpoint, tmp_path):
+    """`vit serve --backend auto`: /info carries the measurements and the choice, /metrics the engine and that auto
+    chose it; a backend given by name says so too."""
+    import shutil
+
+    from vit.deploy import load_classifier
+    from vit.serve.core import Predictor
+
+    ckpt = tmp_path / "model.ckpt"
+    shutil.copy(checkpoint, ckpt)
+    model = load_classifier(ckpt, backend="auto", batch_size=4, threads=1)
+
+    async def go():
+        async with client_of(make_app(Predictor(model))) as client:
+            info = (await client.get("/info")).json()
+            metrics = (await client.get("/metrics")).text
+        chosen = info["backend_choice"]["backend"]
+        assert set(info["backend_choice"]["results"]) >= {"torch", chosen} and not info["backend_choice"]["cached"]
+        assert info["backend"].split(" ")[0] == {"onnx": "onnxruntime"}.get(chosen, chosen)
+        assert f'vit_backend_info{{backend="{info["backend"]}",cached="false",chosen_by="auto"}} 1.0' in metrics
+        async with client_of(make_app(Predictor(load_classifier(checkpoint)))) as client:
+            info = (await client.get("/info")).json()
+            metrics = (await client.get("/metrics")).text
+        assert info["backend_choice"] is None
+        assert 'vit_backend_info{backend="torch (cpu)",cached="false",chosen_by="option"} 1.0' in metrics
+    run(go())

@@ -1,9 +1,10 @@
 """`vit predict --ckpt model.ckpt|model.onnx IMAGE_OR_FOLDER... [--out preds.csv|preds.json] [--top_k 5]`.
 
 Classifies image files with a checkpoint from `vit fit`, or its ONNX export from `vit export`, on the
-engine ``--backend`` names (`vit.deploy.backends`: torch, torch-bf16, torch-compile, onnx, onnx-int8, openvino,
-openvino-int8); the file alone says how to prepare the images (size, channels, mean/std, crop) and what
-the classes are called. Folders are searched recursively for image files. Writes one record per file:
+engine ``--backend`` names (`vit.deploy.backends`: torch, torch-bf16, torch-compile(-bf16), onnx, onnx-int8,
+openvino(-bf16), openvino-int8, or auto: the fastest of them here within tolerance, measured once); the file
+alone says how to prepare the images (size, channels, mean/std, crop) and what the classes are called. Folders are
+searched recursively for image files. Writes one record per file:
 
     {"path": "photos/cat.jpg", "top_k": [{"class": 3, "name": "cat", "probability": 0.91}, ...], "error": null}
 
@@ -23,7 +24,7 @@ import warnings
 from collections.abc import Sequence
 
 from vit.data.io import find_images
-from vit.deploy.backends import BACKENDS, load_classifier
+from vit.deploy.backends import AUTO, BACKENDS, load_classifier
 from vit.deploy.classifier import is_multi_label
 from vit.deploy.image_files import check_some_readable, describe_run, failures
 from vit.deploy.inference import PRECISIONS, can_reject
@@ -76,11 +77,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def add_backend_argument(parser: argparse.ArgumentParser) -> None:
     """``--backend`` as `vit predict` and `vit serve` take it."""
-    parser.add_argument("--backend", default=None, choices=BACKENDS,
+    parser.add_argument("--backend", default=None, choices=(AUTO, *BACKENDS),
                         help="what runs the model: torch (eager fp32), torch-bf16 (AMX/AVX512-BF16 CPUs), "
-                        "torch-compile, onnx (onnxruntime), onnx-int8 and openvino-int8 (a model.int8.onnx from "
-                        "`vit export --int8 static`), openvino; scripts/bench/benchmark_inference.py times them on "
-                        "this machine (default: torch for a checkpoint, onnx or onnx-int8 for a .onnx file)")
+                        "torch-compile(-bf16), onnx (onnxruntime), onnx-int8 and openvino-int8 (a model.int8.onnx "
+                        "from `vit export --int8 static`), openvino(-bf16); auto times those that can run the file "
+                        "here (<= 30 s, once: the choice is cached beside the file) and keeps the fastest whose "
+                        "answers agree with eager fp32's (default: torch for a checkpoint, onnx or onnx-int8 for a "
+                        ".onnx file)")
 
 
 def add_accept_all_argument(parser: argparse.ArgumentParser) -> None:
@@ -110,11 +113,26 @@ def rejection_note(classifier: object, path: str, accept_all: bool) -> str | Non
     return None
 
 
+def sample_images(classifier: object, files: Sequence, crop_pct: float | None, count: int = 16) -> object:
+    """Up to ``count`` of the files to predict, prepared for ``classifier``: what `--backend auto` times the
+    backends on (None when none of the first few can be read: it then times on noise)."""
+    import torch
+
+    from vit.deploy.image_files import ImagePaths, Unreadable
+
+    dataset = ImagePaths(files[:2 * count], classifier.eval_transform(crop_pct), classifier.image_mode,
+                         classifier.eval_short_side(crop_pct))
+    images = [image for _, image in (dataset[i] for i in range(len(dataset))) if not isinstance(image, Unreadable)]
+    return torch.stack(images[:count]) if images else None
+
+
 def main(argv: Sequence[str]) -> list[dict]:
     """Run `vit predict --ckpt ...` with the given arguments (without the command name); returns the records."""
     args = parse_args(argv)
-    classifier = load_classifier(args.ckpt, args.device, backend=args.backend, compile=args.compile)
     found = find_images(args.inputs)
+    classifier = load_classifier(args.ckpt, args.device, backend=args.backend, compile=args.compile,
+                                 batch_size=args.batch_size, workload=len(found.files),
+                                 sample=lambda model: sample_images(model, found.files, args.crop_pct))
     for line in found.describe_skipped():
         print(line)
     if note := rejection_note(classifier, args.ckpt, args.accept_all):

@@ -141,7 +141,9 @@ def main(argv: Sequence[str]) -> None:
 
     # PIL refuses images over twice its own limit (179 MP) while reading the header; --max_pixels is the limit
     Image.MAX_IMAGE_PIXELS = max(Image.MAX_IMAGE_PIXELS or 0, limits.max_pixels)
-    model = load_classifier(args.ckpt, args.device, backend=args.backend, threads=args.threads)
+    # --backend auto: timed at the largest batch, on seeded noise (a server has no images of its own yet)
+    model = load_classifier(args.ckpt, args.device, backend=args.backend, threads=args.threads,
+                            batch_size=args.max_batch_size)
     note = rejection_note(model, str(args.ckpt), args.accept_all)
     service = Service(Predictor(model, accept_all=args.accept_all, tta=args.tta), limits)
     app = create_app(service, api_key=api_key, cors_origins=args.cors_origin,

@@ -2,6 +2,8 @@
 
     backends.py     `load_classifier`: a checkpoint or an .onnx file, on torch, torch-bf16/compile, onnxruntime
                     or OpenVINO; the one loader of a trained classifier
+    auto.py         `--backend auto`: the candidates timed on a few images, checked against the reference, the
+                    fastest kept and cached beside the file
     classifier.py   `Classifier` (the torch model and its input card, `ModelInput`); `read_classifier`, a
                     checkpoint rebuilt as that torch model
     inference.py    `OnnxClassifier`, autocast, the ranked records that predict and serve answer

@@ -4,10 +4,14 @@
     torch          checkpoint                           PyTorch eager, fp32 (``--precision bf16``: autocast)
     torch-bf16     checkpoint                           PyTorch, the weights cast to bf16 (AMX / AVX512-BF16 only)
     torch-compile  checkpoint                           torch.compile: Inductor, frozen weights, max-autotune
+    torch-compile-bf16  checkpoint                      the same, of torch-bf16's model (bf16 CPUs only)
     onnx           checkpoint (exported here) or .onnx  onnxruntime, attention fused (`vit.deploy.fusion`)
     onnx-int8      model.int8.onnx (static or dynamic)  onnxruntime
     openvino       checkpoint or .onnx                  OpenVINO, fp32 kept (its bf16 default turned off)
-    openvino-int8  model.int8.onnx (static: QDQ)        OpenVINO, int8
+    openvino-bf16  checkpoint or .onnx                  OpenVINO, bf16 (its default on CPUs with bf16 units)
+    openvino-int8  model.int8.onnx (static: QDQ)        OpenVINO, int8; the rest at OpenVINO's default precision
+    auto           either                               the fastest of the above within tolerance, measured
+                                                        here once and cached (`vit.deploy.auto`)
 
 The exact backends (torch, torch-compile, onnx, openvino) give eager fp32's logits within 1e-4. Every model
 returned has ``class_names``, ``img_size``, ``in_chans``, ``device``, ``eval_transform()``, ``backend`` and maps
@@ -17,28 +21,36 @@ backend the CPU cannot run fast is refused with the missing set named, not run s
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import importlib.util
 import os
 import shutil
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from vit.deploy import auto
 from vit.deploy.classifier import Classifier, ModelInput
 from vit.deploy.confidence import SCORE_OUTPUT
 from vit.deploy.cpu import describe_cpu, has_amx_bf16, has_native_bf16, has_vnni, reduce_range_for
 from vit.deploy.inference import ONNX_SUFFIX, OnnxClassifier, exported_calibration, torch_or_onnx
-from vit.deploy.metadata import exported_thresholds, is_int8, onnx_metadata
+from vit.deploy.metadata import exported_thresholds, is_int8, load_proto, onnx_metadata
 from vit.errors import MissingPackageError, UserValueError
 from vit.nn.attention import MultiHeadAttention
 
-BACKENDS = ("torch", "torch-bf16", "torch-compile", "onnx", "onnx-int8", "openvino", "openvino-int8")
+BACKENDS = ("torch", "torch-bf16", "torch-compile", "torch-compile-bf16", "onnx", "onnx-int8", "openvino",
+            "openvino-bf16", "openvino-int8")
+AUTO = "auto"  # not an engine: the choice among BACKENDS (`load_auto`)
+BF16_BACKENDS = ("torch-bf16", "torch-compile-bf16", "openvino-bf16")  # refused where bf16 is emulated
 EXACT = ("torch", "torch-compile", "onnx", "openvino")  # within 1e-4 of eager fp32's logits
-ONNX_BACKENDS = ("onnx", "onnx-int8", "openvino", "openvino-int8")  # run an ONNX model (from a file or exported)
+# run an ONNX model (from a file or exported)
+ONNX_BACKENDS = ("onnx", "onnx-int8", "openvino", "openvino-bf16", "openvino-int8")
 
 
 class UnsupportedBackendError(UserValueError):
@@ -54,7 +66,7 @@ def check_backend(backend: str, path: str | os.PathLike, device: str | torch.dev
     device = torch.device(device)
     if is_onnx and backend.startswith("torch"):
         raise UnsupportedBackendError(f"{path}: --backend {backend} runs a `vit fit` checkpoint; an ONNX file runs "
-                                      "with --backend onnx, onnx-int8, openvino or openvino-int8")
+                                      "with --backend onnx, onnx-int8, openvino, openvino-bf16 or openvino-int8")
     if backend.endswith("int8") and not is_onnx:
         raise UnsupportedBackendError(
             f"{path}: --backend {backend} needs a calibrated int8 file; write it first with `vit export --ckpt "
@@ -68,13 +80,14 @@ def check_backend(backend: str, path: str | os.PathLike, device: str | torch.dev
     if backend == "onnx" and not is_onnx and not _importable("onnxscript"):
         raise MissingPackageError("--backend onnx exports the checkpoint first, which needs onnxscript: "
                                   "pip install 'vit[export]'")
-    if backend == "torch-bf16" and device.type == "cpu" and has_native_bf16() is False:
+    if backend in BF16_BACKENDS and device.type == "cpu" and has_native_bf16() is False:
         raise UnsupportedBackendError(
-            f"--backend torch-bf16 needs a CPU with bf16 units (AMX-BF16 or AVX512-BF16); this one has "
+            f"--backend {backend} needs a CPU with bf16 units (AMX-BF16 or AVX512-BF16); this one has "
             f"{describe_cpu()}, where torch emulates bf16 several times slower than fp32. Use --backend torch, "
             "or onnx-int8 for speed")
-    if backend == "torch-compile" and device.type == "cpu" and not any(map(shutil.which, ("g++", "c++", "clang++"))):
-        raise MissingPackageError("--backend torch-compile needs a C++ compiler for Inductor's CPU kernels "
+    if backend.startswith("torch-compile") and device.type == "cpu" and not any(
+            map(shutil.which, ("g++", "c++", "clang++"))):
+        raise MissingPackageError(f"--backend {backend} needs a C++ compiler for Inductor's CPU kernels "
                                   "(apt install g++); use --backend onnx or openvino for an exact compiled path")
 
 
@@ -127,16 +140,16 @@ def compile_frozen(module: torch.nn.Module, mode: str = "max-autotune-no-cudagra
 
 
 class CompiledClassifier(torch.nn.Module):
-    """A checkpoint's classifier compiled by `compile_frozen`. Each batch size pays a compile (about a minute for
-    ViT-S/16), so a smaller batch is padded to the smallest larger size compiled already: `vit predict`'s last,
-    partial batch reuses the first batch's graph."""
+    """A checkpoint's classifier compiled by `compile_frozen` (``bf16``: torch-bf16's model, `Bf16Classifier`).
+    Each batch size pays a compile (about a minute for ViT-S/16), so a smaller batch is padded to the smallest
+    larger size compiled already: `vit predict`'s last, partial batch reuses the first batch's graph."""
 
-    backend = "torch-compile"
-
-    def __init__(self, classifier: Classifier, mode: str = "max-autotune-no-cudagraphs", pad: bool = True) -> None:
+    def __init__(self, classifier: Classifier, mode: str = "max-autotune-no-cudagraphs", pad: bool = True,
+                 bf16: bool = False) -> None:
         super().__init__()
         self.classifier, self.pad = classifier.eval(), pad
-        self.compiled = compile_frozen(self.classifier.model, mode)
+        self.backend = "torch-compile-bf16" if bf16 else "torch-compile"
+        self.compiled = compile_frozen(Bf16Classifier(classifier) if bf16 else self.classifier.model, mode)
         self.sizes: set[int] = set()  # batch sizes compiled so far
 
     def __getattr__(self, name: str) -> Any:
@@ -158,13 +171,16 @@ class CompiledClassifier(torch.nn.Module):
 class OpenVinoClassifier(ModelInput):
     """An ONNX classifier (a file, or bytes exported in memory) compiled by OpenVINO for the CPU.
 
-    ``INFERENCE_PRECISION_HINT`` is set to f32 for an fp32 model: on CPUs with bf16 units OpenVINO otherwise
-    runs bf16, silently. An int8 (QDQ) model runs its int8 layers in int8 either way.
+    ``INFERENCE_PRECISION_HINT`` is f32 for an fp32 model unless ``bf16``: on CPUs with bf16 units OpenVINO's
+    default is bf16, which runs silently otherwise. An int8 (QDQ) model runs its int8 layers in int8 and the rest
+    at OpenVINO's default precision (bf16 where the CPU has bf16 units: ViT-S/16 at batch 8 on an AVX512-BF16
+    AMD EPYC, 3.9x eager fp32 against 3.5x with the rest in f32, no top-1 changed; docs/inference.md).
     """
 
     device = torch.device("cpu")
 
-    def __init__(self, model: str | os.PathLike | bytes, threads: int | None = None, name: str | None = None) -> None:
+    def __init__(self, model: str | os.PathLike | bytes, threads: int | None = None, name: str | None = None,
+                 bf16: bool = False) -> None:
         import onnx
         import openvino
 
@@ -173,8 +189,8 @@ class OpenVinoClassifier(ModelInput):
         proto = onnx.load_from_string(data)
         self.set_card(onnx_metadata({p.key: p.value for p in proto.metadata_props}, self.path))
         self.int8 = is_int8(proto)
-        self.backend = "openvino-int8" if self.int8 else "openvino"
-        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
+        self.backend = "openvino-int8" if self.int8 else "openvino-bf16" if bf16 else "openvino"
+        config: dict[str, Any] = {} if self.int8 else {"INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32"}
         if threads:
             config["INFERENCE_NUM_THREADS"] = threads
         core = openvino.Core()
@@ -197,54 +213,143 @@ class OpenVinoClassifier(ModelInput):
 
 def load_classifier(
     path: str | os.PathLike, device: str | torch.device = "cpu", *, backend: str | None = None,
-    threads: int | None = None, compile: bool = False,
+    threads: int | None = None, compile: bool = False, batch_size: int = 8, sample: Any = None,
+    workload: int | None = None,
 ) -> Any:
     """A trained classifier to run: a `vit fit` checkpoint or a `vit export` ``.onnx`` file, on ``backend``.
 
     ``backend=None``: torch for a checkpoint (a `Classifier`), onnxruntime for an ONNX file as it is (fp32 or
     int8). Whatever runs it has the input card (`ModelInput`) and maps images (B, C, H, W) to logits.
+    ``backend="auto"``: `load_auto`, which takes ``batch_size``, ``sample`` and ``workload``.
     """
     if backend is None:  # onnxruntime runs an ONNX file as it is (fp32 or int8), torch a checkpoint
         return torch_or_onnx(path, device, compile=compile, threads=threads)
+    if backend == AUTO:
+        if compile:
+            raise UserValueError("--compile applies to --backend torch; --backend auto chooses the engine itself")
+        return load_auto(path, device, threads=threads, batch_size=batch_size, sample=sample, workload=workload)
     is_onnx = Path(path).suffix.lower() == ONNX_SUFFIX
     check_backend(backend, path, device)
     if compile and backend != "torch":
         raise UserValueError(f"--compile applies to --backend torch; --backend {backend} is compiled its own way")
     if is_onnx:
-        import onnx
+        return onnx_engine(path, backend, threads)
+    return checkpoint_engine(torch_or_onnx(path, device, compile=compile, threads=threads), backend, path, threads)
 
-        proto = onnx.load(path)
-        int8 = is_int8(proto)
-        if backend.endswith("int8") != int8:
-            fits = backend + "-int8" if int8 else backend.removesuffix("-int8")
-            raise UnsupportedBackendError(
-                f"{path} is an {'int8' if int8 else 'fp32'} model and --backend {backend} runs "
-                f"{'int8 files (vit export --int8 static)' if backend.endswith('int8') else 'fp32 files'}: "
-                f"use --backend {fits}")
-        if int8 and backend == "onnx-int8":
-            warn_if_range_saturates(proto, path)
-        if int8 and backend == "openvino-int8" and has_vnni() is False:
-            warnings.warn(f"--backend openvino-int8 on a CPU without VNNI ({describe_cpu()}): OpenVINO's int8 is slow "
-                          "here (on an AVX2 AMD EPYC, ViT-S/16 ran at 0.4-0.7x fp32 eager at batch 8, where onnx-int8 "
-                          "ran 1.0-1.1x); --backend onnx-int8 runs the same file (docs/inference.md)",
-                          UserWarning, stacklevel=2)
-        if backend.startswith("openvino"):
-            return OpenVinoClassifier(path, threads)
-        return OnnxClassifier(path, threads)
-    classifier = torch_or_onnx(path, device, compile=compile, threads=threads)
+
+def onnx_engine(path: str | os.PathLike, backend: str, threads: int | None) -> Any:
+    """An ``.onnx`` file on an ONNX backend that `check_backend` accepted."""
+    import onnx
+
+    proto = onnx.load(path)
+    int8 = is_int8(proto)
+    if backend.endswith("int8") != int8:
+        fits = backend.split("-")[0] + "-int8" if int8 else backend.removesuffix("-int8")
+        raise UnsupportedBackendError(
+            f"{path} is an {'int8' if int8 else 'fp32'} model and --backend {backend} runs "
+            f"{'int8 files (vit export --int8 static)' if backend.endswith('int8') else 'fp32 files'}: "
+            f"use --backend {fits}")
+    if int8 and backend == "onnx-int8":
+        warn_if_range_saturates(proto, path)
+    if int8 and backend == "openvino-int8" and has_vnni() is False:
+        warnings.warn(f"--backend openvino-int8 on a CPU without VNNI ({describe_cpu()}): OpenVINO's int8 is slow "
+                      "here (on an AVX2 AMD EPYC, ViT-S/16 ran at 0.4-0.7x fp32 eager at batch 8, where onnx-int8 "
+                      "ran 1.0-1.1x); --backend onnx-int8 runs the same file (docs/inference.md)",
+                      UserWarning, stacklevel=3)
+    if backend.startswith("openvino"):
+        return OpenVinoClassifier(path, threads, bf16=backend == "openvino-bf16")
+    return OnnxClassifier(path, threads)
+
+
+def checkpoint_engine(classifier: Any, backend: str, path: str | os.PathLike, threads: int | None,
+                      exported: Callable[[], bytes] | None = None) -> Any:
+    """A checkpoint's classifier on ``backend``; ``exported()``: its ONNX bytes (default: exported here)."""
     if backend == "torch":
         return classifier
     if backend == "torch-bf16":
         return Bf16Classifier(classifier)
-    if backend == "torch-compile":
-        return CompiledClassifier(classifier)
+    if backend.startswith("torch-compile"):
+        return CompiledClassifier(classifier, bf16=backend.endswith("bf16"))
     from vit.deploy.export import exact_onnx  # the checkpoint through the same export and check as `vit export`
 
-    data = exact_onnx(classifier)
+    data = exported() if exported is not None else exact_onnx(classifier)
     name = Path(path).with_suffix(ONNX_SUFFIX).name
-    if backend == "openvino":
-        return OpenVinoClassifier(data, threads, name)
+    if backend.startswith("openvino"):
+        return OpenVinoClassifier(data, threads, name, bf16=backend == "openvino-bf16")
     return OnnxClassifier(data, threads, name=name)
+
+
+# ---- --backend auto --------------------------------------------------------------------------------
+def auto_candidates(path: str | os.PathLike, device: str | torch.device = "cpu") -> list[str]:
+    """The backends `--backend auto` times for ``path`` here, the reference first (eager fp32 for a checkpoint,
+    onnxruntime for an ONNX file). Left out: what `check_backend` refuses here, and torch-compile(-bf16), whose
+    compile (20-60 s a batch size for ViT-S/16) alone would spend the time budget."""
+    if torch.device(device).type != "cpu":
+        return ["torch"]
+    if Path(path).suffix.lower() == ONNX_SUFFIX:
+        proto = load_proto(Path(path))
+        names = ["onnx-int8", "openvino-int8"] if proto is not None and is_int8(proto) else \
+            ["onnx", "openvino", "openvino-bf16"]
+    else:
+        # the likelier winners first (docs/speed.md): a candidate the budget leaves unmeasured is never chosen
+        names = ["torch", "openvino-bf16", "torch-bf16", "openvino", "onnx"]
+    runnable = []
+    for name in names:
+        with contextlib.suppress(UserValueError, MissingPackageError):
+            check_backend(name, path, device)
+            runnable.append(name)
+    return runnable
+
+
+def load_auto(path: str | os.PathLike, device: str | torch.device = "cpu", *, threads: int | None = None,
+              batch_size: int = 8, sample: Any = None, workload: int | None = None,
+              budget_s: float = auto.BUDGET_S, names: Sequence[str] | None = None) -> Any:
+    """The fastest backend for ``path`` here within tolerance, measured once per (file, CPU flags, threads, batch
+    size) and cached beside it (`vit.deploy.auto`). ``sample``: images (N, C, H, W) to measure on, or a function of
+    the reference model that gives them (None: seeded noise); ``workload``: images the run will classify (None:
+    a server). The model returned has ``auto``: the choice and the measurements."""
+    names = list(names or auto_candidates(path, device))
+    if Path(path).suffix.lower() == ONNX_SUFFIX or len(names) == 1:
+        def build(name: str) -> Any:
+            return load_classifier(path, device, backend=name, threads=threads)
+    else:
+        build = _checkpoint_builder(path, device, threads)
+
+    def images(reference: Any) -> Tensor:
+        got = sample(reference) if callable(sample) else sample
+        return got if got is not None else auto.synthetic_images((reference.in_chans, *reference.img_size))
+
+    model, choice = auto.auto_choice(path, names, build, images, flags=describe_cpu(),
+                                     threads=threads or torch.get_num_threads(), batch_size=batch_size,
+                                     workload=workload, budget_s=budget_s)
+    model.auto = choice
+    return model
+
+
+def _checkpoint_builder(path: str | os.PathLike, device: str | torch.device, threads: int | None
+                        ) -> Callable[[str], Any]:
+    """Builds each candidate from one read of the checkpoint and one ONNX export; each model's ``build_extra_s``
+    adds back the read (and export) it shared, so build times compare as if each were built alone."""
+    from vit.deploy.export import exact_onnx
+
+    start = time.perf_counter()
+    base = torch_or_onnx(path, device, threads=threads)
+    read_s = time.perf_counter() - start
+    export: dict[str, Any] = {}
+
+    def exported() -> bytes:
+        if "data" not in export:
+            start = time.perf_counter()
+            export["data"] = exact_onnx(base)
+            export["s"] = time.perf_counter() - start
+        return export["data"]
+
+    def build(name: str) -> Any:
+        model = checkpoint_engine(base if name == "torch" else copy.deepcopy(base), name, path, threads, exported)
+        model.build_extra_s = read_s + (export["s"] if name in ONNX_BACKENDS else 0.0)
+        return model
+
+    return build
 
 
 def warn_if_range_saturates(proto: Any, path: str | os.PathLike) -> None:

@@ -33,7 +33,7 @@ from importlib import resources
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
@@ -72,6 +72,11 @@ class Metrics:
         queue.set_function(lambda: service.queued)
         admitted = Gauge("vit_admitted", "/predict requests admitted and not yet answered", registry=self.registry)
         admitted.set_function(lambda: service.admitted)
+        choice = getattr(service.predictor.classifier, "auto", None)  # --backend auto: what it chose, and how
+        Info("vit_backend", "the engine running the model, and whether --backend auto chose it",
+             registry=self.registry).info({"backend": service.predictor.backend,
+                                           "chosen_by": "auto" if choice else "option",
+                                           "cached": str(bool(choice and choice["cached"])).lower()})
 
 
 class Guard:
@@ -287,6 +292,7 @@ def describe(service: Service, *, api_key: str | None, model_path: str) -> dict:
         "image": {"size": card["img_size"], "channels": card["in_chans"], "mean": card["mean"], "std": card["std"],
                   "crop_pct": card["crop_pct"], "interpolation": card["interpolation"]},
         "backend": service.predictor.backend, "attention": service.predictor.attention,
+        "backend_choice": getattr(service.predictor.classifier, "auto", None),  # --backend auto's measurements
         "calibration": calibration.to_dict() if (calibration := getattr(service.predictor.classifier,
                                                                           "calibration", None)) else None,
         "api_key": api_key is not None,
