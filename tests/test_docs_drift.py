@@ -29,7 +29,7 @@ def test_the_answer_keys_confidence_md_lists_are_those_vit_predict_writes(calibr
 
     text = (ROOT / "docs" / "confidence.md").read_text()
     sentence = re.search(r"gain (\w+) keys: (.*?)\. ", text, re.S)
-    listed = re.findall(r"`(\w+)` \(", sentence.group(2))
+    listed = re.findall(r"`(\w+)`\s\(", sentence.group(2))
     ckpt, _ = calibrated
     images = random_images(tmp_path / "images", 2)
     rows = run(["predict", "--ckpt", str(ckpt), *map(str, images), "--out", str(tmp_path / "p.json")])

@@ -330,5 +330,5 @@ def test_vit_fit_on_one_stray_list_cell_stops_before_training_and_multi_label_tr
     assert "1 of 48 rows hold several labels" in err and "'zero, six'" in err and "data.multi_label: true" in err
     assert not list(tmp_path.rglob("metrics.csv"))  # stopped before training
     run = cli(fit_argv(tmp_path, "data/labels.csv", "--data.init_args.multi_label=true"))
-    assert run.model.head.label_kind == "multi" and run.trainer.checkpoint_callback.monitor == "val_map"
+    assert run.model.head.label_kind == "multi" and run.best_checkpoint.monitor == "val_map"
     assert list((tmp_path / "run" / "ckpt").glob("best-*.ckpt"))

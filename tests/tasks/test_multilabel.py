@@ -222,10 +222,10 @@ def test_the_label_error_gallery_keeps_fp_and_fn_in_their_columns_when_a_class_l
     from vit.tasks.multilabel import LabelMistakes, save_label_report
 
     # image i is filled with i, so each panel can be traced to its image
-    images = torch.arange(3.0)[:, None, None, None].expand(3, 3, 4, 4).clone()
-    probs = torch.tensor([[0.9, 0.8, 0.9, 0.1], [0.1, 0.2, 0.3, 0.1], [0.2, 0.1, 0.9, 0.2]])
-    targets = torch.tensor([[0, 0, 1, 0], [0, 1, 1, 0], [0, 0, 1, 0]])
-    # class 0: FP image 0; class 1: FP image 0, FN image 1; class 2: FN image 1; class 3: nothing
+    images = torch.arange(4.0)[:, None, None, None].expand(4, 3, 4, 4).clone()
+    probs = torch.tensor([[0.9, 0.8, 0.9, 0.1], [0.1, 0.2, 0.3, 0.1], [0.2, 0.1, 0.9, 0.2], [0.7, 0.1, 0.2, 0.8]])
+    targets = torch.tensor([[0, 0, 1, 0], [0, 1, 1, 0], [0, 0, 1, 0], [1, 0, 0, 1]])  # each class: a 1 and a 0
+    # at 0.5: class 0: FP image 0; class 1: FP image 0, FN image 1; class 2: FN image 1; class 3: nothing
     mistakes = LabelMistakes(4)
     mistakes.update(images, probs, targets, torch.full((4,), 0.5))
     kinds = [(kind, c, None if image is None else int(image[0, 0, 0])) for kind, c, image, _, _ in mistakes.items()]
