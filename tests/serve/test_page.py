@@ -175,7 +175,7 @@ def test_the_unknown_note_stays_inside_its_card(tmp_path):
 
     html = files("vit.serve").joinpath("page.html").read_text()
     answer = {"unknown": True, "answer": "unknown", "score": 12.3456, "nearest": "a_rather_long_class_name_" * 2,
-              "labels": None, "top_k": [{"class": 0, "name": "cat", "probability": 0.9}]}
+              "top_k": [{"class": 0, "name": "cat", "probability": 0.9}], "timing_ms": {"total": 5.0}, "batch_size": 1}
     with playwright_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 900, "height": 640})
