@@ -251,17 +251,22 @@ def cooccurrence_figure(targets: Tensor, class_names: Sequence[str]) -> Figure:
     return fig
 
 
-def label_errors_figure(images: Sequence[np.ndarray], captions: Sequence[str]) -> Figure:
-    """Each class's worst false positive and false negative, captioned, six to a row."""
-    per_row = 6
+def label_errors_figure(images: Sequence[np.ndarray | None], captions: Sequence[str]) -> Figure:
+    """Each class's worst false positive and false negative, captioned, three classes (six panels) to a row: a
+    class without one of the two has an empty panel there (``None``), so FP and FN keep their columns."""
+    per_row, width = 6, 30  # a caption line of 7 pt fits its 2-inch panel at about 30 characters
+    wrapped = ["\n".join(textwrap.fill(line, width, subsequent_indent="  ") for line in text.splitlines())
+               for text in captions]
+    lines = max((text.count("\n") + 1 for text in wrapped), default=1)
     rows = max(1, -(-len(images) // per_row))
-    fig = Figure(figsize=(per_row * 2.0, rows * 2.6 + 0.4))
+    fig = Figure(figsize=(per_row * 2.0, rows * (1.9 + 0.13 * lines) + 0.4))
     axes = fig.subplots(rows, per_row, squeeze=False)
     for k, ax in enumerate(axes.flat):
         ax.axis("off")
         if k < len(images):
-            ax.imshow(images[k], interpolation="nearest")
-            ax.set_title(captions[k], fontsize=7, loc="left")
+            if images[k] is not None:
+                ax.imshow(images[k], interpolation="nearest")
+            ax.set_title(wrapped[k], fontsize=7, loc="left", color="black" if images[k] is not None else "grey")
     fig.suptitle("per class: the most confident false positive (FP) and the lowest-scored false negative (FN)",
                  fontsize=10)
     fig.tight_layout()
@@ -294,6 +299,17 @@ def reconstruction_figure(images: Tensor, reconstructions: Tensor, mask: Tensor,
     return fig
 
 
+def validation_panel(val: dict[str, Sequence[tuple[int, float]]]) -> tuple[str, dict]:
+    """The curves figure's middle panel: its title and series. The accuracies where a run logs them, else its other
+    val metrics (a multi-label run's mAP and F1), named as they are."""
+    logged = {name: points for name, points in val.items() if name != "val_loss" and points}
+    accuracies = {name: points for name, points in logged.items() if "acc" in name}
+    if accuracies or not logged:
+        return "validation accuracy", accuracies
+    words = [name.removeprefix("val_").replace("_", " ").replace("map", "mAP") for name in logged]
+    return "validation " + ", ".join(words), logged
+
+
 def training_curves_figure(train_loss: Sequence[tuple[int, float]], val: dict[str, Sequence[tuple[int, float]]],
                            lr: Sequence[tuple[int, float]]) -> Figure:
     """A run's curves against the optimiser step: training loss (and val loss), val accuracy, learning rate.
@@ -306,14 +322,14 @@ def training_curves_figure(train_loss: Sequence[tuple[int, float]], val: dict[st
         ax_loss.plot(*zip(*val["val_loss"]), "o-", ms=3, label="val_loss")
     ax_loss.set_title("loss")
     ax_loss.legend()
-    accuracies = {name: points for name, points in val.items() if "acc" in name and points}
-    for name, points in accuracies.items():
+    title, metrics = validation_panel(val)
+    for name, points in metrics.items():
         ax_acc.plot(*zip(*points), "o-", ms=3, label=name)
-    if accuracies:
+    if metrics:
         ax_acc.legend()
     else:
-        ax_acc.text(0.5, 0.5, "no val accuracy logged", ha="center", va="center", transform=ax_acc.transAxes)
-    ax_acc.set_title("validation accuracy")
+        ax_acc.text(0.5, 0.5, "no validation metric logged", ha="center", va="center", transform=ax_acc.transAxes)
+    ax_acc.set_title(title)
     if lr:
         ax_lr.plot(*zip(*lr), lw=1.0)
     ax_lr.set_title("learning rate (head group)")

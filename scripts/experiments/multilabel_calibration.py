@@ -1,6 +1,8 @@
 """A temperature per class on a multi-label model, measured: per-class ECE before and after T on val and on test.
 
     python scripts/experiments/multilabel_calibration.py --seeds 0 1 2 --json calibration.json
+    python scripts/experiments/multilabel_calibration.py --seeds 0 --epochs 20 \
+        --figure docs/figures/reliability_multilabel.png
 
 The digit composites of `multilabel_digits.py` (a reduced split by default, so a run takes minutes on 2 cores);
 each seed runs `vit fit --config configs/multilabel_cpu.yaml --data.init_args.hflip 0 --calibrate true` in its own
@@ -70,6 +72,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--sizes", type=int, nargs=3, default=[1200, 300, 600], metavar=("TRAIN", "VAL", "TEST"))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--figure", type=Path, default=None,
+                        help="copy the first seed's reliability diagram (val, before and after T) here, e.g. "
+                             "docs/figures/reliability_multilabel.png")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     work = Path(tempfile.mkdtemp(prefix="multilabel_calibration_"))
@@ -80,6 +85,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         (work / f"seed{seed}").mkdir()
         best, printed = fit(root, work / f"seed{seed}", seed, args.epochs)
         results.append({"seed": seed, "printed": printed, **measure(best, root)})
+        if args.figure and seed == args.seeds[0]:  # the diagram the recipe's calibration drew in the run folder
+            args.figure.write_bytes(next((work / f"seed{seed}").rglob("reliability.png")).read_bytes())
         results[-1]["seconds"] = time.perf_counter() - start
         print("\n".join(printed))
         print(json.dumps({k: v for k, v in results[-1].items() if k != "temperature"}), flush=True)

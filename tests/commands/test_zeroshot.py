@@ -158,6 +158,8 @@ def test_mistakes_end_in_one_line(made, tmp_path, capsys):
     bad = tmp_path / "bad.txt"
     bad.write_text("a photo\n")
     for args, message in ((["--classes", " , "], "class list is empty"),
+                          (["--classes", "cat"], "one class, 'cat': a zero-shot classifier chooses among at least two"),
+                          (["--classes", "cat,"], "one class, 'cat'"),
                           (["--classes", "a,b", "--templates", str(bad)], "exactly one {}"),
                           (["--classes", "a,b", "--tokenizer", str(tmp_path)], "no tokenizer file")):
         with pytest.raises(SystemExit):

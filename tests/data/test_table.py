@@ -271,3 +271,64 @@ def test_vit_fit_on_a_table_of_bad_rows_or_imagefolder_on_a_flat_folder_is_a_sho
     assert "13 of 23 rows are bad (12 missing file, 1 empty label):" in err and "  ... and 7 more" in err
     err = user_error(["fit", "--config", SCRATCH, "--data.init_args.root", "flat"], capsys)
     assert "flat holds a labels table, labels.csv, and no class folders: read it with --data vit.data.LabelsFile" in err
+
+
+def fit_argv(root: Path, table: str, *extra: str) -> list[str]:
+    """`vit fit` of scratch_small on the labels ``table``, a tiny model for one short epoch, outputs under ``root``."""
+    from tests.conftest import quiet_run
+    from tests.test_errors import SCRATCH
+
+    return ["fit", *quiet_run(root / "run", SCRATCH), "--data", "vit.data.LabelsFile", "--data.init_args.root", table,
+            "--data.init_args.num_workers=0",
+            "--data.init_args.val_fraction=0.25", "--data.init_args.test_fraction=0", "--trainer.max_epochs=1",
+            "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}", "--test_after_fit=false",
+            *extra]
+
+
+@pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
+@pytest.mark.parametrize("multi", [False, True])
+def test_the_imbalance_warnings_advice_runs_as_printed_and_weighs_rare_classes_up(tmp_path, monkeypatch, multi):
+    """The warning said model.class_weighting (moved: exit 2) and data.balanced_sampling (refused for multi-label:
+    exit 1). Each flag it prints now runs as printed, and turns the weighting on."""
+    import shlex
+
+    from vit.cli.main import cli
+
+    monkeypatch.chdir(tmp_path)
+    if multi:  # "a" on every image, "b" on 5 of 80 (6%: multi-label data, inferred): positives 80 and 5
+        flat(tmp_path / "data", ["a;b" if i % 16 == 0 else "a" for i in range(80)])
+    else:
+        flat(tmp_path / "data", ["many"] * 44 + ["few"] * 4)
+    argv = fit_argv(tmp_path, "data/labels.csv")
+    with pytest.warns(UserWarning, match="imbalanced classes") as warned:
+        cli(argv)
+    (message,) = [str(w.message) for w in warned if "imbalanced classes" in str(w.message)]
+    advice = message.split("; consider ", 1)[1].split(", or ")
+    assert len(advice) == (1 if multi else 2) and all(a.startswith("--") for a in advice), message
+    for i, flags in enumerate(advice):
+        run = cli([*argv, *shlex.split(flags), f"--checkpoint.dirpath={tmp_path}/advice{i}"])
+        if "balanced_sampling" in flags:
+            assert run.datamodule.train_sampler() is not None
+        else:
+            assert run.model.head.class_weighting and run.model.head.label_kind == ("multi" if multi else "single")
+
+
+@pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
+def test_vit_fit_on_one_stray_list_cell_stops_before_training_and_multi_label_true_trains_by_val_map(
+        tmp_path, monkeypatch, capsys):
+    """``"zero, six"`` among single labels trained, then died after the first validation in a 73-line traceback
+    (ModelCheckpoint(monitor='val_acc') found no such key). Now: the rows and the choice, before training; and a
+    run told data.multi_label true keeps its best checkpoint by val_map on scratch_small's default monitor."""
+    from tests.test_errors import user_error
+    from vit.cli.main import cli
+
+    monkeypatch.chdir(tmp_path)
+    labels = ["zero", "six"] * 24
+    labels[5] = "zero, six"  # (csv quotes it)
+    flat(tmp_path / "data", labels)
+    err = user_error(fit_argv(tmp_path, "data/labels.csv"), capsys)  # (exit 1, at most 10 lines, no traceback)
+    assert "1 of 48 rows hold several labels" in err and "'zero, six'" in err and "data.multi_label: true" in err
+    assert not list(tmp_path.rglob("metrics.csv"))  # stopped before training
+    run = cli(fit_argv(tmp_path, "data/labels.csv", "--data.init_args.multi_label=true"))
+    assert run.model.head.label_kind == "multi" and run.best_checkpoint.monitor == "val_map"
+    assert list((tmp_path / "run" / "ckpt").glob("best-*.ckpt"))

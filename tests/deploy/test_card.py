@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 
 import pytest
@@ -41,7 +42,12 @@ def test_card_front_matter_validates_and_its_numbers_are_the_runs(fitted, hub):
     assert f"{val_acc:.4f}" in card.text
     assert (hub / "confusion_matrix.png").is_file() and "](confusion_matrix.png)" in card.text
     config_yaml = (fitted / "logs" / "digits" / "version_0" / "config.yaml").read_text()
-    assert config_yaml.strip() in card.text
+    for line in config_yaml.strip().splitlines():  # as written, an absolute path cut to "…/" and its last two parts
+        at = re.search(r"(?:^|(?<=[\s'\"]))/\w", line)
+        if at is not None:
+            path = line[at.start():].split()[0].strip("'\"")
+            line = f"{line[:at.start()]}…/{'/'.join(path.split('/')[-2:])}"
+        assert line in card.text, line
     assert card.text.count("not known to the run") >= 3  # intended use, limits, license, data: left to the user
     assert "Not calibrated" in card.text  # the fitted run was not calibrated: the card claims no temperature
     assert json.loads((hub / "config.json").read_text())["label_names"] == [str(i) for i in range(10)]
@@ -107,3 +113,24 @@ def test_license_and_base_model_come_from_the_base_weights(tag):
     data = ModelCardData(license=found["license"], base_model=found["base_model"])
     assert data.to_dict()["license"] == found["license"]
     assert base_weights(None) == {} and base_weights("weights/some_file.safetensors") == {}
+
+
+def test_the_card_is_titled_by_model_and_run_names_the_real_architecture_and_no_local_path(fitted, hub):
+    """The title was the output folder's name, the text called a dim-64 depth-4 model timm's `vit_tiny_patch16_224`,
+    and the config block printed the run's absolute folders. The model's own dimensions come from the checkpoint,
+    read apart from vit."""
+    from huggingface_hub import ModelCard
+
+    best = next((fitted / "ckpt").glob("best-*.ckpt"))
+    stored = torch.load(best, map_location="cpu", weights_only=False)
+    name = stored["hyper_parameters"]["model"]
+    text = ModelCard.load(hub / "README.md").text
+    title = next(line for line in text.splitlines() if line.strip())
+    assert title == f"# {name} (digits)"  # the model and the run (logs/digits), not the folder
+    config = json.loads((hub / "config.json").read_text())
+    embed = stored["state_dict"]["model.cls_token"].shape[-1]  # the width, from the weights themselves
+    assert config["model_args"]["embed_dim"] == embed and f"embed_dim={embed}" in text
+    assert f"which timm builds as `{config['architecture']}` changed by config.json's `model_args`" in text
+    assert f"as timm's `{config['architecture']}`" not in text
+    assert str(fitted) not in text and not re.search(r"(?<![\w:/.…])/(tmp|home|Users|root|work)/", text)
+    assert "…/" in text  # the config's absolute folders (the fixture's are in tmp) are cut, not left out

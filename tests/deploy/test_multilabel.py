@@ -94,3 +94,24 @@ def test_a_single_label_checkpoint_answers_as_before(fitted, digit_pngs, tmp_pat
     assert next(csv.reader((tmp_path / "p.csv").open())) == ["path", "class_1", "prob_1", "class_2", "prob_2", "error"]
     # softmax probabilities: each row's top-2 sum to at most 1
     assert all(sum(e["probability"] for e in r["top_k"]) <= 1 + 1e-6 for r in rows)
+
+
+def test_tta_flip_is_refused_for_a_multi_label_model_in_one_line_and_kept_for_a_single_label_one(
+        quadrant_run, fitted, digit_pngs, tmp_path, capsys):
+    """A multi-label model's thresholds were chosen on val without TTA, and nothing measured flip against them: its
+    `--tta flip` is refused (vit predict, and vit serve at start); `--tta none` and a single-label flip still run."""
+    from vit.commands import main
+
+    ckpt = quadrant_run / "model.ckpt"
+    files = [str(p) for p in sorted((quadrant_run / "images").glob("*.png"))[:2]]
+    with pytest.raises(SystemExit) as done:
+        main(["predict", "--ckpt", str(ckpt), *files, "--out", str(tmp_path / "p.json"), "--tta", "flip"])
+    err = capsys.readouterr().err
+    assert done.value.code == 1 and "--tta flip is for single-label models" in err and len(err.splitlines()) <= 2
+    assert not (tmp_path / "p.json").exists()
+    with pytest.raises(ValueError, match="--tta flip is for single-label models"):
+        Predictor(load_classifier(ckpt), tta="flip")
+    assert len(predict(["--ckpt", str(ckpt), *files, "--out", str(tmp_path / "n.json"), "--tta", "none"])) == 2
+    single = next((fitted / "ckpt").glob("best-*.ckpt"))
+    rows = predict(["--ckpt", str(single), str(digit_pngs[0][0]), "--out", str(tmp_path / "s.json"), "--tta", "flip"])
+    assert rows[0]["top_k"]

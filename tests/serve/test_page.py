@@ -162,3 +162,32 @@ def test_a_multi_label_answer_shows_its_labels_as_chips(quadrant_run, tmp_path):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_the_unknown_note_stays_inside_its_card(tmp_path):
+    """The "unknown" note was one row of the classes' two-column grid: its text went into the 64-px probability
+    column and ran out of the card. Drawn here from the page's own script, with a long nearest class name."""
+    import playwright.sync_api as playwright_api
+
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    from importlib.resources import files
+
+    html = files("vit.serve").joinpath("page.html").read_text()
+    answer = {"unknown": True, "answer": "unknown", "score": 12.3456, "nearest": "a_rather_long_class_name_" * 2,
+              "top_k": [{"class": 0, "name": "cat", "probability": 0.9}], "timing_ms": {"total": 5.0}, "batch_size": 1}
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 900, "height": 640})
+        page.route("**/*", lambda route: route.abort())  # no server: the page's own requests fail, quietly
+        page.set_content(html)
+        page.evaluate("answer => showResult(answer)", answer)
+        note = page.query_selector("[data-testid=unknown]").bounding_box()
+        card = page.evaluate("(() => { const r = document.getElementById('topk').closest('.card')"
+                             ".getBoundingClientRect(); return {x: r.x, width: r.width}; })()")
+        words = page.evaluate("(() => { const range = document.createRange(); "
+                              "range.selectNodeContents(document.querySelector('[data-testid=unknown]')); "
+                              "const r = range.getBoundingClientRect(); return {x: r.x, right: r.right}; })()")
+        browser.close()
+    assert note["x"] >= card["x"] and note["x"] + note["width"] <= card["x"] + card["width"]
+    assert words["right"] <= card["x"] + card["width"]  # the text itself, not only its box

@@ -213,3 +213,25 @@ def test_a_checkpoint_written_before_label_kind_loads_as_the_kind_it_says(quadra
     assert isinstance(task.head, MultiLabelHead if multi else SingleLabelHead)
     if multi:  # and the thresholds chosen on val come back with it
         assert task.evaluation.thresholds.tolist() == pytest.approx(checkpoint["vit"]["thresholds"])
+
+
+def test_the_label_error_gallery_keeps_fp_and_fn_in_their_columns_when_a_class_lacks_one(tmp_path):
+    """Class 0 has only a false positive, class 1 both, class 2 only a false negative, class 3 neither: the rows
+    shifted (class 1's FN fell under an FP). Each class shown now fills an FP then an FN panel, "none" where it has
+    no such image."""
+    from vit.tasks.multilabel import LabelMistakes, save_label_report
+
+    # image i is filled with i, so each panel can be traced to its image
+    images = torch.arange(4.0)[:, None, None, None].expand(4, 3, 4, 4).clone()
+    probs = torch.tensor([[0.9, 0.8, 0.9, 0.1], [0.1, 0.2, 0.3, 0.1], [0.2, 0.1, 0.9, 0.2], [0.7, 0.1, 0.2, 0.8]])
+    targets = torch.tensor([[0, 0, 1, 0], [0, 1, 1, 0], [0, 0, 1, 0], [1, 0, 0, 1]])  # each class: a 1 and a 0
+    # at 0.5: class 0: FP image 0; class 1: FP image 0, FN image 1; class 2: FN image 1; class 3: nothing
+    mistakes = LabelMistakes(4)
+    mistakes.update(images, probs, targets, torch.full((4,), 0.5))
+    kinds = [(kind, c, None if image is None else int(image[0, 0, 0])) for kind, c, image, _, _ in mistakes.items()]
+    assert kinds == [("FP", 0, 0), ("FN", 0, None), ("FP", 1, 0), ("FN", 1, 1), ("FP", 2, None), ("FN", 2, 1)]
+    figures = save_label_report(probs, targets.float(), torch.full((4,), 0.5), mistakes, ["a", "b", "c", "d"],
+                                [0.0] * 3, [1.0] * 3, tmp_path)
+    titles = [ax.get_title(loc="left").split("\n")[0] for ax in figures["label_errors"].axes]
+    assert titles == ["FP a 0.90", "FN a: none", "FP b 0.80", "FN b 0.20", "FP c: none", "FN c 0.30"]
+    assert [len(ax.images) for ax in figures["label_errors"].axes] == [1, 0, 1, 1, 0, 1]

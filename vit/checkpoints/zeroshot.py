@@ -31,6 +31,9 @@ def class_names(names: Sequence[str]) -> list[str]:
     if not names:
         raise UserValueError('the class list is empty: give --classes "oak,maple,birch" or --classes_file FILE '
                              "(one name a line)")
+    if len(names) == 1:  # a softmax over one class says 1.0 to every image: nothing is classified
+        raise UserValueError(f"one class, {names[0]!r}: a zero-shot classifier chooses among at least two; add the "
+                             f'others it should tell it from (--classes "{names[0]},other") or a --classes_file')
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise UserValueError(f"class names given twice: {', '.join(repeated)}")

@@ -215,6 +215,7 @@ class VitCLI(LightningCLI):
             check_checkpoint_task(config)
 
     def before_fit(self) -> None:
+        self._monitor_what_the_data_logs()
         config = self._subcommand_config(self.config_init)
         if config.get("ckpt_path") == "last":  # (the parsed config names folders; config_init holds callbacks)
             config["ckpt_path"] = resolve_last(self._subcommand_config(self.config), self.say)
@@ -223,6 +224,15 @@ class VitCLI(LightningCLI):
             epoch, step = checkpoint_progress(config["ckpt_path"])
             self.say(f"--ckpt_path best: resuming from {config['ckpt_path']} (epoch {epoch}, step {step}); the run "
                      "trains again from there (--ckpt_path last goes on from where it stopped)")
+
+    def _monitor_what_the_data_logs(self) -> None:
+        """fit's default monitor, val_acc, is a single-label run's: a multi-label one (data.multi_label, or a table
+        read so) keeps its best checkpoint by val macro mAP, as configs/multilabel_cpu.yaml says, rather than
+        failing after its first validation."""
+        checkpoint = self.best_checkpoint
+        multi_label = getattr(self.datamodule, "multi_label", False)
+        if checkpoint is not None and checkpoint.monitor == "val_acc" and multi_label:
+            checkpoint.monitor = "val_map"  # (mode max, as val_acc's)
 
     def before_pretrain(self) -> None:
         from vit.tasks.pretrain import MaskedAutoencoder

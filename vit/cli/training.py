@@ -283,8 +283,8 @@ class TrainingCurves(Callback):
         log_dir = trainer.log_dir  # on every rank: under DDP it is a broadcast, which rank 0 alone would hang in
         if not trainer.is_global_zero or log_dir is None or not (self.train_loss or self.val):
             return
-        from vit.reports import save_figure, training_curves_figure
+        from vit.reports import save_figure, training_curves_figure, validation_panel
 
         figure = training_curves_figure(self.train_loss, self.val, self.lr)
         path = save_figure(figure, Path(log_dir) / "curves.png")
-        print(f"training curves saved to {path} (loss, validation accuracy, learning rate)")
+        print(f"training curves saved to {path} (loss, {validation_panel(self.val)[0]}, learning rate)")

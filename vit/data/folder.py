@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 
 # The names a validation split's folder goes by: "valid" in Roboflow's exports, "validation" in some Kaggle sets.
 VAL_FOLDERS = ("val", "valid", "validation")
+# The imbalance warning's advice, as `vit fit` flags: the multi-label head is named because a weighting given to the
+# default head alone makes it a single-label one (`vit.tasks.heads.head_for`).
+CLASS_WEIGHTING = "--model.init_args.head.init_args.class_weighting true"
+MULTI_LABEL_HEAD = "--model.init_args.head.class_path vit.tasks.heads.MultiLabelHead"
 
 
 def nfc(name: str) -> str:
@@ -377,10 +381,14 @@ class ImageFolder(ImageDataModule):
         smallest, largest = min(counts), max(counts)
         if smallest < 0.1 * largest:
             small = self.class_names[counts.index(smallest)]
-            rank_zero_warn(
-                f"{self.root}: imbalanced classes: {small!r} has {smallest} training images, under 10% of the largest "
-                f"class's {largest}; consider data.balanced_sampling: true or model.class_weighting: true"
-            )
+            rank_zero_warn(f"{self.root}: imbalanced classes: {small!r} has {smallest} training images, under 10% of "
+                           f"the largest class's {largest}; consider {self.imbalance_advice()}")
+
+    def imbalance_advice(self) -> str:
+        """The flags that weigh rare classes up, as `vit fit` takes them (a test runs them as printed)."""
+        if getattr(self, "multi_label", False):  # (a multi-label image has no one class to draw it by)
+            return f"{MULTI_LABEL_HEAD} {CLASS_WEIGHTING}"
+        return f"--data.init_args.balanced_sampling true, or {CLASS_WEIGHTING}"
 
     def train_sampler(self) -> Sampler | None:
         """With ``balanced_sampling``, draws weighted by 1 / (images of the class), with replacement."""

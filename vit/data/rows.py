@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vit.data.row_checks import check_inferred_multi_label, check_mixed_separators, check_per_class_columns
 from vit.errors import UserPathError, UserValueError
 
 # Column names found without options, in this order (Hugging Face's imagefolder says file_name).
@@ -228,12 +229,18 @@ def read_table(
         names = [header[i] for i in label_idx]
         if classes is not None and list(classes) != names:
             raise UserValueError(f"{path}: data.classes {list(classes)} differ from its per-class columns {names}")
+        if label_columns is None:  # inferred: a label column under another name is no 0/1 column
+            check_per_class_columns(path, names, label_cells, CELL_VALUES, LABEL_COLUMNS)
         targets = _per_class_targets(label_cells, lines, bad)
         how = f"{len(names)} per-class columns (blank or -1: unknown)"
         table_labels: list | None = None
     else:
         sep = _separator(label_cells, separator)
+        if separator is None:
+            check_mixed_separators(path, label_cells, sep, SEPARATORS, lines)
         names, table_labels = _cell_labels(label_cells, sep, classes, lines, bad)
+        if multi_label is None:
+            check_inferred_multi_label(path, label_cells, table_labels, lines)
         targets = None
         how = f"labels in column {header[label_idx[0]]!r}" + (f", separated by {sep!r}" if sep else "")
         several = any(len(x) != 1 for x in table_labels if x is not None)  # (a JSONL [] is no label at all)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from vit.deploy.classifier import Classifier
 # The test metrics the card reports (when the run has them), with their Hub metric types.
 TEST_KEYS = {"test_acc": "accuracy", "test_acc_top5": "top_5_accuracy", "test_acc_balanced": "balanced_accuracy"}
 FILL_IN = "*(not known to the run: yours to fill in)*"
+# An absolute POSIX path (not a URL's): after a space, quote, colon-space or line start; one path, to a space or quote
+ABSOLUTE = re.compile(r"(?<![\w.:/~-])/(?:[^\s'\"/]+/)+[^\s'\",\]}]*")
 
 
 @dataclass
@@ -241,27 +244,48 @@ def _usage(name: str) -> list[str]:
     ]
 
 
+def local_paths_hidden(text: str) -> str:
+    """``text`` with each absolute local path cut to its last two parts (``/home/me/photos/labels.csv`` ->
+    ``…/photos/labels.csv``): a shared card names no one's folders. URLs and relative paths stay."""
+    return ABSOLUTE.sub(lambda m: "…/" + "/".join(Path(m.group(0)).parts[-2:]), text)
+
+
+def _architecture(classifier: Classifier, architecture: str, model_args: dict[str, Any] | None) -> str:
+    """What the model is, in timm's words: its timm architecture, with the ``model_args`` that change it (a dim-96
+    depth-4 model is not timm's ``vit_tiny_patch16_224``, only built from it)."""
+    if not model_args:
+        return f"`{classifier.model_name}`, as timm's `{architecture}`"
+    args = ", ".join(f"{k}={v}" for k, v in model_args.items())
+    return (f"`{classifier.model_name}` ({args}), which timm builds as `{architecture}` changed by config.json's "
+            "`model_args`")
+
+
 def model_card(classifier: Classifier, facts: RunFacts, architecture: str, name: str, *, repo_id: str | None = None,
-               rgb_from_gray: bool = False) -> str:
+               rgb_from_gray: bool = False, model_args: dict[str, Any] | None = None) -> str:
     """The ``README.md`` text: the front matter (`card_data`) and a body of the run's facts and the blanks;
-    ``repo_id``: where it is shared (the examples say OWNER/NAME without it)."""
+    ``repo_id``: where it is shared (the examples say OWNER/NAME without it), else the title is the model's and
+    the run's (not the output folder's name)."""
+    if repo_id is None:
+        name = classifier.model_name + (f" ({facts.run.parent.name})" if facts.run is not None else "")
     base = base_weights(facts.base)
-    origin = (f"fine-tuned from `{facts.base}`" if facts.base else "trained from scratch (no pretrained weights)")
+    shown_base = local_paths_hidden(facts.base) if facts.base else None
+    origin = (f"fine-tuned from `{shown_base}`" if facts.base else "trained from scratch (no pretrained weights)")
     license_line = (f"`{base['license_name'] if base.get('license') == 'other' else base['license']}`, "
                     f"from {base['license_source']}: the fine-tuned weights inherit the base weights' terms"
                     if base.get("license") else f"not known to the run ({origin}) {FILL_IN}; add `license:` above")
     names = ", ".join(f"`{n}`" for n in classifier.class_names)
     body = [
         f"# {name}", "",
-        f"An image classifier trained with `vit`: `{classifier.model_name}`, as timm's "
-        f"`{architecture}`, {origin}.", "",
+        f"An image classifier trained with `vit`: {_architecture(classifier, architecture, model_args)}, {origin}.",
+        "",
         f"## Classes ({len(classifier.class_names)})", "", names, "",
         "## Results", "", *_results(facts), "",
         "## Preprocessing", "", *_preparation(classifier, rgb_from_gray), "",
         "## Confidence", "", *_confidence(classifier), "",
         "## How to use", "", *_usage(repo_id or "OWNER/NAME"), "",
         "## Training recipe", "",
-        *(["The run's own `config.yaml`:", "", "```yaml", facts.config.rstrip(), "```"] if facts.config
+        *(["The run's own `config.yaml` (absolute local paths cut to their last two parts):", "", "```yaml",
+           local_paths_hidden(facts.config.rstrip()), "```"] if facts.config
           else [f"The run's config.yaml was not found {FILL_IN}"]), "",
         "## License", "", f"License: {license_line}.", "",
         "## Intended use and limits", "", f"Intended use: {FILL_IN}", "",

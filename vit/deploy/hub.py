@@ -60,7 +60,7 @@ def export_hub(classifier: Classifier, facts: RunFacts, out_dir: str | os.PathLi
         rgb_from_gray(config, state)
     files = write_timm_files(config, state, out_dir)
     text = model_card(classifier, facts, config["architecture"], (name or out_dir.resolve().name).split("/")[-1],
-                      repo_id=name, rgb_from_gray=gray)
+                      repo_id=name, rgb_from_gray=gray, model_args=config.get("model_args"))
     files.append(save_atomic(lambda f: f.write(text.encode()), out_dir / "README.md"))
     if facts.confusion is not None:
         files.append(Path(shutil.copyfile(facts.confusion, out_dir / "confusion_matrix.png")))

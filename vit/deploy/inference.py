@@ -180,7 +180,12 @@ def label_answers(logits: Tensor, thresholds: Sequence[float], k: int, class_nam
 
 
 def chosen_tta(classifier: Any, tta: str | None = None) -> str:
-    """``tta`` when given (the user's override), else the one calibration stored (measured on val), else none."""
+    """``tta`` when given (the user's override), else the one calibration stored (measured on val), else none.
+    A multi-label model refuses "flip": its thresholds were chosen on val's plain logits, and flipping was never
+    measured against them (the single-label calibration measures it: `vit.deploy.calibration.measure_tta`)."""
+    if tta == "flip" and is_multi_label(classifier):
+        raise UserValueError("--tta flip is for single-label models: this multi-label model's thresholds were chosen "
+                             "on validation images without it, and TTA was not measured there; leave out --tta")
     if tta is not None:
         return tta
     calibration: Calibration | None = getattr(classifier, "calibration", None)

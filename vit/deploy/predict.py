@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from vit.deploy.classifier import Classifier
 from vit.deploy.image_files import ImagePaths, UnreadableImageError, collate_readable
-from vit.deploy.inference import OnnxClassifier, answered, autocast, record
+from vit.deploy.inference import OnnxClassifier, answered, autocast, chosen_tta, record
 from vit.errors import UserValueError
 from vit.files import save_atomic
 from vit.progress import progress
@@ -45,6 +45,7 @@ def predict_files(
         raise UserValueError(f"--precision {precision} applies to --backend torch; --backend "
                              f"{classifier.backend} runs in its own precision")
     top_k = min(top_k, len(classifier.class_names))
+    chosen_tta(classifier, tta)  # a refused --tta: one line before any image is read
     # an image too elongated for the resize is one row's error
     dataset = ImagePaths(files, classifier.eval_transform(crop_pct), classifier.image_mode,
                          classifier.eval_short_side(crop_pct))

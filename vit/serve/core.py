@@ -32,7 +32,7 @@ from torch import Tensor
 
 from vit.data.io import READS_HEIC, bomb_size, load_image, pil_refusal_limit
 from vit.deploy.classifier import Classifier
-from vit.deploy.inference import OnnxClassifier, answered, record
+from vit.deploy.inference import OnnxClassifier, answered, chosen_tta, record
 from vit.preprocessing import resized_pixels
 
 log = logging.getLogger(__name__)
@@ -152,6 +152,7 @@ class Predictor:
         self.classifier = classifier  # Any: a `vit.deploy.backends` engine
         self.accept_all = accept_all  # never answer "unknown" (--accept_all)
         self.tta = tta  # --tta; None: the one calibration chose on val
+        chosen_tta(classifier, tta)  # a refused --tta (multi-label flip) stops the server at start, not each answer
         self.mode = classifier.image_mode  # as `vit predict` decodes
         self.transform = classifier.eval_transform()
         self.short_side = classifier.eval_short_side()  # resized to, then cropped

@@ -232,10 +232,12 @@ class LabelMistakes:
                     self.kept[(kind, c)] = (float(badness[i, c]), images[i].float().cpu(), probs[i].cpu(),
                                             targets[i].cpu())
 
-    def items(self) -> list[tuple[str, int, Tensor, Tensor, Tensor]]:
-        """(kind, class, image, probabilities, targets), class by class, FP before FN."""
-        return [(kind, c, *self.kept[(kind, c)][1:]) for c in range(self.num_classes) for kind in ("FP", "FN")
-                if (kind, c) in self.kept]
+    def items(self) -> list[tuple[str, int, Tensor | None, Tensor | None, Tensor | None]]:
+        """(kind, class, image, probabilities, targets), class by class, FP before FN: both for every class with
+        either (the one it lacks as Nones, so the gallery keeps FP and FN in their columns)."""
+        shown = [c for c in range(self.num_classes) if ("FP", c) in self.kept or ("FN", c) in self.kept]
+        return [(kind, c, *self.kept.get((kind, c), (None, None, None, None))[1:]) for c in shown
+                for kind in ("FP", "FN")]
 
 
 def save_label_report(probs: Tensor, targets: Tensor, thresholds: Tensor, mistakes: LabelMistakes,
@@ -250,8 +252,10 @@ def save_label_report(probs: Tensor, targets: Tensor, thresholds: Tensor, mistak
     figures = {"class_ap": class_ap_figure(probs, targets, class_ap(probs, targets), names),
                "label_cooccurrence": cooccurrence_figure(targets, names)}
     if shown := mistakes.items():
-        images = [to_display_image(image, mean, std, min_side=64) for _, _, image, _, _ in shown]
-        captions = [caption(kind, c, p, t, thresholds, names) for (kind, c, _, p, t) in shown]
+        images = [None if image is None else to_display_image(image, mean, std, min_side=64)
+                  for _, _, image, _, _ in shown]
+        captions = [caption(kind, c, p, t, thresholds, names) if image is not None else f"{kind} {names[c]}: none"
+                    for (kind, c, image, p, t) in shown]
         figures["label_errors"] = label_errors_figure(images, captions)
     for name, fig in figures.items():
         save_figure(fig, Path(out_dir) / f"{name}.png")
