@@ -104,6 +104,16 @@ def every_layer(f: dict[str, Split], fit: Callable[[np.ndarray], Callable]) -> S
     return lambda s: sum((g(s[k]) - loc[k][0]) / loc[k][1] for k, g in scores.items())
 
 
+def class_consistent(f: dict[str, Split], labels: np.ndarray, **kw) -> Score:
+    """Every layer's Mahalanobis distance to each class, standardised as `every_layer`'s (by its minimum's mean and
+    standard deviation on val), summed over layers per class, then the minimum over classes: one class must explain
+    every layer (a near unknown may sit near one class's last layer and another's first)."""
+    fits = {k: gaussian(l2(f["train"][k]), labels, **kw) for k in layers_of(f["train"])}
+    per_class = lambda s, k: distances(l2(s[k]), *fits[k])  # (N, C)
+    loc = {k: (per_class(f["val"], k).min(1).mean(), per_class(f["val"], k).min(1).std()) for k in fits}
+    return lambda s: sum((per_class(s, k) - loc[k][0]) / loc[k][1] for k in fits).min(1)
+
+
 def standardised_sum(f: dict[str, Split], *parts: Score) -> Score:
     """The sum of scores, each standardised by its mean and standard deviation on val."""
     loc = [(p(f["val"]).mean(), p(f["val"]).std()) for p in parts]
@@ -140,6 +150,8 @@ def candidates(f: dict[str, Split], labels: np.ndarray, head: dict[str, np.ndarr
             f, lambda z: mahalanobis(z, labels, relative=True, per_class=0.0)),
         "every layer, relative, cov. per class": every_layer(f, lambda z: mahalanobis(z, labels, relative=True)),
     }
+    out["every layer, cov. per class, one class for all layers"] = class_consistent(f, labels)
+    out["every layer, shared cov., one class for all layers"] = class_consistent(f, labels, per_class=0.0)
     today = out["every layer, cov. per class (vit's score until now)"]
     out["every layer cov. per class + kNN every layer"] = standardised_sum(f, today, out["kNN every layer, k=10"])
     if "views" in f["val"]:
