@@ -1,6 +1,13 @@
 """Held-out classes as "unknown": train on the digits 0-4, score the digits 5-9, for every candidate score.
 
-    flock /tmp/vit-heavy.lock python scripts/experiments/unknown_digits.py --work /tmp/unknown --seeds 0 1 2
+    flock /tmp/vit-heavy.lock python scripts/experiments/unknown_digits.py --work /tmp/unknown --epochs 40
+    flock /tmp/vit-heavy.lock python scripts/experiments/unknown_digits.py --work /tmp/unknown --epochs 100
+    # a training change: outlier exposure on composites (docs/confidence.md's "Training changes")
+    flock /tmp/vit-heavy.lock python scripts/experiments/unknown_digits.py --work /tmp/unknown --name oe05 \
+        --fit_args "--model.init_args.head.init_args.outlier_composites 0.5"
+
+A run whose checkpoint is in ``--work`` is not trained again (only measured); ``--calibrate true`` is the old
+spelling of ``unknown`` for a vit without it.
 
 The data (``--dataset``): mnist5k (default; small_folders.py's 5,000 MNIST scans, its stratified split, classes
 0-4 of train/val/test kept: 1,500 / 500 / 500, and all 2,500 scans of 5-9 as the near unknowns; needs
@@ -109,6 +116,7 @@ def train(args: argparse.Namespace, root: Path, run: Path, seed: int, epochs: in
            "--checkpoint.dirpath", str(run / "checkpoints")]
     if epochs:
         cmd += ["--trainer.max_epochs", str(epochs)]
+    cmd += args.fit_args.split() if calibrate is None else []  # the arm's options, on the near-unknown runs only
     best = sorted((run / "checkpoints").glob("best-*.ckpt"))
     if not best:
         subprocess.run(cmd, check=True, cwd=ROOT)
@@ -207,13 +215,14 @@ def unknown_table(args: argparse.Namespace) -> tuple[dict, dict]:
     labels = {k: np.array([int(p.parent.name) for p in paths[k]]) for k in ("train", "val", "test")}
     results: dict[str, dict] = {}
     calibrated: dict[str, dict] = {}
-    name = Path(args.config).stem + (f"_e{args.epochs}" if args.epochs else "")
+    name = args.name or Path(args.config).stem + (f"_e{args.epochs}" if args.epochs else "")
     for seed in args.seeds:
         ckpt = train(args, work / "data", work / f"{name}_seed{seed}", seed, args.epochs)
         classifier = read_classifier(ckpt)
         f = saved_features(classifier, paths, work / f"features_{name}_seed{seed}.pt")
         correct = f["test"]["logits"].argmax(1) == labels["test"]
         calibrated[f"{args.dataset} 0-4, seed {seed}"] = calibration(f, labels)
+        calibrated[f"{args.dataset} 0-4, seed {seed}"]["test"] = (f["test"]["logits"], labels["test"])
         print(f"seed {seed}: test top-1 {correct.mean():.3f}  ({ckpt})")
         found = {}
         if "deployed" in f["test"]:  # the checkpoint's own score and threshold, as vit predict answers
@@ -238,6 +247,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--epochs", type=int, default=None, help="override the recipe's max_epochs")
     parser.add_argument("--calibrate", default="unknown", help="vit fit's --calibrate (unknown: fit the score)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--fit_args", default="", help="more vit fit options for the runs (a training change)")
+    parser.add_argument("--name", default=None, help="the runs' folder name under --work (default: config, epochs)")
     parser.add_argument("--figure", type=Path, default=None, help="write the reliability diagrams here (PNG)")
     parser.add_argument("--calibration_folders", nargs="*", choices=("tiles", "mnist5k"), default=[],
                         help="small folders to fit the recipe on for ECE before and after T (default: none)")
@@ -249,6 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
         for seed in args.seeds:
             key = f"{folder}, seed {seed}"
             calibrated[key], folder_test[key] = folder_calibration(args, seed, folder)
+    tests = {k: c.pop("test") for k, c in calibrated.items() if "test" in c}
     (args.work / "results.json").write_text(json.dumps({"unknown": results, "calibration": calibrated}, indent=1))
     table(results)
     print("\n| folder | T | test ECE before → after | NLL before → after | Brier before → after | top-1 |")
@@ -258,22 +270,25 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"| {name} | {c['T']:.2f} | {b['ece']:.4f} → {a['ece']:.4f} | {b['nll']:.3f} → {a['nll']:.3f} | "
               f"{b['brier']:.3f} → {a['brier']:.3f} | {a['top1']:.3f} |")
     if args.figure:
-        reliability(args, calibrated, folder_test)
+        first = f"{args.dataset} 0-4, seed {args.seeds[0]}"
+        shown = {"digits": (tests[first], calibrated[first]["T"])}
+        shown |= {k: (folder_test[f"{k}, seed {args.seeds[0]}"], calibrated[f"{k}, seed {args.seeds[0]}"]["T"])
+                  for k in args.calibration_folders}
+        reliability(args, shown)
     return results
 
 
-def reliability(args: argparse.Namespace, calibrated: dict, folder_test: dict) -> None:
-    """vit's own reliability diagram (what `vit calibrate` draws on val), here on each folder's test split."""
+def reliability(args: argparse.Namespace, shown: dict[str, tuple]) -> None:
+    """vit's own reliability diagram (what `vit calibrate` draws on val), here on each folder's test split of the
+    first seed: ``shown`` maps a name to ((logits, labels), T)."""
     from vit.deploy.calibration import reliability_bins
     from vit.reports import reliability_figure, save_figure
 
-    first = args.seeds[0]
-    for folder in args.calibration_folders:
-        (logits, y), t = folder_test[f"{folder}, seed {first}"], calibrated[f"{folder}, seed {first}"]["T"]
+    for name, ((logits, y), t) in shown.items():
         logits, y = torch.tensor(logits), torch.tensor(y)
         figure = reliability_figure(reliability_bins(logits, y), reliability_bins(logits, y, t), t,
-                                    f"{folder}, seed {first}: test split")
-        print(f"wrote {save_figure(figure, args.figure.with_name(f'{args.figure.stem}_{folder}.png'))}")
+                                    f"{name}, seed {args.seeds[0]}: test split")
+        print(f"wrote {save_figure(figure, args.figure.with_name(f'{args.figure.stem}_{name}.png'))}")
 
 
 if __name__ == "__main__":

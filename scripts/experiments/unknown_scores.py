@@ -120,6 +120,13 @@ def standardised_sum(f: dict[str, Split], *parts: Score) -> Score:
     return lambda s: sum((p(s) - m) / sd for p, (m, sd) in zip(parts, loc))
 
 
+def either(f: dict[str, Split], *parts: Score) -> Score:
+    """The largest of the parts' val ranks (the share of val scoring below each): an image is unknown when any
+    part finds it rarer than the threshold's share of val (one threshold for all, set on this score's val)."""
+    ranks = [np.sort(p(f["val"])) for p in parts]
+    return lambda s: np.max([np.searchsorted(r, p(s), side="left") / len(r) for r, p in zip(ranks, parts)], axis=0)
+
+
 def tta(score: Score) -> Score:
     """The score averaged over the image and its ``views`` (shifted copies)."""
     return lambda s: np.mean([score(s), *(score(v) for v in s.get("views", []))], axis=0)
@@ -154,6 +161,11 @@ def candidates(f: dict[str, Split], labels: np.ndarray, head: dict[str, np.ndarr
     out["every layer, shared cov., one class for all layers"] = class_consistent(f, labels, per_class=0.0)
     today = out["every layer, cov. per class (vit's score until now)"]
     out["every layer cov. per class + kNN every layer"] = standardised_sum(f, today, out["kNN every layer, k=10"])
+    msp = out["max softmax"]
+    out["max softmax + every layer cov. per class (standardised sum)"] = standardised_sum(f, msp, today)
+    out["either max softmax or every layer cov. per class"] = either(f, msp, today)
+    out["either max softmax or every layer, relative, shared cov."] = either(
+        f, msp, out["every layer, relative, shared cov."])
     if "views" in f["val"]:
         out["every layer, cov. per class, TTA (4 shifts)"] = tta(today)
     return out
