@@ -335,12 +335,16 @@ def test_covariance_shared_on_request_is_one_pooled_covariance_where_one_per_cla
     assert np.linalg.norm(got - want) <= digits * np.linalg.norm(want)
 
 
-@pytest.mark.parametrize("classes, fits", [(5, True), (1000, False)])
-def test_a_covariance_per_class_only_within_its_byte_budget(classes, fits):
+@pytest.mark.parametrize("classes, widths, fits", [
+    (5, [96] * 5, True),  # scratch_small's ViT (4 blocks + pooled, dim 96): 2*5*5*96^2 = 0.46 MB
+    (3, [384] * 13, False),  # ViT-S/16 with 3 classes: 2*3*13*384^2 = 11.5 MB, past a LoRA checkpoint's 8 MB bar
+    (1000, [96] * 5, False),
+])
+def test_a_covariance_per_class_only_within_its_byte_budget(classes, widths, fits):
     from vit.deploy.calibration import per_class_fits
 
-    widths = [384] * 13  # ViT-S/16: 12 blocks and the pooled features
     assert per_class_fits(classes, widths) is fits
+    widths = [384] * 13  # ViT-S/16: 12 blocks and the pooled features
     needed = 2 * 5 * 13 * 384 * 384  # float16 bytes for 5 classes
     assert per_class_fits(5, widths, budget=needed) and not per_class_fits(5, widths, budget=needed - 1)
 

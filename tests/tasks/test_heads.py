@@ -71,3 +71,16 @@ def test_a_head_of_another_kind_plugs_in_without_a_new_option():
     assert model.hparams.head == {"class_path": f"{__name__}.MeanSquaredHead", "init_args": {}}  # plain data
     x = torch.randn(2, 1, 8, 8)
     torch.testing.assert_close(model.predict_step(x, 0), model(x))  # its answer: the logits
+
+
+def test_single_label_head_logit_norm_switches_the_training_loss_and_rejects_negative_tau():
+    import torch.nn.functional as F
+
+    logits, labels = torch.randn(5, 3, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1, 2, 0, 1])
+    plain = SingleLabelHead(label_smoothing=0.0).train_loss(3)
+    normed = SingleLabelHead(label_smoothing=0.0, logit_norm=0.5).train_loss(3)
+    assert torch.allclose(plain(logits, labels), F.cross_entropy(logits, labels))
+    expected = F.cross_entropy(logits / (0.5 * logits.norm(dim=1, keepdim=True)), labels)
+    assert torch.allclose(normed(logits, labels), expected, atol=1e-6)
+    with pytest.raises(UserValueError, match="logit_norm"):
+        SingleLabelHead(logit_norm=-0.1).train_loss(3)

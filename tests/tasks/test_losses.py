@@ -68,3 +68,18 @@ def test_masked_asymmetric_loss_is_timms_on_the_known_labels():
         logits[known][None], targets[known][None]) / 6
     assert MaskedAsymmetricLoss()(logits, targets).item() == pytest.approx(timms.item(), rel=1e-5)
     assert MaskedAsymmetricLoss()(logits, targets.clamp(min=0)).item() != pytest.approx(timms.item(), rel=1e-3)
+
+
+def test_logit_norm_is_cross_entropy_of_the_logits_over_tau_times_their_norm():
+    from vit.tasks.losses import LogitNorm
+
+    logits, labels = torch.randn(6, 4, generator=torch.Generator().manual_seed(0)) * 3, torch.tensor([0, 1, 2, 3, 0, 1])
+    tau = 0.04
+    # by hand: each row divided by tau times its Euclidean length, then torch's cross-entropy
+    rows = logits / (tau * logits.pow(2).sum(1, keepdim=True).sqrt())
+    expected = F.cross_entropy(rows, labels)
+    assert torch.allclose(LogitNorm(torch.nn.CrossEntropyLoss(), tau)(logits, labels), expected, atol=1e-6)
+    # the point of it: scaling the logits up no longer lowers the loss (plain cross-entropy's does)
+    scaled = LogitNorm(torch.nn.CrossEntropyLoss(), tau)(10 * logits, labels)
+    assert torch.allclose(scaled, expected, atol=1e-6)
+    assert F.cross_entropy(10 * logits, labels) != pytest.approx(float(F.cross_entropy(logits, labels)))

@@ -33,7 +33,7 @@ from torchmetrics.classification import MulticlassAccuracy, MultilabelF1Score
 
 from vit.errors import UserValueError
 from vit.tasks.evaluation import Evaluation
-from vit.tasks.losses import MaskedAsymmetricLoss, MaskedBCEWithLogits, SoftTargetCrossEntropy
+from vit.tasks.losses import LogitNorm, MaskedAsymmetricLoss, MaskedBCEWithLogits, SoftTargetCrossEntropy
 from vit.tasks.mistakes import SingleLabelEvaluation
 from vit.tasks.multilabel import MultiLabelEvaluation, MultiLabelMixup
 
@@ -130,29 +130,45 @@ class SingleLabelHead(MixingHead):
         mixup_alpha, cutmix_alpha, mixup_prob, mixup_switch_prob: timm ``Mixup``'s.
         class_weighting: weight the loss of each class by total / (classes x its training images), for
             imbalanced data (the counts come from the datamodule's training split).
+        logit_norm: > 0: the training loss on logits / (logit_norm |logits|) (LogitNorm, Wei et al. 2022; 0.04
+            there); 0: off.
+        outlier_composites: > 0: add this share of a batch as images made of two classes' parts, taught to
+            answer every class alike (`vit.tasks.outliers`: outlier exposure without an outlier set); 0: off.
     """
 
     label_smoothing: float = 0.1  # the ViT recipes' (DeiT's) default, where `MixingHead`'s is 0
+    logit_norm: float = 0.0
+    outlier_composites: float = 0.0
 
     def train_loss(self, num_classes: int, class_weights: Tensor | None = None) -> nn.Module:
-        """Cross-entropy against mixup's soft targets, or label-smoothed against labels; optionally class-weighted."""
-        if self.mixes:
-            return SoftTargetCrossEntropy(class_weights)  # mixup's targets carry the smoothing
-        return nn.CrossEntropyLoss(weight=class_weights, label_smoothing=self.label_smoothing)
+        """Cross-entropy against mixup's soft targets, or label-smoothed against labels; optionally class-weighted,
+        optionally on LogitNorm's normalised logits."""
+        if self.logit_norm < 0:
+            raise UserValueError(f"logit_norm must be >= 0 (0: off), got {self.logit_norm}")
+        if self.mixes or self.outlier_composites:
+            loss = SoftTargetCrossEntropy(class_weights)  # the mixer's targets carry the smoothing
+        else:
+            loss = nn.CrossEntropyLoss(weight=class_weights, label_smoothing=self.label_smoothing)
+        return LogitNorm(loss, self.logit_norm) if self.logit_norm else loss
 
     def eval_loss(self, num_classes: int) -> nn.Module:
         """Plain cross-entropy."""
         return nn.CrossEntropyLoss()
 
     def mixer(self, num_classes: int) -> TargetMixer | None:
-        """timm's ``Mixup`` when mixup or cutmix is on (`EvenMixup`)."""
-        if not self.mixes:
-            return None
-        from timm.data import Mixup
+        """timm's ``Mixup`` when mixup or cutmix is on (`EvenMixup`), and the composite outliers after it when on."""
+        mixup = None
+        if self.mixes:
+            from timm.data import Mixup
 
-        return EvenMixup(Mixup(mixup_alpha=self.mixup_alpha, cutmix_alpha=self.cutmix_alpha, prob=self.mixup_prob,
-                               switch_prob=self.mixup_switch_prob, label_smoothing=self.label_smoothing,
-                               num_classes=num_classes))
+            mixup = EvenMixup(Mixup(mixup_alpha=self.mixup_alpha, cutmix_alpha=self.cutmix_alpha,
+                                    prob=self.mixup_prob, switch_prob=self.mixup_switch_prob,
+                                    label_smoothing=self.label_smoothing, num_classes=num_classes))
+        if not self.outlier_composites:
+            return mixup
+        from vit.tasks.outliers import CompositeOutliers
+
+        return CompositeOutliers(self.outlier_composites, num_classes, self.label_smoothing, mixup)
 
     def metrics(self, num_classes: int) -> tuple[MetricCollection, MetricCollection]:
         """Training: top-1. Validation: top-1 ("micro": the fraction of images right), balanced accuracy (the mean

@@ -27,6 +27,19 @@ class SoftTargetCrossEntropy(nn.Module):
         return weighted.sum() / (targets * self.class_weights).sum()
 
 
+class LogitNorm(nn.Module):
+    """A loss of logits taken on logits / (tau |logits|) (LogitNorm, Wei et al. 2022): the norm of the logits can no
+    longer grow to lower the loss, which keeps the confidence of images unlike the training set lower."""
+
+    def __init__(self, loss: nn.Module, tau: float) -> None:
+        super().__init__()
+        self.loss, self.tau = loss, tau
+
+    def forward(self, logits: Tensor, targets: Tensor) -> Tensor:
+        norms = logits.float().norm(dim=-1, keepdim=True).clamp_min(1e-7)  # (B, 1)
+        return self.loss(logits / (self.tau * norms), targets)
+
+
 def smoothed(targets: Tensor, smoothing: float) -> Tensor:
     """Multi-label smoothing: each label is its own yes/no question, so a target t becomes t(1 - s) + s/2 (1 ->
     1 - s/2, 0 -> s/2), as timm's ``AsymmetricLossMultiLabel(smoothing=s)`` does; unknown (-1) stays unknown."""
