@@ -29,7 +29,6 @@ from vit.deploy.confidence import (
     SCORE_OUTPUT,
     Calibration,
     decisions,
-    rarities,
     tta_logits,
 )
 from vit.deploy.cpu import has_native_bf16
@@ -189,10 +188,12 @@ def chosen_tta(classifier: Any, tta: str | None = None) -> str:
 
 def answered(classifier: Any, images: Tensor, k: int, accept_all: bool = False,
              tta: str | None = None) -> list[tuple[list[dict], dict]]:
-    """Each image's top-k entries with calibrated probabilities (softmax(logits / T)) and, for a model with an
-    unknown score, its answer: ``{"answer", "unknown", "nearest", "score"}`` (else ``{}``); ``accept_all``: never
-    unknown; ``tta``: "none" or "flip" (None: `chosen_tta`). A multi-label model (`is_multi_label`) answers
-    `label_answers` (with its temperature per class when calibrated). `vit predict` and `vit serve` answer with this."""
+    """Each image's top-k entries with calibrated probabilities (softmax(logits / T)): always the model's own top
+    classes, whatever the answer. Beside them the decision: ``{"answer"}`` (the top class), and for a model with an
+    unknown score ``{"answer", "unknown", "score"}`` (the unknown label when the score is over the threshold; never
+    with ``accept_all``). ``tta``: "none" or "flip" (None: `chosen_tta`). A multi-label model (`is_multi_label`)
+    answers `label_answers` (with its temperature per class when calibrated). `vit predict` and `vit serve` answer
+    with this."""
     # the class's own `answer` (a wrapper such as torch-bf16's hands attributes on to the fp32 model inside)
     answer = getattr(classifier, "answer", None) if hasattr(type(classifier), "answer") else None
     logits, scores = answer(images) if answer is not None else (classifier(images), None)
@@ -203,12 +204,11 @@ def answered(classifier: Any, images: Tensor, k: int, accept_all: bool = False,
     temperature = calibration.temperature if calibration is not None else 1.0
     entries = ranked(logits.float() / temperature, k, classifier.class_names)
     if scores is None:
-        return [(e, {}) for e in entries]
+        return [(e, {"answer": e[0]["name"]}) for e in entries]
     unknown = decisions(scores, calibration, accept_all)
     label = calibration.label if calibration is not None else DEFAULT_LABEL
-    return [(e, {"answer": label if u else e[0]["name"], "unknown": u, "nearest": e[0]["name"],
-                 "score": round(float(s), 6), "rarity": r})
-            for e, u, s, r in zip(entries, unknown, scores.tolist(), rarities(scores, calibration))]
+    return [(e, {"answer": label if u else e[0]["name"], "unknown": u, "score": round(float(s), 6)})
+            for e, u, s in zip(entries, unknown, scores.tolist())]
 
 
 def can_reject(classifier: Any) -> bool:
