@@ -371,15 +371,20 @@ def data_class(config: Any) -> type | None:
     return imported_class(str((config.get("data") or {}).get("class_path") or ""))
 
 
+FIT_ARGUMENTS = ("ckpt_path", "weights_only")  # Trainer.fit's own, which a run's config.yaml holds
+
+
 class ConfigOnlyCLI(VitCLI):
     """`vit fit`'s parser and instantiation, without a Trainer: the model and data a config describes, for
     the commands that train nothing by gradient (`vit probe`, `vit audit`)."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
-        # a run's own config.yaml names the fit's ckpt_path: read it as the run wrote it, and use none of it
-        parser.add_argument("--ckpt_path", type=str | None, default=None,
-                            help="ignored here: `vit fit`'s resume checkpoint, as a run's config.yaml names it")
+        # a run's own config.yaml names the arguments of Trainer.fit (ckpt_path, and weights_only on Lightning 2.5+):
+        # read it as the run wrote it, and use none of them
+        for name in FIT_ARGUMENTS:
+            parser.add_argument(f"--{name}", type=Any, default=None,
+                                help=f"ignored here: `vit fit`'s {name}, as a run's config.yaml names it")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         # LightningCLI warns when args differ from sys.argv; ours are sys.argv less the command's own options.
