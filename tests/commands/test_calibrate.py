@@ -125,6 +125,8 @@ def test_a_plain_fit_stores_a_temperature_alone_in_best_and_last_and_reports_ece
         assert stored["stats"] is None and stored["threshold"] is None and stored["tta"] == "none", path
     assert read_checkpoint(best)["confidence"]["temperature"] == read_checkpoint(
         tmp_path / "ckpt" / "last.ckpt")["confidence"]["temperature"]  # one epoch: the same weights, the same T
+    assert f"calibrated {tmp_path / 'ckpt' / 'last.ckpt'} too (the same weights as the best checkpoint: the same " \
+        "calibration)" in lines
 
 
 def test_calibrate_false_leaves_the_checkpoints_as_trained(tmp_path, capsys):

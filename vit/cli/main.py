@@ -280,7 +280,8 @@ class VitCLI(LightningCLI):
             saver.dirpath else None
         if last is None or not last.is_file() or last.resolve() == Path(best).resolve():
             return
-        if checkpoint_progress(last) == checkpoint_progress(best):
+        step = checkpoint_progress(best)[1]  # the same optimiser step: the same weights (the epoch may read one on)
+        if step is not None and checkpoint_progress(last)[1] == step:
             save_confidence(last, confidence)
             self.say(f"calibrated {last} too (the same weights as the best checkpoint: the same calibration)")
             return
