@@ -92,6 +92,8 @@ def test_calibrate_reads_the_runs_own_config_yaml(fitted, tmp_path, capsys):
 
     import yaml
 
+    from vit.checkpoints.io import read_checkpoint
+
     saved = next(fitted.rglob("config.yaml"))
     assert "ckpt_path" in yaml.safe_load(saved.read_text())  # the key `vit calibrate` refused
     ckpt = tmp_path / "c.ckpt"
@@ -99,6 +101,10 @@ def test_calibrate_reads_the_runs_own_config_yaml(fitted, tmp_path, capsys):
     stored = run(["calibrate", "--ckpt", str(ckpt), "--config", str(saved)])
     assert stored["temperature"] > 0 and stored["threshold"] is not None
     assert f"calibrated {ckpt}" in capsys.readouterr().out
+    # --calibrate temperature: T alone, what `vit fit` stores by default
+    alone = run(["calibrate", "--ckpt", str(ckpt), "--config", str(saved), "--calibrate", "temperature"])
+    assert alone["temperature"] == pytest.approx(stored["temperature"]) and alone["threshold"] is None
+    assert read_checkpoint(ckpt)["confidence"]["stats"] is None
 
 
 def fit_lines(root: Path, capsys, *extra: str) -> list[str]:

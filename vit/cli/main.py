@@ -263,11 +263,15 @@ class VitCLI(LightningCLI):
                 confidence = calibrate_checkpoint(best, self.datamodule, figure_dir=self.trainer.log_dir,
                                                   say=self.say, unknown=unknown)
                 tta = confidence.calibration.tta
-                self.calibrate_last(best, confidence, unknown)
             except Exception as e:  # a post-hoc step: the trained checkpoint stands whatever happens here
-                again = " --calibrate unknown" if unknown else ""
                 self.say(f"calibration skipped ({type(e).__name__}: {e}); the checkpoint is as trained. "
-                         f"Retry with: vit calibrate --ckpt {best} --config CONFIG{again}")
+                         f"Retry with: vit calibrate --ckpt {best} --config CONFIG --calibrate "
+                         f"{'unknown' if unknown else 'temperature'}")
+            else:
+                try:
+                    self.calibrate_last(best, confidence, unknown)
+                except Exception as e:  # the best checkpoint is calibrated; last.ckpt stands as trained
+                    self.say(f"last.ckpt not calibrated ({type(e).__name__}: {e}); the best checkpoint is")
         return self.trainer.strategy.broadcast(tta)  # also the barrier: the others test the calibrated checkpoint
 
     def calibrate_last(self, best: str, confidence: Any, unknown: bool) -> None:
