@@ -8,9 +8,9 @@ Fits one temperature on the validation split (the NLL, LBFGS), the unknown score
 of the training split's features, every layer) and its threshold (``--acceptance`` of val accepted), prints
 ECE, NLL and Brier before and after, and writes them into the checkpoint (or ``--out``); ``--calibrate
 temperature``: T alone. `vit fit` fits T at its end by default (``--calibrate unknown``: both); this is for a
-checkpoint saved before, or other settings. The data may be the run's own config.yaml. `vit.deploy.calibration` does the work.
-A multi-label checkpoint gets a temperature per class alone, its thresholds moved so that no label changes
-(`vit.deploy.label_calibration`, docs/multilabel.md); the unknown options do not apply to it.
+checkpoint saved before, or other settings. The data may be the run's own config.yaml. `vit.deploy.calibration`
+does the work. A multi-label checkpoint gets a temperature per class alone, its thresholds moved so that no label
+changes (`vit.deploy.label_calibration`, docs/multilabel.md); the unknown options do not apply to it.
 """
 
 from __future__ import annotations
