@@ -151,9 +151,12 @@ def top_k_entries(probs: Sequence[float], indices: Sequence[int], class_names: S
             for p, i in zip(probs, indices)]
 
 
-def ranked(logits: Tensor, k: int, class_names: Sequence[str]) -> list[list[dict]]:
-    """The `top_k_entries` of each row of ``logits`` (B, classes): softmax, then the ``k`` most likely."""
-    values, indices = logits.float().softmax(dim=-1).topk(k, dim=-1)
+def ranked(logits: Tensor, k: int, class_names: Sequence[str], temperature: float = 1.0) -> list[list[dict]]:
+    """The `top_k_entries` of each row of ``logits`` (B, classes): the ``k`` largest logits, the model's own order
+    (the exports' argmax), with their softmax(logits / T) in float64. Ranked by the logits, not the probabilities:
+    a large T (a model near chance fits T = 1e5) leaves float32 probabilities tied where the logits are not."""
+    indices = logits.float().topk(k, dim=-1).indices
+    values = (logits.double() / temperature).softmax(dim=-1).gather(-1, indices.to(logits.device))
     return [top_k_entries(p, i, class_names) for p, i in zip(values.tolist(), indices.tolist())]
 
 
@@ -202,7 +205,7 @@ def answered(classifier: Any, images: Tensor, k: int, accept_all: bool = False,
     if is_multi_label(classifier):
         return label_answers(logits, classifier.thresholds, k, classifier.class_names, calibration)
     temperature = calibration.temperature if calibration is not None else 1.0
-    entries = ranked(logits.float() / temperature, k, classifier.class_names)
+    entries = ranked(logits, k, classifier.class_names, temperature)
     if scores is None:
         return [(e, {"answer": e[0]["name"]}) for e in entries]
     unknown = decisions(scores, calibration, accept_all)
