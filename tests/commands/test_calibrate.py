@@ -103,7 +103,9 @@ def test_calibrate_reads_the_runs_own_config_yaml(fitted, tmp_path, capsys):
     assert f"calibrated {ckpt}" in capsys.readouterr().out
     # --calibrate temperature: T alone, what `vit fit` stores by default
     alone = run(["calibrate", "--ckpt", str(ckpt), "--config", str(saved), "--calibrate", "temperature"])
-    assert alone["temperature"] == pytest.approx(stored["temperature"]) and alone["threshold"] is None
+    assert alone["temperature"] > 0 and alone["threshold"] is None and alone["tta"] == "none"
+    if stored["tta"] == "none":  # T on the same logits (with the unknown score, T is fit after the TTA choice)
+        assert alone["temperature"] == pytest.approx(stored["temperature"])
     assert read_checkpoint(ckpt)["confidence"]["stats"] is None
 
 
