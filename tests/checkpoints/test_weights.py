@@ -164,6 +164,36 @@ def test_other_head_stays_fresh_and_is_logged(tmp_path, caplog):
     torch.testing.assert_close(ours.blocks[3].mlp.fc1.weight, theirs.blocks[3].mlp.fc1.weight)
 
 
+def test_a_lora_checkpoint_read_for_predicting_names_its_trained_head_not_a_fresh_one(tmp_path, caplog):
+    """A LoRA fit from an encoder without a head (timm's num_classes=0): the fit's own log says the head starts
+    fresh (it does); reading the checkpoint back (export, predict) loads the base, then the trained head, and says
+    so. The head predicted with is the checkpoint's, compared by weight."""
+    from tests.conftest import short_digits_run
+    from vit.checkpoints.io import read_checkpoint
+    from vit.checkpoints.meta import evaluated_weights
+    from vit.cli.main import cli
+    from vit.deploy.classifier import read_classifier
+
+    base = vit.create_model("vit_digits_patch4_16", depth=1, embed_dim=TINY_DIM, num_heads=2)
+    save_file({k: v.contiguous() for k, v in base.state_dict().items() if not k.startswith("head.")},
+              tmp_path / "base.safetensors")
+    with caplog.at_level(logging.WARNING, logger="vit.checkpoints.weights"):
+        cli(["fit", *short_digits_run(tmp_path, steps=2), "--test_after_fit=false",
+             f"--model.init_args.pretrained={tmp_path / 'base.safetensors'}",
+             "--model.init_args.finetune={class_path: vit.tasks.finetune.Adapters, init_args: {rank: 2}}"])
+    assert "freshly initialised" in caplog.text  # training: true
+    caplog.clear()
+    ckpt = tmp_path / "ckpt" / "last.ckpt"
+    with caplog.at_level(logging.WARNING, logger="vit.checkpoints.weights"):
+        classifier = read_classifier(ckpt)
+    assert "freshly initialised" not in caplog.text
+    assert f"the trained head comes from {ckpt}" in caplog.text
+    checkpoint = read_checkpoint(ckpt)
+    trained = evaluated_weights(checkpoint["state_dict"], checkpoint["vit"]["ema"])["head.weight"]  # EMA's, if kept
+    assert trained.abs().sum() > 0  # a head to compare (the fresh one starts at zero)
+    torch.testing.assert_close(classifier.model.head.weight, trained)
+
+
 def test_grayscale_model_folds_rgb_patch_embedding(tmp_path):
     theirs = perturbed_timm("vit_tiny_patch16_224")
     save_file(theirs.state_dict(), tmp_path / "model.safetensors")

@@ -428,3 +428,13 @@ def test_ckpt_path_of_another_task_is_named_for_contrastive_runs_too(tmp_path, m
         check_checkpoint_task({"ckpt_path": str(path), "model": {"class_path": model}})
     torch.save({"vit": {"task": "contrastive" if held == "classify" else "classify"}, "state_dict": {}}, path)
     check_checkpoint_task({"ckpt_path": str(path), "model": {"class_path": model}})  # its own task: no error
+
+
+@pytest.mark.parametrize(("value", "mode"), [
+    ("temperature", "temperature"), (False, None), ("false", None), ("unknown", "unknown"), (True, "unknown"),
+    ("true", "unknown"),  # --calibrate true: the old spelling of unknown
+])
+def test_calibrate_reads_as_one_word(value, mode):
+    from vit.cli.main import calibration_mode
+
+    assert calibration_mode(value) == mode

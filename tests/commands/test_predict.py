@@ -48,8 +48,8 @@ def test_predict_writes_topk_csv_and_json(fitted, tmp_path, capsys):
     assert f"wrote 6 predictions to {out_csv}\n" in printed  # and nothing about unreadable files
     rows = list(csv.DictReader(out_csv.open()))
     assert len(rows) == 6
-    assert list(rows[0]) == ["path", "class_1", "prob_1", "class_2", "prob_2", "class_3", "prob_3", "error"]
-    assert all(row["error"] == "" for row in rows)
+    assert list(rows[0]) == ["path", "class_1", "prob_1", "class_2", "prob_2", "class_3", "prob_3", "answer", "error"]
+    assert all(row["error"] == "" and row["answer"] == row["class_1"] for row in rows)  # no unknown score
     for row in rows:
         probs = [float(row[f"prob_{k}"]) for k in (1, 2, 3)]
         assert probs == sorted(probs, reverse=True) and sum(probs) <= 1 + 1e-6

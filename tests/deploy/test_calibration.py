@@ -101,19 +101,6 @@ def test_a_val_split_classified_all_right_keeps_t_at_1():
     assert 0.05 < fit_temperature(logits, wrong_once) < 20  # one mistake: a minimum exists again
 
 
-def test_rarity_is_the_share_of_validation_scores_below():
-    from vit.deploy.confidence import Calibration, rarities
-
-    rng = np.random.default_rng(3)
-    val = rng.normal(size=400)
-    calibration = Calibration(quantiles=np.percentile(val, np.arange(101)).tolist())  # numpy's percentiles
-    xs = np.linspace(-2.5, 2.5, 23)
-    for x, r in zip(xs, rarities(torch.tensor(xs), calibration)):
-        assert r == pytest.approx((val < x).mean(), abs=0.011)  # within one percentile
-    assert rarities(torch.tensor([val.min() - 1, val.max() + 1]), calibration) == [0.0, 1.0]
-    assert rarities(torch.tensor([0.0]), Calibration()) == [None]  # a calibration stored before it: no guess
-
-
 def test_calibrating_without_a_validation_split_says_so(fitted):
     ckpt = next((fitted / "ckpt").glob("best-*.ckpt"))
     splits = {"class_names": ["a"], "train_set": [0], "test_set": None, "num_workers": 0, "eval_split": print}

@@ -71,13 +71,17 @@ def test_an_old_onnx_answers_and_says_it_cannot_reject(exported, tmp_path, capsy
 
 
 @pytest.mark.parametrize("accept_all", [False, True])
-def test_serve_answers_as_predict_does_on_the_checkpoint_and_the_onnx(calibrated, tmp_path, accept_all):
+def test_serve_answers_as_predict_does_on_the_checkpoint_the_onnx_and_openvino(calibrated, tmp_path, accept_all):
+    """Both of `vit serve`'s answer shapes and `vit predict`, on torch, onnxruntime and OpenVINO: the same answers,
+    the same classes and probabilities within 1e-5 (numpy's, from the stored numbers)."""
     import asyncio
+    from urllib.parse import unquote
 
     from tests.serve.conftest import client_of, make_app
     from vit.deploy import load_classifier
     from vit.deploy.classifier import read_classifier
     from vit.deploy.export import export_onnx
+    from vit.deploy.predict import predict_files
     from vit.serve.core import Predictor
 
     ckpt, _ = calibrated
@@ -86,25 +90,30 @@ def test_serve_answers_as_predict_does_on_the_checkpoint_and_the_onnx(calibrated
     unknown = (scores > stored["threshold"]) & (not accept_all)
     assert unknown.any() != accept_all
     export_onnx(read_classifier(ckpt), tmp_path / "onnx")
+    answers = ["unknown" if u else str(i) for u, i in zip(unknown, probs.argmax(1))]
 
-    async def answers(model: Path) -> list[dict]:
-        async with client_of(make_app(Predictor(load_classifier(model), accept_all=accept_all))) as client:
+    async def served(classifier) -> list[dict]:
+        async with client_of(make_app(Predictor(classifier, accept_all=accept_all))) as client:
             info = (await client.get("/info")).json()
             assert info["calibration"]["threshold"] == pytest.approx(stored["threshold"])
             records = [(await client.post("/predict", content=p.read_bytes(),
                                           headers={"Content-Type": "image/png"})).json() for p in paths]
-            for p, r in zip(paths, records):  # the Hugging Face task's answer on POST / leads with the same answer
-                labels = (await client.post("/", content=p.read_bytes(), headers={"Content-Type": "image/png"})).json()
-                assert labels[0]["label"] == r["answer"] and len(labels) == len(r["top_k"])
-                assert labels[0]["score"] == (r["rarity"] if r["unknown"] else r["top_k"][0]["probability"])
+            for p, r in zip(paths, records):  # the Hugging Face task's list: the same classes, the answer beside
+                task = await client.post("/", content=p.read_bytes(), headers={"Content-Type": "image/png"})
+                assert task.json() == [{"label": e["name"], "score": e["probability"]} for e in r["top_k"]]
+                assert unquote(task.headers["X-Answer"]) == r["answer"]
+                assert float(task.headers["X-Unknown-Score"]) == pytest.approx(r["score"], abs=1e-6)
             return records
 
-    for model in (ckpt, tmp_path / "onnx" / "model.onnx"):
-        got = asyncio.run(answers(model))
-        assert [a["unknown"] for a in got] == unknown.tolist(), model
-        assert [a["answer"] for a in got] == ["unknown" if u else str(i) for u, i in zip(unknown, probs.argmax(1))]
-        np.testing.assert_allclose([a["top_k"][0]["probability"] for a in got], probs.max(1), atol=1e-5)
-        np.testing.assert_allclose([a["score"] for a in got], scores, rtol=1e-4, atol=1e-4)
+    for model, backend in ((ckpt, "torch"), (tmp_path / "onnx" / "model.onnx", "onnx"),
+                           (tmp_path / "onnx" / "model.onnx", "openvino")):
+        for got in (asyncio.run(served(load_classifier(model, backend=backend))),
+                    predict_files(load_classifier(model, backend=backend), paths, accept_all=accept_all)):
+            assert [a["unknown"] for a in got] == unknown.tolist(), backend
+            assert [a["answer"] for a in got] == answers, backend
+            assert [a["top_k"][0]["name"] for a in got] == [str(i) for i in probs.argmax(1)], backend
+            np.testing.assert_allclose([a["top_k"][0]["probability"] for a in got], probs.max(1), atol=1e-5)
+            np.testing.assert_allclose([a["score"] for a in got], scores, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["vit_digits_patch4_16", "deit_tiny_distilled_patch16_224", "resnet10t"])

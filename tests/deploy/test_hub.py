@@ -88,6 +88,37 @@ def test_vit_predict_reads_the_hub_folder_as_the_checkpoint(fitted, hub, digit_p
     assert max(abs(float(x["prob_1"]) - float(y["prob_1"])) for x, y in zip(a, b, strict=True)) <= 1e-5
 
 
+def test_the_hub_folder_carries_t_and_vit_predict_on_it_applies_it(calibrated, digit_pngs, tmp_path):
+    """config.json holds the checkpoint's T (not its unknown score, which timm's weights cannot compute), the card
+    states it, and `vit predict` on the folder answers softmax(timm's logits / T): the checkpoint's probabilities."""
+    from huggingface_hub import ModelCard
+    from scipy.special import softmax
+
+    ckpt, _ = calibrated
+    from vit.commands import run
+
+    stored = torch.load(ckpt, weights_only=False)["confidence"]
+    temperature = stored["temperature"]
+    main(["export", "--ckpt", str(ckpt), "--format", "hub", "--out", str(tmp_path / "hub")])
+    config = json.loads((tmp_path / "hub" / "config.json").read_text())
+    assert config["calibration"] == {"temperature": temperature, "tta": stored["tta"]}
+    assert f"temperature T = {temperature:.4f}" in ModelCard.load(tmp_path / "hub" / "README.md").text
+    paths = _digits(digit_pngs)
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'hub'}", pretrained=True).eval()  # it ignores the key
+    transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=theirs))
+    with torch.no_grad():
+        logits = theirs(torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])).double().numpy()
+    want = softmax(logits / temperature, axis=1)
+    assert np.abs(want - softmax(logits, axis=1)).max() > 1e-3  # T moves them
+    rows = run(["predict", "--ckpt", str(tmp_path / "hub"), *map(str, paths), "--out", str(tmp_path / "p.json"),
+                "--top_k", "10", "--tta", "none"])  # timm's logits are the plain image's
+    got = np.zeros_like(want)
+    for i, r in enumerate(rows):
+        got[i, [e["class"] for e in r["top_k"]]] = [e["probability"] for e in r["top_k"]]
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert [r["answer"] for r in rows] == [str(i) for i in want.argmax(1)]  # no unknown score travels: the class
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_each_family_loads_in_timm_and_transformers(name, tmp_path):
     """Random weights, tiny widths: the hub folder of every ViT family timm builds gives our logits in timm's

@@ -71,9 +71,25 @@ def test_a_single_label_model_answers_the_top_k_of_its_softmax_at_its_temperatur
         for (top, extra), row, order in zip(got, logits, ([0, 1], [1, 2])):
             p = softmax([v / t for v in row])
             assert top == [{"class": i, "name": names[i], "probability": round(p[i], 6)} for i in order]
-            assert extra == {}  # no unknown score: no answer beside the ranking
+            assert extra == {"answer": names[order[0]]}  # no unknown score: the answer is the top class
     assert answered(Fixed(logits, names), images(2), k=1, tta="none")[1][0][0]["probability"] == pytest.approx(
         softmax(logits[1])[1], abs=1e-6)  # uncalibrated: T = 1
+
+
+def test_a_model_near_chance_keeps_its_logits_order_under_a_huge_temperature():
+    """A LoRA fit at chance (val top-1 0.30 of 3 classes) fit T = 181595: softmax(logits / T) in float32 ties
+    every class at 1/3, and a ranking by it put class 0 first where the logits (and timm's argmax) say 2."""
+    from vit.deploy.confidence import Calibration
+    from vit.deploy.inference import answered
+
+    logits, t = [[0.001, 0.002, 0.003], [0.0025, 0.0, 0.005]], 181595.0
+    assert all(len(set((torch.tensor(row) / t).softmax(-1).tolist())) == 1 for row in logits)  # float32 ties them
+    got = answered(Fixed(logits, ["a", "b", "c"], calibration=Calibration(temperature=t)), images(2), k=3, tta="none")
+    assert [[e["name"] for e in top] for top, _ in got] == [["c", "b", "a"], ["c", "a", "b"]]
+    assert [extra["answer"] for _, extra in got] == ["c", "c"]
+    for (top, _), row in zip(got, logits):  # the probabilities still softmax(logits / T), by hand in float64
+        p = softmax([v / t for v in row])
+        assert [e["probability"] for e in top] == [round(p[e["class"]], 6) for e in top]
 
 
 def test_a_scored_single_label_model_says_unknown_only_over_its_threshold():
@@ -85,7 +101,9 @@ def test_a_scored_single_label_model_says_unknown_only_over_its_threshold():
     got = answered(model, images(3), k=1, tta="none")
     assert [extra["unknown"] for _, extra in got] == [False, True, False]  # 1.0 is at the threshold: not over it
     assert [extra["answer"] for _, extra in got] == ["a", DEFAULT_LABEL, "a"]
-    assert [extra["nearest"] for _, extra in got] == ["a", "b", "a"] and got[1][1]["score"] == 1.5
+    # the classes stay the model's: an unknown answer beside them, never in place of them
+    assert [top[0]["name"] for top, _ in got] == ["a", "b", "a"] and got[1][1]["score"] == 1.5
+    assert all(set(extra) == {"answer", "unknown", "score"} for _, extra in got)  # no rarity, no nearest
     assert not any(extra["unknown"] for _, extra in answered(model, images(3), k=1, accept_all=True, tta="none"))
 
 

@@ -230,15 +230,26 @@ def test_predict_serve_onnx_and_openvino_answer_the_calibrated_probabilities_and
         assert [s for s, ok in zip(said, clear) if ok or backend == "torch"] == \
             [e for e, ok in zip(expected, clear) if ok or backend == "torch"], backend
 
-    async def served() -> list[dict]:
-        async with client_of(make_app(Predictor(load_classifier(ckpt)))) as client:
+    async def served(backend: str) -> list[dict]:
+        from urllib.parse import unquote
+
+        model = ckpt if backend == "torch" else onnx
+        async with client_of(make_app(Predictor(load_classifier(model, backend=backend)))) as client:
             answers = [await client.post("/predict?top_k=4", files={"file": (f.name, f.read_bytes())}) for f in files]
-        assert all(a.status_code == 200 for a in answers)
+            tasks = [await client.post("/?top_k=4", content=f.read_bytes(), headers={"Content-Type": "image/png"})
+                     for f in files]
+        assert all(a.status_code == 200 for a in answers + tasks)
+        for a, t in zip(answers, tasks):  # the Hugging Face shape: the same list, the labels in X-Answer
+            assert t.json() == [{"label": e["name"], "score": e["probability"]} for e in a.json()["top_k"]]
+            said = t.headers["X-Answer"]
+            assert ([unquote(n) for n in said.split(";")] if said else []) == [e["name"] for e in a.json()["labels"]]
         return [a.json() for a in answers]
 
-    got, said = table(asyncio.run(served()))
-    np.testing.assert_allclose(got, probs, atol=1e-5)
-    assert said == expected
+    for backend in ("torch", "onnx", "openvino"):
+        got, said = table(asyncio.run(served(backend)))
+        np.testing.assert_allclose(got, probs, atol=1e-5, err_msg=backend)
+        assert [s for s, ok in zip(said, clear) if ok or backend == "torch"] == \
+            [e for e, ok in zip(expected, clear) if ok or backend == "torch"], backend
 
 
 def test_an_onnx_exported_before_calibration_answers_as_before(quadrant_run, tmp_path):

@@ -91,7 +91,9 @@ def test_a_single_label_checkpoint_answers_as_before(fitted, digit_pngs, tmp_pat
     files = digit_pngs[0][:3]
     rows = predict(["--ckpt", str(ckpt), *map(str, files), "--out", str(tmp_path / "p.csv"), "--top_k", "2"])
     assert all("labels" not in r for r in rows)
-    assert next(csv.reader((tmp_path / "p.csv").open())) == ["path", "class_1", "prob_1", "class_2", "prob_2", "error"]
+    # the decision beside the classes (its top class: no unknown score)
+    assert next(csv.reader((tmp_path / "p.csv").open())) == ["path", "class_1", "prob_1", "class_2", "prob_2",
+                                                             "answer", "error"]
     # softmax probabilities: each row's top-2 sum to at most 1
     assert all(sum(e["probability"] for e in r["top_k"]) <= 1 + 1e-6 for r in rows)
 

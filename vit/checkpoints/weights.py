@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = {".pth", ".pt", ".bin", ".ckpt"}
 SUFFIXES = PICKLE_SUFFIXES | {".safetensors", ".npz"}
+FRESH_HEAD = "the head stays freshly initialised"
 
 
 @dataclass
@@ -142,7 +143,10 @@ def load_base(model: nn.Module, base: dict[str, Any], held: Collection[str], whe
     found = base["path"] if base.get("path") and Path(base["path"]).is_file() else base["source"]
     try:
         with base_layers(model):
-            (loader or load_pretrained)(model, found)
+            if loader is None:  # the head loads from the checkpoint next: say so, not "freshly initialised"
+                load_pretrained(model, found, head_from=str(where))
+            else:
+                loader(model, found)
     except (UserError, FileNotFoundError) as error:
         raise UserPathError(f"{where} holds LoRA adapters on {describe_base(base)}, which cannot be loaded here "
                             f"({str(error).splitlines()[0]}). Put that file back, or train with "
@@ -211,16 +215,14 @@ def _adapt(sd: dict[str, Tensor], model: VisionTransformer, result: LoadResult) 
     head_keys = [k for k in sd if k.startswith(("head.", "head_dist."))]
     if not head_keys and any(k.startswith("head.") for k in own):  # an encoder alone (MAE's, timm's num_classes=0)
         result.head_reset = True
-        result.notes.append("the checkpoint has no classifier head (a pre-trained encoder): the head stays freshly "
-                            "initialised")
+        result.notes.append(f"the checkpoint has no classifier head (a pre-trained encoder): {FRESH_HEAD}")
     elif head_keys and any(k not in own or own[k].shape != sd[k].shape for k in head_keys):
         n_ckpt = sd["head.weight"].shape[0] if "head.weight" in sd else "?"
         for k in head_keys:
             del sd[k]
         result.head_reset = True
         result.notes.append(
-            f"checkpoint head has {n_ckpt} classes, model has {model.num_classes}: "
-            "the head stays freshly initialised"
+            f"checkpoint head has {n_ckpt} classes, model has {model.num_classes}: {FRESH_HEAD}"
         )
     return sd
 
@@ -317,12 +319,13 @@ def warn_quick_gelu(sd: dict[str, Tensor], model: VisionTransformer, source: str
                     "wrong. Build %s instead (or pass act_layer='quick_gelu').", source, act, fix)
 
 
-def load_pretrained(model: VisionTransformer, source: str | os.PathLike) -> LoadResult:
+def load_pretrained(model: VisionTransformer, source: str | os.PathLike, *, head_from: str | None = None) -> LoadResult:
     """Load a checkpoint file (.safetensors, .pth, .bin, .npz), a hub folder or a timm pretrained name.
 
     timm, torchvision and big_vision/original-ViT layouts are recognised. A head of another
     size stays freshly initialised, another patch grid resamples ``pos_embed``; any other
-    mismatch raises ``ValueError`` before a single weight is changed.
+    mismatch raises ``ValueError`` before a single weight is changed. ``head_from``: the file whose trained head
+    is loaded next (a LoRA checkpoint's base), which the notes then name instead.
     """
     result = LoadResult(source=str(source))
     if _names_a_file(source):
@@ -342,6 +345,9 @@ def load_pretrained(model: VisionTransformer, source: str | os.PathLike) -> Load
     _check(sd, model, result)
     with torch.no_grad():
         model.load_state_dict(sd, strict=not (result.head_reset or result.fresh))
+    if head_from is not None:
+        result.notes = [note.replace(FRESH_HEAD, f"the trained head comes from {head_from}")
+                        for note in result.notes]
     for note in result.notes:
         log.warning("%s: %s", result.source, note)
     return result

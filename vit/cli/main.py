@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
@@ -121,12 +121,13 @@ class VitCLI(LightningCLI):
             help="after `fit`, test the best checkpoint and print the test accuracy",
         )
         parser.add_argument(
-            "--calibrate", type=bool, default=False,
-            help="after `fit`, fit a temperature and an 'unknown' threshold on the best checkpoint and store them "
-            "in it (as `vit calibrate`): vit predict and vit serve then answer 'unknown' for images far from the "
-            "training data, which also turns away about 5%% of good ones (the threshold accepts 95%% of val). Off "
-            "by default: its answers then differ from the timm and Hub exports', and its statistics add MBs to a "
-            "LoRA checkpoint (docs/confidence.md)",
+            "--calibrate", type=bool | Literal["temperature", "unknown"], default="temperature",
+            help="after `fit`, calibrate the best checkpoint and last.ckpt on val and store it in them (as `vit "
+            "calibrate`): 'temperature' (default) fits T (a T per class for multi-label), which changes no label "
+            "and makes every probability vit prints, serves and exports calibrated; 'unknown' also fits an "
+            "'unknown' score and threshold, so vit predict and vit serve answer 'unknown' for images far from the "
+            "training data in their answer column (it turns away about 5%% of good ones: the threshold accepts "
+            "95%% of val; true is its old spelling); false: neither (docs/confidence.md)",
         )
         parser.add_argument(
             "--num_threads", type=int | None, default=None,
@@ -244,13 +245,15 @@ class VitCLI(LightningCLI):
 
     def after_fit(self) -> None:
         config = self._subcommand_config(self.config)
-        tta = self.calibrate_best() if config.get("calibrate") else "none"  # first: the test uses what val chose
+        mode = calibration_mode(config.get("calibrate"))
+        tta = self.calibrate_best(unknown=mode == "unknown") if mode else "none"  # first: the test uses val's TTA
         if config.get("test_after_fit"):
             self.test_best(tta)
 
-    def calibrate_best(self) -> str:
-        """Fit T and the unknown score on the best checkpoint and store them in it (`vit.deploy.calibration`): the
-        checkpoint read once and written once. Returns the TTA calibration chose on val, in every process."""
+    def calibrate_best(self, unknown: bool = False) -> str:
+        """Fit T (and with ``unknown`` the unknown score) on the best checkpoint and store it in it and in last.ckpt
+        (`vit.deploy.calibration`): each checkpoint read once and written once. Returns the TTA calibration chose on
+        val, in every process."""
         from vit.data.base import ImageDataModule
         from vit.tasks import ImageClassifier
 
@@ -269,12 +272,38 @@ class VitCLI(LightningCLI):
             from vit.deploy.calibration import calibrate_checkpoint
 
             try:
-                tta = calibrate_checkpoint(best, self.datamodule, figure_dir=self.trainer.log_dir,
-                                           say=self.say).calibration.tta
+                confidence = calibrate_checkpoint(best, self.datamodule, figure_dir=self.trainer.log_dir,
+                                                  say=self.say, unknown=unknown)
+                tta = confidence.calibration.tta
             except Exception as e:  # a post-hoc step: the trained checkpoint stands whatever happens here
                 self.say(f"calibration skipped ({type(e).__name__}: {e}); the checkpoint is as trained. "
-                         f"Retry with: vit calibrate --ckpt {best} --config CONFIG")
+                         f"Retry with: vit calibrate --ckpt {best} --config CONFIG --calibrate "
+                         f"{'unknown' if unknown else 'temperature'}")
+            else:
+                try:
+                    self.calibrate_last(best, confidence, unknown)
+                except Exception as e:  # the best checkpoint is calibrated; last.ckpt stands as trained
+                    self.say(f"last.ckpt not calibrated ({type(e).__name__}: {e}); the best checkpoint is")
         return self.trainer.strategy.broadcast(tta)  # also the barrier: the others test the calibrated checkpoint
+
+    def calibrate_last(self, best: str, confidence: Any, unknown: bool) -> None:
+        """last.ckpt calibrated too, so that every checkpoint a user may pick answers alike: the best one's
+        calibration where it holds the same weights (saved at the same step), else fit on its own weights."""
+        from vit.deploy.calibration import calibrate_checkpoint, save_confidence
+
+        saver = self._subcommand_config(self.config_init).get("last_checkpoint")
+        last = Path(saver.dirpath) / f"{saver.CHECKPOINT_NAME_LAST}{saver.FILE_EXTENSION}" if saver and \
+            saver.dirpath else None
+        if last is None or not last.is_file() or last.resolve() == Path(best).resolve():
+            return
+        step = checkpoint_progress(best)[1]  # the same optimiser step: the same weights (the epoch may read one on)
+        if step is not None and checkpoint_progress(last)[1] == step:
+            save_confidence(last, confidence)
+            self.say(f"calibrated {last} too (the same weights as the best checkpoint: the same calibration)")
+            return
+        lines: list[str] = []
+        calibrate_checkpoint(last, self.datamodule, say=lines.append, unknown=unknown, draw=False)
+        self.say(f"calibrated {last} too, on its own weights: {lines[0].strip() if lines else 'done'}")
 
     def test_best(self, tta: str = "none") -> None:  # with the TTA calibration chose on val
         checkpoint = self.best_checkpoint
@@ -309,6 +338,13 @@ class VitCLI(LightningCLI):
         """Print once, not once per DDP process."""
         if self.trainer.is_global_zero:
             print(message)
+
+
+def calibration_mode(value: Any) -> str | None:
+    """``--calibrate`` as one word: "temperature", "unknown" (``true``: its old spelling), or None (``false``)."""
+    if value is False or value is None or str(value).lower() in ("false", "none"):
+        return None
+    return "unknown" if value is True or str(value).lower() in ("true", "unknown") else "temperature"
 
 
 def follow_the_weights(config: Any) -> None:
@@ -361,9 +397,20 @@ def data_class(config: Any) -> type | None:
     return imported_class(str((config.get("data") or {}).get("class_path") or ""))
 
 
+FIT_ARGUMENTS = ("ckpt_path", "weights_only")  # Trainer.fit's own, which a run's config.yaml holds
+
+
 class ConfigOnlyCLI(VitCLI):
     """`vit fit`'s parser and instantiation, without a Trainer: the model and data a config describes, for
     the commands that train nothing by gradient (`vit probe`, `vit audit`)."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        # a run's own config.yaml names the arguments of Trainer.fit (ckpt_path, and weights_only on Lightning 2.5+):
+        # read it as the run wrote it, and use none of them
+        for name in FIT_ARGUMENTS:
+            parser.add_argument(f"--{name}", type=Any, default=None,
+                                help=f"ignored here: `vit fit`'s {name}, as a run's config.yaml names it")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         # LightningCLI warns when args differ from sys.argv; ours are sys.argv less the command's own options.

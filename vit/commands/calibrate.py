@@ -2,13 +2,15 @@
 
     vit calibrate --ckpt logs/digits/checkpoints/best-epoch=41-step=840.ckpt --config configs/digits.yaml
     vit calibrate --ckpt model.ckpt --config configs/scratch_small.yaml --data.init_args.root photos/ --acceptance 0.99
+    vit calibrate --ckpt logs/digits/checkpoints/last.ckpt --config logs/digits/version_0/config.yaml   the run's own
 
 Fits one temperature on the validation split (the NLL, LBFGS), the unknown score (class means and precisions
 of the training split's features, every layer) and its threshold (``--acceptance`` of val accepted), prints
-ECE, NLL and Brier before and after, and writes them into the checkpoint (or ``--out``). `vit fit` does the same
-at its end; this is for a checkpoint saved before, or other settings. `vit.deploy.calibration` does the work.
-A multi-label checkpoint gets a temperature per class alone, its thresholds moved so that no label changes
-(`vit.deploy.label_calibration`, docs/multilabel.md); the unknown options do not apply to it.
+ECE, NLL and Brier before and after, and writes them into the checkpoint (or ``--out``); ``--calibrate
+temperature``: T alone. `vit fit` fits T at its end by default (``--calibrate unknown``: both); this is for a
+checkpoint saved before, or other settings. The data may be the run's own config.yaml. `vit.deploy.calibration`
+does the work. A multi-label checkpoint gets a temperature per class alone, its thresholds moved so that no label
+changes (`vit.deploy.label_calibration`, docs/multilabel.md); the unknown options do not apply to it.
 """
 
 from __future__ import annotations
@@ -25,11 +27,15 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """The command's own options, and the rest: `vit fit`'s data arguments (--config ...)."""
     parser = argparse.ArgumentParser(
         prog="vit calibrate", allow_abbrev=False,
-        usage="vit calibrate --ckpt CKPT --config CFG [--data.* ...] [--acceptance 0.95 | --outliers DIR] [--out CKPT]",
+        usage="vit calibrate --ckpt CKPT --config CFG [--data.* ...] [--calibrate unknown|temperature] "
+        "[--acceptance 0.95 | --outliers DIR] [--out CKPT]",
         description="Fit a temperature and an 'unknown' threshold for a `vit fit` checkpoint on its data's "
         "validation split, and store them in the checkpoint.",
         epilog="The data: the config (and --data.* flags) the checkpoint was trained with.")
     parser.add_argument("--ckpt", type=Path, required=True, help="a `vit fit` checkpoint of an image classifier")
+    parser.add_argument("--calibrate", choices=("unknown", "temperature"), default="unknown",
+                        help="unknown: T and the unknown score with its threshold; temperature: T alone, what `vit "
+                        "fit` stores by default (no answer changes) (default: %(default)s)")
     parser.add_argument("--acceptance", type=float, default=0.95,
                         help="share of validation images the threshold accepts (default: %(default)s)")
     parser.add_argument("--outliers", type=Path, default=None, metavar="FOLDER",
@@ -68,5 +74,6 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     data.setup("fit")
     confidence = calibrate_checkpoint(args.ckpt, data, acceptance=args.acceptance, label=args.label,
                                       out=args.out, device=args.device, outliers=args.outliers,
-                                      layers=args.layers, covariance=args.covariance)
+                                      layers=args.layers, covariance=args.covariance,
+                                      unknown=args.calibrate == "unknown")
     return {**confidence.calibration.to_dict(), "report": confidence.report}

@@ -6,15 +6,18 @@ openvino(-bf16), openvino-int8, or auto: the fastest of them here within toleran
 alone says how to prepare the images (size, channels, mean/std, crop) and what the classes are called. Folders are
 searched recursively for image files. Writes one record per file:
 
-    {"path": "photos/cat.jpg", "top_k": [{"class": 3, "name": "cat", "probability": 0.91}, ...], "error": null}
+    {"path": "photos/cat.jpg", "top_k": [{"class": 3, "name": "cat", "probability": 0.91}, ...], "error": null,
+     "answer": "cat"}
 
 A file that cannot be decoded gets ``"top_k": []`` and the reason in ``"error"``, and the run goes on
 (``--strict`` stops at it instead). `vit attention` writes the same records, plus ``"png"``. The CSV
-has the columns path, class_1, prob_1, ..., class_k, prob_k, error. A calibrated checkpoint (`vit calibrate`, or the
-end of `vit fit`) or its export answers calibrated probabilities, and "unknown" for an image far from its training
-data: the record adds "answer", "unknown", "nearest" and "score"; the CSV puts the unknown label in class_1 and
-adds the columns nearest and unknown_score. ``--accept_all`` never answers unknown. ``--tta flip`` averages the
-logits of each image and its mirror (default: what calibration chose on val). Imports no Lightning.
+has the columns path, class_1, prob_1, ..., class_k, prob_k, answer, error: the classes are always the model's top
+classes, the decision sits beside them. A calibrated checkpoint (the end of `vit fit`, or `vit calibrate`) or its
+export answers calibrated probabilities (softmax(logits / T)); one with an unknown score (`--calibrate unknown`)
+answers its unknown label for an image far from its training data: the record adds "unknown" and "score", the CSV
+the column unknown_score, and "answer" (the column and the key) holds the unknown label there. ``--accept_all``
+never answers unknown. ``--tta flip`` averages the logits of each image and its mirror (default: what calibration
+chose on val). Imports no Lightning.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         "cache, downloaded when online)")
     parser.add_argument("inputs", nargs="+", help="image files and/or folders (searched recursively)")
     parser.add_argument("--out", default="predictions.csv",
-                        help="output .csv (path, class_1, prob_1, ..., error) or .json (a list of "
+                        help="output .csv (path, class_1, prob_1, ..., answer, error) or .json (a list of "
                         '{"path", "top_k": [{"class", "name", "probability"}], "error"}) (default: %(default)s)')
     parser.add_argument("--top_k", type=int, default=5, help="classes per image (default: %(default)s)")
     parser.add_argument("--batch_size", type=int, default=64, help="images per batch (default: %(default)s)")
@@ -107,9 +110,14 @@ def rejection_note(classifier: object, path: str, accept_all: bool) -> str | Non
     if accept_all or is_multi_label(classifier):  # multi-label: "none of these" is no label
         return None
     if not can_reject(classifier):
+        calibration = getattr(classifier, "calibration", None)
+        if calibration is not None and calibration.threshold is None:  # T alone: `vit fit`'s default
+            return (f"note: {path} answers calibrated probabilities (T = {calibration.temperature:.4g}) and never "
+                    "'unknown' (it has no unknown score: `vit fit --calibrate unknown`, or `vit calibrate --ckpt "
+                    "CKPT --config CFG` then export again, adds one)")
         return (f"note: {path} has no unknown score (saved or exported before calibration, or a backend that does "
-                "not run it): every image gets one of its classes, and the probabilities are uncalibrated unless a "
-                "temperature was stored; `vit calibrate --ckpt CKPT --config CFG`, then export again, adds them")
+                "not run it): every image gets one of its classes, and the probabilities are uncalibrated unless "
+                "a temperature was stored; `vit calibrate --ckpt CKPT --config CFG`, then export again, adds them")
     return None
 
 

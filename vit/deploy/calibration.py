@@ -304,6 +304,34 @@ def fit_confidence(classifier: Classifier, train: Dataset, val: Dataset, *, acce
     return Confidence(calibration, unknown, report, half)
 
 
+@torch.no_grad()
+def split_logits(classifier: Classifier, dataset: Dataset, name: str, batch_size: int = 256,
+                 num_workers: int = 0) -> tuple[Tensor, Tensor]:
+    """The logits (N, C) and labels (N,) of a split, in order: all a temperature needs."""
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, shuffle=False)
+    logits, labels = [], []
+    for x, y in progress(loader, len(loader), f"calibration: {name} logits"):
+        logits.append(classifier(x.to(classifier.device)).float().cpu())
+        labels.append(torch.as_tensor(y))
+    return torch.cat(logits), torch.cat(labels)
+
+
+def fit_temperature_only(classifier: Classifier, val: Dataset, **loader: Any) -> Confidence:
+    """T on val and its figures before and after, nothing else: what `vit fit` stores by default. No unknown score
+    and no TTA (each can change an answer; T cannot), so the checkpoint grows by a few numbers and its top-1 stays
+    the exports' (timm, transformers, ONNX)."""
+    if val is None or len(val) == 0:
+        raise UserValueError("calibration needs a validation split, and this data has none: give the datamodule "
+                             "one (e.g. --data.init_args.val_fraction 0.1, or a val/ folder)")
+    logits, labels = split_logits(classifier, val, "val", **loader)
+    temperature = fit_temperature(logits, labels)
+    report = {"before": calibration_figures(logits, labels), "after": calibration_figures(logits, labels, temperature),
+              "reliability": {"before": reliability_bins(logits, labels),
+                              "after": reliability_bins(logits, labels, temperature)},
+              "val_images": len(labels)}
+    return Confidence(Calibration(temperature), None, report)
+
+
 def describe(confidence: Confidence) -> list[str]:
     """The lines `vit calibrate` and `vit fit` print."""
     c, r = confidence.calibration, confidence.report or {}
@@ -341,11 +369,12 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
                          label: str = DEFAULT_LABEL, out: str | os.PathLike | None = None,
                          device: str = "cpu", outliers: str | os.PathLike | None = None, layers: str = "all",
                          covariance: str = "auto", figure_dir: str | os.PathLike | None = None,
-                         say: Any = print) -> Confidence:
+                         say: Any = print, unknown: bool = True, draw: bool = True) -> Confidence:
     """Fit T and the unknown score of the checkpoint at ``path`` on ``data``'s train and val splits (a set-up
     `vit.data` datamodule) and store them in it (or in a copy at ``out``); prints what it found, and draws the
     reliability diagram before and after T as reliability.png in ``figure_dir`` (default: beside the checkpoint).
-    A multi-label checkpoint gets a temperature per class alone (`vit.deploy.label_calibration`)."""
+    ``unknown=False``: T alone (`fit_temperature_only`); ``draw=False``: no diagram. A multi-label checkpoint gets
+    a temperature per class alone (`vit.deploy.label_calibration`)."""
     from vit.deploy.classifier import checkpoint_classifier, is_multi_label
 
     checkpoint = read_checkpoint(path)  # read once: the classifier is built from it, and it is written back
@@ -361,7 +390,7 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
     workers = {"num_workers": data.num_workers}
     train, val = (data.eval_split(split) for split in ("train", "val"))
     for name, split in (("training", train), ("validation", val)):
-        if len(split) > MAX_SPLIT_IMAGES and (name == "validation" or not is_multi_label(classifier)):
+        if len(split) > MAX_SPLIT_IMAGES and (name == "validation" or (unknown and not is_multi_label(classifier))):
             say(f"calibration reads a seeded {MAX_SPLIT_IMAGES:,} of the {len(split):,} {name} images")
     if is_multi_label(classifier):  # a sigmoid per class, cut at per-class thresholds
         from vit.deploy.label_calibration import NO_UNKNOWN, describe_labels, fit_label_confidence
@@ -370,6 +399,9 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
             raise UserValueError(f"--outliers {outliers}: {path} is multi-label, and {NO_UNKNOWN}; leave it out")
         confidence = fit_label_confidence(classifier, sample(val), **workers)
         lines, answers = describe_labels(confidence, classifier.class_names), "a temperature per class"
+    elif not unknown:
+        confidence = fit_temperature_only(classifier, sample(val), **workers)
+        lines, answers = describe(confidence), "T (calibrated probabilities; no 'unknown' answer)"
     else:
         confidence = fit_confidence(classifier, sample(train), sample(val), acceptance=acceptance, label=label,
                                     outliers=outliers, layers=layers, covariance=covariance, **workers)
@@ -377,8 +409,9 @@ def calibrate_checkpoint(path: str | os.PathLike, data: Any, *, acceptance: floa
     saved = save_confidence(path, confidence, out, checkpoint)
     for line in lines:
         say(line)
-    drawn = draw_reliability(confidence, saved, figure_dir)
-    say(f"reliability diagram (val, before and after T, images per bin beneath): {drawn}")
+    if draw:
+        drawn = draw_reliability(confidence, saved, figure_dir)
+        say(f"reliability diagram (val, before and after T, images per bin beneath): {drawn}")
     say(f"calibrated {saved}: vit predict and vit serve answer with {answers}; vit export carries them")
     return confidence
 

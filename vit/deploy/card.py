@@ -225,6 +225,8 @@ def _confidence(classifier: Classifier) -> list[str]:
     else:
         lines = [f"- temperature T = {c.temperature:.4f}: calibrated probabilities are softmax(logits / T); timm "
                  "and transformers return the plain logits, so divide them by T yourself"]
+    lines.append("- `config.json` carries it (`calibration`), and `vit predict` on this folder applies it; T never "
+                 "changes the top class")
     if "before" in report:
         lines.append(f"- validation ECE {report['before']['ece']:.4f} before, {report['after']['ece']:.4f} after")
     if c.threshold is not None:

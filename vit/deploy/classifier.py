@@ -25,6 +25,7 @@ from vit.preprocessing import PREPROCESSING_KEYS, Prepared, Preprocessing, eval_
 
 # ---- the input card ------------------------------------------------------------------------------
 CARD_KEYS = ("model_name", "class_names", "img_size", "in_chans", *PREPROCESSING_KEYS)
+CALIBRATION_KEY = "calibration"  # a hub folder's config.json: T and the TTA (`vit.deploy.hub.hub_calibration`)
 
 
 class ModelInput(Prepared):
@@ -185,6 +186,8 @@ def read_hub_classifier(source: str | os.PathLike, device: str | torch.device = 
     classifier = Classifier(model, model_name=config["architecture"], class_names=names, img_size=img_size,
                             **asdict(Preprocessing.from_dict(cfg)))
     classifier.thresholds = label_thresholds(config)
+    if config.get(CALIBRATION_KEY):  # T (and the TTA) `vit export --format hub` carried: answers as the checkpoint's
+        classifier.confidence = Confidence(Calibration.from_dict(config[CALIBRATION_KEY]))
     return classifier.to(device).eval()
 
 

@@ -45,7 +45,7 @@ class Calibration:
     label: str = DEFAULT_LABEL
     score: str = SCORE
     acceptance: float | None = None
-    # the val scores' 101 percentiles: an unknown answer's number is the share of val images scoring lower (`rarity`)
+    # the val scores' 101 percentiles, for the record (how the threshold sits among them)
     quantiles: list[float] | None = None
     tta: str = "none"  # "flip" only where it measured better on val (`vit.deploy.calibration.choose_tta`)
     thresholds: list[float] | None = None  # multi-label: the cut per class on sigmoid(logit / T_c)
@@ -202,19 +202,6 @@ def calibrated_probabilities(logits: Tensor, calibration: Calibration | None) ->
     """softmax(logits / T) (T = 1 without a calibration), in float32."""
     temperature = calibration.temperature if calibration is not None else 1.0
     return (logits.float() / temperature).softmax(dim=-1)
-
-
-def rarities(scores: Tensor, calibration: Calibration | None) -> list[float | None]:
-    """For each score, the share of the validation images scoring below it (from their percentiles, linearly
-    interpolated): the number an "unknown" answer carries in place of a class probability (at least the acceptance
-    for an image rejected by it). None for a calibration from before it was stored."""
-    if calibration is None or not calibration.quantiles:
-        return [None] * len(scores)
-    q, s = torch.tensor(calibration.quantiles, dtype=torch.float64), scores.double()
-    above = torch.searchsorted(q, s, right=True).clamp(1, len(q) - 1)  # the percentile just above each score
-    low, high = q[above - 1], q[above]
-    fraction = ((s - low) / (high - low).clamp_min(1e-12)).clamp(0, 1)  # 0 below the lowest, 1 past the highest
-    return ((above - 1 + fraction) / (len(q) - 1)).round(decimals=6).tolist()
 
 
 def tta_views(images: Tensor, tta: str) -> list[Tensor]:

@@ -1,6 +1,7 @@
 """`vit export --format hub`: a folder the Hugging Face Hub, timm and transformers all read, and its upload.
 
     DIR/config.json        timm's layout (architecture, num_classes, label_names, model_args, pretrained_cfg),
+                           and a calibrated model's "calibration": {"temperature": T, "tta": ...}
     DIR/model.safetensors  as `vit export --format safetensors` writes them (`vit.deploy.export.timm_files`)
     DIR/README.md          the model card (`vit.deploy.card`)
     DIR/confusion_matrix.png   the run's, when the card reports its test accuracy
@@ -22,7 +23,8 @@ from typing import Any
 import torch
 
 from vit.deploy.card import RunFacts, model_card
-from vit.deploy.classifier import Classifier
+from vit.deploy.classifier import CALIBRATION_KEY, Classifier
+from vit.deploy.confidence import Calibration
 from vit.deploy.export import timm_files, write_timm_files
 from vit.errors import UserValueError
 from vit.files import save_atomic
@@ -49,12 +51,21 @@ def rgb_from_gray(config: dict[str, Any], state: dict[str, torch.Tensor]) -> Non
     config.setdefault("model_args", {})["in_chans"] = 3
 
 
+def hub_calibration(calibration: Calibration) -> dict[str, Any]:
+    """What of a calibration a hub folder can apply: T (a T per class with its moved cuts, multi-label) and the TTA.
+    Not the unknown score, which timm's weights cannot compute."""
+    keep = {"temperature": calibration.temperature, "tta": calibration.tta}
+    return keep | ({"thresholds": calibration.thresholds} if calibration.thresholds is not None else {})
+
+
 def export_hub(classifier: Classifier, facts: RunFacts, out_dir: str | os.PathLike, name: str | None = None
                ) -> list[Path]:
     """Write the hub folder of ``classifier`` (model card from ``facts``) to ``out_dir``; ``name``: the repository
     id the card's examples use (default: the folder's name). Returns the files written."""
     out_dir = Path(out_dir)
     config, state = timm_files(classifier)
+    if classifier.calibration is not None:  # timm and transformers ignore the key; `vit predict` on the folder reads it
+        config[CALIBRATION_KEY] = hub_calibration(classifier.calibration)
     gray = classifier.in_chans == 1
     if gray:
         rgb_from_gray(config, state)

@@ -29,7 +29,6 @@ from vit.deploy.confidence import (
     SCORE_OUTPUT,
     Calibration,
     decisions,
-    rarities,
     tta_logits,
 )
 from vit.deploy.cpu import has_native_bf16
@@ -152,9 +151,12 @@ def top_k_entries(probs: Sequence[float], indices: Sequence[int], class_names: S
             for p, i in zip(probs, indices)]
 
 
-def ranked(logits: Tensor, k: int, class_names: Sequence[str]) -> list[list[dict]]:
-    """The `top_k_entries` of each row of ``logits`` (B, classes): softmax, then the ``k`` most likely."""
-    values, indices = logits.float().softmax(dim=-1).topk(k, dim=-1)
+def ranked(logits: Tensor, k: int, class_names: Sequence[str], temperature: float = 1.0) -> list[list[dict]]:
+    """The `top_k_entries` of each row of ``logits`` (B, classes): the ``k`` largest logits, the model's own order
+    (the exports' argmax), with their softmax(logits / T) in float64. Ranked by the logits, not the probabilities:
+    a large T (a model near chance fits T = 1e5) leaves float32 probabilities tied where the logits are not."""
+    indices = logits.float().topk(k, dim=-1).indices
+    values = (logits.double() / temperature).softmax(dim=-1).gather(-1, indices.to(logits.device))
     return [top_k_entries(p, i, class_names) for p, i in zip(values.tolist(), indices.tolist())]
 
 
@@ -194,10 +196,12 @@ def chosen_tta(classifier: Any, tta: str | None = None) -> str:
 
 def answered(classifier: Any, images: Tensor, k: int, accept_all: bool = False,
              tta: str | None = None) -> list[tuple[list[dict], dict]]:
-    """Each image's top-k entries with calibrated probabilities (softmax(logits / T)) and, for a model with an
-    unknown score, its answer: ``{"answer", "unknown", "nearest", "score"}`` (else ``{}``); ``accept_all``: never
-    unknown; ``tta``: "none" or "flip" (None: `chosen_tta`). A multi-label model (`is_multi_label`) answers
-    `label_answers` (with its temperature per class when calibrated). `vit predict` and `vit serve` answer with this."""
+    """Each image's top-k entries with calibrated probabilities (softmax(logits / T)): always the model's own top
+    classes, whatever the answer. Beside them the decision: ``{"answer"}`` (the top class), and for a model with an
+    unknown score ``{"answer", "unknown", "score"}`` (the unknown label when the score is over the threshold; never
+    with ``accept_all``). ``tta``: "none" or "flip" (None: `chosen_tta`). A multi-label model (`is_multi_label`)
+    answers `label_answers` (with its temperature per class when calibrated). `vit predict` and `vit serve` answer
+    with this."""
     # the class's own `answer` (a wrapper such as torch-bf16's hands attributes on to the fp32 model inside)
     answer = getattr(classifier, "answer", None) if hasattr(type(classifier), "answer") else None
     logits, scores = answer(images) if answer is not None else (classifier(images), None)
@@ -206,14 +210,13 @@ def answered(classifier: Any, images: Tensor, k: int, accept_all: bool = False,
     if is_multi_label(classifier):
         return label_answers(logits, classifier.thresholds, k, classifier.class_names, calibration)
     temperature = calibration.temperature if calibration is not None else 1.0
-    entries = ranked(logits.float() / temperature, k, classifier.class_names)
+    entries = ranked(logits, k, classifier.class_names, temperature)
     if scores is None:
-        return [(e, {}) for e in entries]
+        return [(e, {"answer": e[0]["name"]}) for e in entries]
     unknown = decisions(scores, calibration, accept_all)
     label = calibration.label if calibration is not None else DEFAULT_LABEL
-    return [(e, {"answer": label if u else e[0]["name"], "unknown": u, "nearest": e[0]["name"],
-                 "score": round(float(s), 6), "rarity": r})
-            for e, u, s, r in zip(entries, unknown, scores.tolist(), rarities(scores, calibration))]
+    return [(e, {"answer": label if u else e[0]["name"], "unknown": u, "score": round(float(s), 6)})
+            for e, u, s in zip(entries, unknown, scores.tolist())]
 
 
 def can_reject(classifier: Any) -> bool:

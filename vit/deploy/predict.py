@@ -66,29 +66,27 @@ def predict_files(
 
 
 def write_predictions(rows: Sequence[dict], out: str | Path) -> Path:
-    """Write records as JSON (``.json``) or CSV (anything else: path, class_1, prob_1, ..., error; a multi-label
-    model's adds labels and label_probs after path, ";"-separated), atomically: a kill mid-write leaves the old
-    file or the new one."""
+    """Write records as JSON (``.json``) or CSV (anything else), atomically: a kill mid-write leaves the old file or
+    the new one. The CSV's columns: path, class_1, prob_1, ..., class_k, prob_k (always the model's top classes),
+    then the decision: answer (the class, or the unknown label) and, for a model with an unknown score,
+    unknown_score; then error. A multi-label model's adds labels and label_probs after path, ";"-separated."""
     if Path(out).suffix.lower() == ".json":
         return save_atomic(lambda f: f.write(json.dumps(list(rows), indent=2).encode()), out)
     k = max((len(r["top_k"]) for r in rows), default=0)
-    scored = any("score" in r for r in rows)  # a calibrated model: the nearest class and the score get columns
+    answers = any("answer" in r for r in rows)  # a single-label model: its decision beside its classes
+    scored = any("score" in r for r in rows)  # a model with an unknown score
     labelled = any("labels" in r for r in rows)  # a multi-label model: the labels over their thresholds first
     text = io.StringIO(newline="")
     writer = csv.writer(text)
     writer.writerow(["path", *(["labels", "label_probs"] if labelled else []),
                      *(f"{name}_{i}" for i in range(1, k + 1) for name in ("class", "prob")),
-                     *(["nearest", "unknown_score"] if scored else []), "error"])
+                     *(["answer"] if answers else []), *(["unknown_score"] if scored else []), "error"])
     for r in rows:
         lead = [r["path"]]
         if labelled:
             labels = r.get("labels", [])
             lead += [";".join(e["name"] for e in labels), ";".join(str(e["probability"]) for e in labels)]
-        entries = r["top_k"]
-        if r.get("unknown"):  # the unknown label first, with its rarity (none from an old calibration); the classes
-            rarity = r.get("rarity")
-            entries = [{"name": r["answer"], "probability": "" if rarity is None else rarity}, *entries[:k - 1]]
-        cells = [v for entry in entries for v in (entry["name"], entry["probability"])]
-        extra = [r.get("nearest", ""), r.get("score", "")] if scored else []
+        cells = [v for entry in r["top_k"] for v in (entry["name"], entry["probability"])]
+        extra = ([r.get("answer", "")] if answers else []) + ([r.get("score", "")] if scored else [])
         writer.writerow([*lead, *cells, *[""] * (2 * k - len(cells)), *extra, r["error"] or ""])
     return save_atomic(lambda f: f.write(text.getvalue().encode()), out)

@@ -5,6 +5,7 @@
                     -> `vit predict`'s record {"path", "top_k": [{"class", "name", "probability"}], ...}
     POST /          the same requests (and a body with no Content-Type, as huggingface_hub sends bytes)
                     -> the Hugging Face image-classification task's [{"label", "score"}, ...], best first
+                       (the model's top classes), its decision in the headers X-Answer and X-Unknown-Score
     GET  /          the page (page.html: no CDN, font or external script)
     GET  /openapi.json   the schema of both answers
     GET  /health    503 until the model is loaded and warmed up, then 200   (open even with an API key)
@@ -29,6 +30,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from importlib import resources
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 
 OPEN_PATHS = ("/health", "/livez")  # answered without the API key: a load balancer's probes
 API_KEY_HEADER = "X-API-Key"  # or Authorization: Bearer <key>, which huggingface_hub's clients send
+ANSWER_HEADER, SCORE_HEADER = "X-Answer", "X-Unknown-Score"  # POST /'s decision (`answer_headers`)
 
 
 def answers_image(scope) -> bool:
@@ -257,8 +260,23 @@ def create_app(service: Service, *, api_key: str | None = None, cors_origins: li
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["GET", "POST"],
-                           allow_headers=["Content-Type", API_KEY_HEADER])
+                           allow_headers=["Content-Type", API_KEY_HEADER],
+                           expose_headers=[ANSWER_HEADER, SCORE_HEADER])  # a page's script may read the decision
     return app
+
+
+def answer_headers(answer: dict) -> dict[str, str]:
+    """The decision beside the Hugging Face task's list, which stays the model's top classes: ``X-Answer`` (the
+    class or the unknown label; a multi-label model's labels, ";"-joined) and ``X-Unknown-Score``, each name
+    percent-encoded (UTF-8), as HTTP headers carry Latin-1 alone."""
+    if "labels" in answer:
+        said = ";".join(quote(e["name"], safe="") for e in answer["labels"])
+    else:
+        said = quote(str(answer.get("answer", "")), safe="")
+    headers = {ANSWER_HEADER: said}
+    if answer.get("score") is not None:
+        headers[SCORE_HEADER] = repr(float(answer["score"]))
+    return headers
 
 
 def add_error_handlers(app: FastAPI) -> None:
@@ -362,7 +380,4 @@ def add_predict_routes(app: FastAPI, service: Service) -> None:
                                "served: the scores are the softmax (send 'softmax' or leave it out)")
         answer = await service.answer(data, top_k=top_k)
         labels = [{"label": e["name"], "score": e["probability"]} for e in answer["top_k"]]
-        if answer.get("unknown"):  # as vit predict's CSV: the unknown label first, scored by its rarity
-            rarity = answer.get("rarity")
-            labels = [{"label": answer["answer"], "score": 0.0 if rarity is None else rarity}, *labels][:len(labels)]
-        return JSONResponse(labels)
+        return JSONResponse(labels, headers=answer_headers(answer))

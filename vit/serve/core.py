@@ -140,7 +140,7 @@ class Answer:
     started: float  # perf_counter when its batch began
     inference_ms: float
     overlay_png: str | None = None  # base64 PNG of the attention rollout over the image
-    unknown: dict | None = None  # a calibrated model's answer, unknown, nearest and score (`answered`)
+    unknown: dict | None = None  # the decision beside top_k: answer (unknown, score), or labels (`answered`)
 
 
 # ---- the model -------------------------------------------------------------------------------

@@ -29,11 +29,12 @@ class Record(BaseModel):
     timing_ms: dict[str, float] = Field(description="decode, queue, inference and total, in milliseconds")
     attention_png: str | None = Field(None, description="base64 PNG of the attention rollout (only with ?attention=1)")
     # a calibrated model's (`vit calibrate`, docs/confidence.md)
-    answer: str | None = Field(None, description="the class, or the unknown label when the score is over the threshold")
+    answer: str | None = Field(None, description="the decision: top_k's first class, or the unknown label when the "
+                               "score is over the threshold (top_k stays the model's classes either way)")
+    # a model with an unknown score (`vit fit --calibrate unknown`, `vit calibrate`; docs/confidence.md)
     unknown: bool | None = Field(None, description="whether the image was answered with the unknown label")
-    nearest: str | None = Field(None, description="the most likely class, also when the answer is unknown")
-    score: float | None = Field(None, description="the unknown score (higher: less like the training images)")
-    rarity: float | None = Field(None, description="the share of validation images with a lower unknown score")
+    score: float | None = Field(None, description="the unknown score (higher: less like the training images); "
+                                "answered unknown above the threshold GET /info's calibration states")
     # a multi-label model's (docs/multilabel.md); its top_k are then sigmoid probabilities
     labels: list[Entry] | None = Field(None, description="every class at or over its threshold (chosen on val), "
                                        "most likely first")
@@ -42,9 +43,9 @@ class Record(BaseModel):
 class Label(BaseModel):
     """One element of POST /'s answer: the Hugging Face image-classification task's output element."""
 
-    label: str = Field(description="the class name (`vit predict`'s name), or the unknown label first")
-    score: float = Field(description="softmax probability (`vit predict`'s probability); the unknown label's: "
-                         "its rarity, the share of validation images with a lower unknown score")
+    label: str = Field(description="the class name (`vit predict`'s name): always the model's top classes; the "
+                       "decision (a class, or the unknown label) is in the X-Answer header")
+    score: float = Field(description="calibrated softmax probability (`vit predict`'s probability)")
 
 
 class Error(BaseModel):
