@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch import seed_everything
 
 from tests.formats import write_class_folders
-from tests.helpers import quick_trainer, random_images, tiny_classifier
+from tests.helpers import TINY_DIM, quick_trainer, random_images, tiny_classifier
 from vit.data import ImageFolder
 from vit.data.table import LabelsFile
 from vit.errors import UserError, UserValueError
@@ -281,7 +281,8 @@ def fit_argv(root: Path, table: str, *extra: str) -> list[str]:
     return ["fit", *quiet_run(root / "run", SCRATCH), "--data", "vit.data.LabelsFile", "--data.init_args.root", table,
             "--data.init_args.num_workers=0",
             "--data.init_args.val_fraction=0.25", "--data.init_args.test_fraction=0", "--trainer.max_epochs=1",
-            "--model.init_args.model_kwargs={depth: 1, embed_dim: 32, num_heads: 2}", "--test_after_fit=false",
+            f"--model.init_args.model_kwargs={{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2}}",
+            "--test_after_fit=false",
             *extra]
 
 

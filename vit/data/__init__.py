@@ -8,9 +8,11 @@ prediction never loads Lightning.
     transforms.py   timm's training augmentation and evaluation crop; fast.py: its cheaper uint8 CPU side
     protocol.py     what a dataset offers (the Protocols the DataModules' splits follow); fingerprint.py: its hash
     base.py         what every image DataModule shares: the options linked into the model, and the loaders
-    folder.py       class folders (and ImageNet's layout); cifar.py, digits.py: the bundled formats
+    folder.py       class folders (and ImageNet's layout); cifar.py, digits.py: the bundled formats;
+                    balance.py: a training split's class counts, the imbalance warning, balanced sampling
     rows.py         a labels table's rows (CSV, TSV, JSONL) read without Lightning; table.py: its DataModule;
-                    stratify.py: multi-label splits that keep each label's share
+                    stratify.py: multi-label splits that keep each label's share; row_checks.py: the table's guesses
+                    (separator, label kind, label column) checked before training
     hf.py           Hugging Face data (save_to_disk, Hub Parquet, hf://) found and read with pyarrow; hfrows.py: its
                     rows as a labels table; hub.py: its DataModule, HFDataset;
                     hfstream.py: its training rows streamed to every worker and rank, resumable

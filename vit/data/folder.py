@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from PIL import Image, ImageOps
-from torch.utils.data import Dataset, Sampler, WeightedRandomSampler
+from torch.utils.data import Dataset, Sampler
 
+from vit.data.balance import balanced_sampler, report_class_counts
 from vit.data.base import ImageDataModule, no_test_reason
 from vit.data.fast import FastTrainTransform
 from vit.data.fingerprint import files_fingerprint
@@ -47,10 +48,6 @@ log = logging.getLogger(__name__)
 
 # The names a validation split's folder goes by: "valid" in Roboflow's exports, "validation" in some Kaggle sets.
 VAL_FOLDERS = ("val", "valid", "validation")
-# The imbalance warning's advice, as `vit fit` flags: the multi-label head is named because a weighting given to the
-# default head alone makes it a single-label one (`vit.tasks.heads.head_for`).
-CLASS_WEIGHTING = "--model.init_args.head.init_args.class_weighting true"
-MULTI_LABEL_HEAD = "--model.init_args.head.class_path vit.tasks.heads.MultiLabelHead"
 
 
 def nfc(name: str) -> str:
@@ -364,39 +361,14 @@ class ImageFolder(ImageDataModule):
         return super().test_dataloader()
 
     def _report_class_counts(self) -> None:
-        """Print the training images per class, and warn when the classes are far from balanced."""
-        counts = self.class_counts("train")
-        if 0 in counts:  # (all its files bad, or its only rows held out): nothing to learn it from
-            missing = [name for name, n in zip(self.class_names, counts) if n == 0]
-            raise UserValueError(f"{self.root}: no training image of class {', '.join(map(repr, missing[:5]))}"
-                                 + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-                                 + ": add images of it to train, or leave it out of the data")
-        shown = list(zip(self.class_names, counts))
-        if len(shown) > 40:  # ImageNet-sized: the extremes say enough
-            shown = sorted(shown, key=lambda c: c[1])
-            shown = [*shown[:5], ("...", None), *shown[-5:]]
-        width = max(len(name) for name, _ in shown)
-        rank_zero_info("training images per class:\n" + "\n".join(
-            f"  {name:<{width}} {'' if n is None else n:>8}" for name, n in shown))
-        smallest, largest = min(counts), max(counts)
-        if smallest < 0.1 * largest:
-            small = self.class_names[counts.index(smallest)]
-            rank_zero_warn(f"{self.root}: imbalanced classes: {small!r} has {smallest} training images, under 10% of "
-                           f"the largest class's {largest}; consider {self.imbalance_advice()}")
-
-    def imbalance_advice(self) -> str:
-        """The flags that weigh rare classes up, as `vit fit` takes them (a test runs them as printed)."""
-        if getattr(self, "multi_label", False):  # (a multi-label image has no one class to draw it by)
-            return f"{MULTI_LABEL_HEAD} {CLASS_WEIGHTING}"
-        return f"--data.init_args.balanced_sampling true, or {CLASS_WEIGHTING}"
+        report_class_counts(self.root, self.class_names, self.class_counts("train"),
+                            getattr(self, "multi_label", False))
 
     def train_sampler(self) -> Sampler | None:
-        """With ``balanced_sampling``, draws weighted by 1 / (images of the class), with replacement."""
+        """With ``balanced_sampling``, every class drawn about equally often (`vit.data.balance`)."""
         if not self.balanced_sampling:
             return None
-        counts = torch.tensor(self.class_counts("train"), dtype=torch.float64)
-        weights = (1.0 / counts)[torch.as_tensor(self.train_set.labels)]
-        return WeightedRandomSampler(weights, num_samples=len(weights), replacement=True)
+        return balanced_sampler(self.class_counts("train"), self.train_set.labels)
 
 
 def table_without_classes(root: Path) -> str | None:

@@ -235,22 +235,8 @@ def read_table(
         how = f"{len(names)} per-class columns (blank or -1: unknown)"
         table_labels: list | None = None
     else:
-        sep = _separator(label_cells, separator)
-        if separator is None:
-            check_mixed_separators(path, label_cells, sep, SEPARATORS, lines)
-        names, table_labels = _cell_labels(label_cells, sep, classes, lines, bad)
-        if multi_label is None:
-            check_inferred_multi_label(path, label_cells, table_labels, lines)
-        targets = None
-        how = f"labels in column {header[label_idx[0]]!r}" + (f", separated by {sep!r}" if sep else "")
-        several = any(len(x) != 1 for x in table_labels if x is not None)  # (a JSONL [] is no label at all)
-        if multi_label is False and several:
-            for i, x in enumerate(table_labels):
-                if x is not None and len(x) != 1 and i not in bad:
-                    bad[i] = (BadRow(lines[i], "empty label", "an empty list of labels") if not x else
-                              BadRow(lines[i], "malformed", f"{len(x)} labels, and data.multi_label is false"))
-        elif multi_label or several:
-            targets = _multi_hot(table_labels, len(names))
+        names, table_labels, targets, how = _cell_targets(path, header[label_idx[0]], label_cells, separator, classes,
+                                                          multi_label, lines, bad)
     splits = _splits(split_cells, lines, bad) if si is not None else None
     _check_duplicates(paths, table_labels if targets is None else targets, splits, lines, bad)
     keep = _in_order([i for i, p in enumerate(paths) if p is not None and i not in bad], paths,
@@ -261,6 +247,31 @@ def read_table(
         None if targets is not None else [table_labels[i][0] for i in keep],
         None if targets is None else targets[keep], None if splits is None else [splits[i] for i in keep],
         sorted(bad.values(), key=lambda b: b.line), repeated, how)
+
+
+def _cell_targets(
+    path: Path, column: str, label_cells: list, separator: str | None, classes: Sequence[str] | None,
+    multi_label: bool | None, lines: list[int], bad: dict[int, BadRow],
+) -> tuple[list[str], list, np.ndarray | None, str]:
+    """Labels from one column of cells: (class names, each row's label list, multi-hot targets or None for
+    single-label, how the labels were read). Rows a single-label table cannot take are added to ``bad``."""
+    sep = _separator(label_cells, separator)
+    if separator is None:
+        check_mixed_separators(path, label_cells, sep, SEPARATORS, lines)
+    names, table_labels = _cell_labels(label_cells, sep, classes, lines, bad)
+    if multi_label is None:
+        check_inferred_multi_label(path, label_cells, table_labels, lines)
+    targets = None
+    how = f"labels in column {column!r}" + (f", separated by {sep!r}" if sep else "")
+    several = any(len(x) != 1 for x in table_labels if x is not None)  # (a JSONL [] is no label at all)
+    if multi_label is False and several:
+        for i, x in enumerate(table_labels):
+            if x is not None and len(x) != 1 and i not in bad:
+                bad[i] = (BadRow(lines[i], "empty label", "an empty list of labels") if not x else
+                          BadRow(lines[i], "malformed", f"{len(x)} labels, and data.multi_label is false"))
+    elif multi_label or several:
+        targets = _multi_hot(table_labels, len(names))
+    return names, table_labels, targets, how
 
 
 def _in_order(keep: list[int], paths: Sequence[str | None], labels: Sequence | None) -> list[int]:

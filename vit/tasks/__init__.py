@@ -4,7 +4,8 @@ pre-training), and how to reload one.
     base.py         what the tasks share: set-up hooks, the training-step guards, the checkpoint's task record
     classify.py     `ImageClassifier`, a loop over its parts:
     backbones.py      the network (our ViTs or timm's)
-    heads.py          what the logits mean: losses and answer; losses.py: the losses beyond torch's;
+    heads.py          what the logits mean: losses and answer; losses.py: the losses beyond torch's; outliers.py:
+                      outlier exposure on composites of two classes' parts (near unknowns);
     evaluation.py     the label kind's evaluation, built by its head: metrics, thresholds, test report
     multilabel.py     several labels per image; mistakes.py: the single-label evaluation and its figures
     optim.py          the optimisation settings, parameter groups, schedule; ema.py: the EMA copy
