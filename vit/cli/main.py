@@ -268,11 +268,12 @@ class VitCLI(LightningCLI):
                      "--config CONFIG")
             return "none"
         tta = "none"
+        figure_dir = self.trainer.log_dir  # in every process: it broadcasts, and one rank alone would hang the rest
         if self.trainer.is_global_zero:
             from vit.deploy.calibration import calibrate_checkpoint
 
             try:
-                confidence = calibrate_checkpoint(best, self.datamodule, figure_dir=self.trainer.log_dir,
+                confidence = calibrate_checkpoint(best, self.datamodule, figure_dir=figure_dir,
                                                   say=self.say, unknown=unknown)
                 tta = confidence.calibration.tta
             except Exception as e:  # a post-hoc step: the trained checkpoint stands whatever happens here

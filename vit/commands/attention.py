@@ -228,7 +228,8 @@ def draw_maps(args: argparse.Namespace) -> list[dict]:
             alpha=args.alpha, title=path.name,
         )
         png = save_atomic(lambda f, fig=fig: fig.savefig(f, format="png", dpi=100), args.out / f"{name}.png")
-        results.append({**record(path, predictions), "png": str(png)})
+        # the answer `vit predict` gives a model without an unknown score: its top class (no score is run here)
+        results.append({**record(path, predictions), "answer": predictions[0]["name"], "png": str(png)})
         ranked = ", ".join(f"{p['name']} {p['probability']:.1%}" for p in predictions)
         print(f"{path}: {ranked}  -> {png}")
 

@@ -137,10 +137,13 @@ def sample_images(classifier: object, files: Sequence, crop_pct: float | None, c
 def main(argv: Sequence[str]) -> list[dict]:
     """Run `vit predict --ckpt ...` with the given arguments (without the command name); returns the records."""
     args = parse_args(argv)
-    found = find_images(args.inputs)
+    # The file first (a missing or uncached checkpoint is the first thing to say), except for auto, which times the
+    # backends on the images to predict.
+    found = find_images(args.inputs) if args.backend == AUTO else None
     classifier = load_classifier(args.ckpt, args.device, backend=args.backend, compile=args.compile,
-                                 batch_size=args.batch_size, workload=len(found.files),
+                                 batch_size=args.batch_size, workload=len(found.files) if found else None,
                                  sample=lambda model: sample_images(model, found.files, args.crop_pct))
+    found = found or find_images(args.inputs)
     for line in found.describe_skipped():
         print(line)
     if note := rejection_note(classifier, args.ckpt, args.accept_all):
