@@ -10,7 +10,6 @@ A row's number counts over the splits in order (train, val, test); `RowNames` tu
 from __future__ import annotations
 
 import os
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,6 @@ import numpy as np
 from vit.data.hf import HFSource, _class_names, image_column, label_column, read_split, table_features
 from vit.data.rows import BadRow, LabelTable
 from vit.errors import UserValueError
-
-SHOWN = 6  # bad rows listed one by one: with the count, "... and N more" and the fix, at most 9 lines
 
 
 class ArrowImageColumn:
@@ -206,12 +203,6 @@ def _table(source: HFSource, names: list[str], labels: np.ndarray, targets: np.n
         sorted(bad.values(), key=lambda b: b.line), 0, how)
 
 
-def describe_bad_rows(where: str, bad: Sequence[BadRow], total: int) -> str:
-    """A count per kind and the first bad rows, each named by its split and row: at most 8 lines."""
-    kinds = Counter(b.kind for b in bad)
-    lines = [f"{where}: {len(bad):,} of {total:,} rows are bad ("
-             + ", ".join(f"{n:,} {kind}" for kind, n in kinds.most_common()) + "):"]
-    lines += [f"  {b.detail.replace(': ', f': {b.kind}: ', 1)}" for b in bad[:SHOWN]]
-    if len(bad) > SHOWN:
-        lines.append(f"  ... and {len(bad) - SHOWN:,} more")
-    return "\n".join(lines)
+def by_row(b: BadRow) -> str:
+    """A bad row of a Hugging Face split, named by its split and row (the detail starts with them)."""
+    return b.detail.replace(": ", f": {b.kind}: ", 1)

@@ -28,9 +28,9 @@ from vit.data.fast import collate
 from vit.data.fingerprint import fingerprint
 from vit.data.folder import ImageFiles
 from vit.data.hf import HFSource, find_source
-from vit.data.hfrows import ArrowImageColumn, RowNames, describe_bad_rows, read_hf
+from vit.data.hfrows import ArrowImageColumn, RowNames, by_row, read_hf
 from vit.data.hfstream import ArrowStream, StreamLoader
-from vit.data.rows import BadRow, LabelTable
+from vit.data.rows import BadRow, LabelTable, describe_bad_rows
 from vit.data.seeds import mixed_seed, seed_all
 from vit.data.table import LabelsFile, MultiLabelFiles
 from vit.errors import UserValueError
@@ -151,7 +151,7 @@ class HFDataset(LabelsFile):
     def _tolerate_bad_rows(self, table: LabelTable, total: int) -> None:
         if not table.bad:
             return
-        report = describe_bad_rows(self.spec, table.bad, total)
+        report = describe_bad_rows(self.spec, table.bad, total, by_row)
         if not self.skip_bad_rows:
             raise UserValueError(f"{report}\nFix or remove these rows, or set data.skip_bad_rows: true to train "
                                  "without them.")
@@ -167,7 +167,7 @@ class HFDataset(LabelsFile):
         rank_zero_info(f"checked {len(rows)} image headers in {time.perf_counter() - start:.1f} s")
         if not bad:
             return splits
-        report = describe_bad_rows(self.spec, bad, len(rows))
+        report = describe_bad_rows(self.spec, bad, len(rows), by_row)
         if not self.skip_bad_images:
             raise UserValueError(f"{report}\nFix or remove these rows, or set data.skip_bad_images: true to train "
                                  "without them.")

@@ -18,7 +18,7 @@ import csv
 import json
 import os
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -422,12 +422,19 @@ def _check_duplicates(paths: list[str | None], labels: Sequence | np.ndarray, sp
                                                                     f"with {what}"))
 
 
-def describe_bad_rows(table: Path, bad: Sequence[BadRow], total: int) -> str:
-    """A count per kind and the first bad rows by line number: at most 9 lines (the caller adds the fix)."""
+def by_line(b: BadRow) -> str:
+    """A bad row of a table file, named by its line."""
+    return f"line {b.line}: {b.kind}: {b.detail}"
+
+
+def describe_bad_rows(table: Path | str, bad: Sequence[BadRow], total: int, row: Callable[[BadRow], str] = by_line
+                      ) -> str:
+    """A count per kind and the first bad rows, each named by ``row`` (by line number): at most 9 lines (the caller
+    adds the fix)."""
     kinds = Counter(b.kind for b in bad)
     lines = [f"{table}: {len(bad):,} of {total:,} rows are bad ("
              + ", ".join(f"{n:,} {kind}" for kind, n in kinds.most_common()) + "):"]
-    lines += [f"  line {b.line}: {b.kind}: {b.detail}" for b in bad[:SHOWN]]
+    lines += [f"  {row(b)}" for b in bad[:SHOWN]]
     if len(bad) > SHOWN:
         lines.append(f"  ... and {len(bad) - SHOWN:,} more")
     return "\n".join(lines)
