@@ -34,28 +34,6 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "shards_cpu.yaml"
-KILLER = '''import os, signal
-from lightning.pytorch import Callback
-
-
-class KillAt(Callback):
-    """SIGKILL this process as the given optimiser step starts."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_start(self, trainer, *args) -> None:
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-class StopAt(KillAt):
-    """Raise as the given optimiser step starts: a kill, for a run in this process."""
-
-    def on_train_batch_start(self, trainer, *args) -> None:
-        if trainer.global_step == self.step:
-            raise RuntimeError(f"stopped at step {self.step}")
-'''
 
 
 def write_photos(folder: Path, per_class: int = 150, seed: int = 0) -> None:
@@ -109,14 +87,14 @@ def killed_and_resumed(data: list[str], run: Path, workers: int, kill: int, env:
     from vit.cli.main import cli
 
     if env is not None:
-        killed = vit(fit_args(data, run, workers, "--trainer.callbacks+=killer.KillAt",
+        killed = vit(fit_args(data, run, workers, "--trainer.callbacks+=tests.killer.KillAt",
                               f"--trainer.callbacks.init_args.step={kill}"), run.parent, env)
         if killed.returncode != -signal.SIGKILL:
             return f"the killed run exited {killed.returncode}: {killed.stderr[-500:]}"
         resumed = vit(fit_args(data, run, workers, "--ckpt_path=last"), run.parent, env)
         return "" if resumed.returncode == 0 else f"the resume failed: {resumed.stderr[-500:]}"
     try:
-        cli(fit_args(data, run, workers, "--trainer.callbacks+=killer.StopAt",
+        cli(fit_args(data, run, workers, "--trainer.callbacks+=tests.killer.StopAt",
                      f"--trainer.callbacks.init_args.step={kill}"))
         return "the run was not stopped"
     except RuntimeError as e:
@@ -149,14 +127,13 @@ def main() -> None:
     out = args.out.resolve()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    (out / "killer.py").write_text(KILLER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(out)])}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's vit, and tests/killer.py
     write_photos(out / "photos")
     sharded = vit(["shard", str(out / "photos"), str(out / "shards")], out, env)
     assert sharded.returncode == 0, sharded.stderr[-2000:]
     shards = [f"--data.init_args.root={out / 'shards'}"]
 
-    sys.path[:0] = [str(ROOT), str(out)]  # this checkout's vit, and killer.py, for the runs in this process
+    sys.path[:0] = [str(ROOT)]  # this checkout's vit, and tests/killer.py, for the runs in this process
     os.chdir(out)
     from vit.cli.main import cli
 

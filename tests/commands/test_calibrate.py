@@ -94,13 +94,20 @@ def test_calibrate_reads_the_runs_own_config_yaml(fitted, tmp_path, capsys):
 
     from vit.checkpoints.io import read_checkpoint
 
-    saved = next(fitted.rglob("config.yaml"))
+    # the fit's: the first written (`vit test` and `vit validate` runs of the same folder may add theirs)
+    saved = min(fitted.rglob("config.yaml"), key=lambda p: p.stat().st_mtime_ns)
     assert "ckpt_path" in yaml.safe_load(saved.read_text())  # the key `vit calibrate` refused
     ckpt = tmp_path / "c.ckpt"
     shutil.copy(next((fitted / "ckpt").glob("best-*.ckpt")), ckpt)
     stored = run(["calibrate", "--ckpt", str(ckpt), "--config", str(saved)])
     assert stored["temperature"] > 0 and stored["threshold"] is not None
     assert f"calibrated {ckpt}" in capsys.readouterr().out
+    # a `vit test` or `vit predict` run's config.yaml holds its Trainer method's own keys: read as well
+    for method_keys in ({"verbose": True}, {"return_predictions": None}):
+        other = tmp_path / f"{next(iter(method_keys))}.yaml"
+        other.write_text(yaml.safe_dump({**yaml.safe_load(saved.read_text()), **method_keys}))
+        assert run(["calibrate", "--ckpt", str(ckpt), "--config", str(other), "--calibrate", "temperature",
+                    "--out", str(tmp_path / "o.ckpt")])["temperature"] > 0
     # --calibrate temperature: T alone, what `vit fit` stores by default
     alone = run(["calibrate", "--ckpt", str(ckpt), "--config", str(saved), "--calibrate", "temperature"])
     assert alone["temperature"] > 0 and alone["threshold"] is None and alone["tta"] == "none"

@@ -5,7 +5,6 @@ fail here), the same batches whatever the number of workers, and a `vit fit` SIG
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -113,19 +112,14 @@ def test_a_streamed_run_sigkilled_mid_epoch_resumes_to_the_same_weights_bit_for_
     part = lambda keep: dataset([x for i, x in enumerate(images) if keep(i)], [y for i, y in enumerate(labels)
                                                                              if keep(i)], [str(i) for i in range(10)])
     write_parquet(tmp_path / "p", {"train": part(lambda i: i % 5), "validation": part(lambda i: not i % 5)})
-    (tmp_path / "killer.py").write_text(
-        "import os, signal\nfrom lightning.pytorch import Callback\n\n\nclass KillAt(Callback):\n"
-        "    def __init__(self, step: int) -> None:\n        self.step = step\n\n"
-        "    def on_train_batch_start(self, trainer, *args) -> None:\n"
-        "        if trainer.global_step == self.step:\n            os.kill(os.getpid(), signal.SIGKILL)\n")
-    env = subprocess_env(PYTHONPATH=os.pathsep.join([str(CONFIGS.parent), str(tmp_path)]))
+    env = subprocess_env(PYTHONPATH=str(CONFIGS.parent))
 
     def fit(run: str, *extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "vit", *_fit(tmp_path, run, *extra)], env=env,
                               capture_output=True, text=True, timeout=600, cwd=tmp_path)
 
     cli(_fit(tmp_path, "whole"))
-    killed = fit("killed", "--trainer.callbacks+=killer.KillAt", "--trainer.callbacks.init_args.step=4")
+    killed = fit("killed", "--trainer.callbacks+=tests.killer.KillAt", "--trainer.callbacks.init_args.step=4")
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert torch.load(tmp_path / "killed/ckpt/last.ckpt", weights_only=False)["global_step"] == 3
     resumed = fit("killed", "--ckpt_path=last")

@@ -250,19 +250,14 @@ def test_a_run_sigkilled_in_its_first_epoch_resumes_to_the_same_weights_bit_for_
 
     write_class_folders(tmp_path / "photos", ["a", "b"], per_class=30, size=20)
     write_shards(tmp_path / "photos", tmp_path / "shards", num_workers=1)  # 48 train: 6 batches of 8 an epoch
-    (tmp_path / "killer.py").write_text(
-        "import os, signal\nfrom lightning.pytorch import Callback\n\n\nclass KillAt(Callback):\n"
-        "    def __init__(self, step: int) -> None:\n        self.step = step\n\n"
-        "    def on_train_batch_start(self, trainer, *args) -> None:\n"
-        "        if trainer.global_step == self.step:\n            os.kill(os.getpid(), signal.SIGKILL)\n")
-    env = subprocess_env(PYTHONPATH=os.pathsep.join([str(CONFIGS.parent), str(tmp_path)]))
+    env = subprocess_env(PYTHONPATH=str(CONFIGS.parent))
 
     def fit(run: str, *extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "vit", *_shards_fit(tmp_path, run, *extra, epochs=2)], env=env,
                               capture_output=True, text=True, timeout=600, cwd=tmp_path)
 
     cli(_shards_fit(tmp_path, "whole", epochs=2))
-    killed = fit("killed", "--trainer.callbacks+=killer.KillAt", "--trainer.callbacks.init_args.step=4")
+    killed = fit("killed", "--trainer.callbacks+=tests.killer.KillAt", "--trainer.callbacks.init_args.step=4")
     assert killed.returncode == -9  # SIGKILL at step 4, in epoch 0; last.ckpt is step 3's
     assert torch.load(tmp_path / "killed/ckpt/last.ckpt", weights_only=False)["global_step"] == 3
     resumed = fit("killed", "--ckpt_path=last")

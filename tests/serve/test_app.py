@@ -482,11 +482,13 @@ def test_auto_shows_its_choice_in_info_and_metrics(checkpoint, tmp_path):
     import shutil
 
     from vit.deploy import load_classifier
+    from vit.deploy.backends import load_auto
     from vit.serve.core import Predictor
 
     ckpt = tmp_path / "model.ckpt"
     shutil.copy(checkpoint, ckpt)
-    model = load_classifier(ckpt, backend="auto", batch_size=4, threads=1)
+    # two candidates in a few seconds: what is shown is under test here, the choice in tests/deploy/test_auto.py
+    model = load_auto(ckpt, batch_size=4, threads=1, names=["torch", "onnx"], budget_s=4)
 
     async def go():
         async with client_of(make_app(Predictor(model))) as client:

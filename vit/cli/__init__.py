@@ -5,6 +5,7 @@ callbacks, and the data a config builds.
     parser.py     the argument parser, whose errors name the key, the file and the fix
     console.py    what `vit fit` prints: the model in two lines, the progress bar, the quiet dependencies
     preflight.py  fail in seconds when a config's pretrained weights cannot be had
+    after_fit.py  what fit does once trained: calibrate the checkpoints on val, test the best one
     ckpt_path.py  what --ckpt_path names: best and last found, a damaged, missing or other task's file named
     training.py   the trainer's callbacks: atomic, best and last checkpoints, the random state, the report, curves
     data.py       images from the DataModule a config builds (int8 calibration)

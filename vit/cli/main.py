@@ -20,6 +20,7 @@ back to the newest intact checkpoint); ``--test_after_fit`` and ``--num_threads`
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -32,7 +33,6 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch.utils.data import IterableDataset
 
 from vit.checkpoints.io import (
     checkpoint_progress,
@@ -40,6 +40,7 @@ from vit.checkpoints.io import (
 from vit.checkpoints.lora import base_to_resume
 from vit.checkpoints.pretrained_cfg import pretrained_preprocessing
 from vit.checkpoints.runs import checkpoint_by_name, experiment_folder
+from vit.cli.after_fit import calibrate_run, calibration_mode, test_best
 from vit.cli.ckpt_path import check_checkpoint_exists, check_checkpoint_task, resolve_last, resolved_path
 from vit.cli.console import ModelReport, ProgressBar, quiet_dependencies
 from vit.cli.parser import VitArgumentParser, imported_class
@@ -52,7 +53,6 @@ from vit.cli.training import (
     TrainingReport,
     VitTrainer,
 )
-from vit.data.base import no_test_reason
 from vit.data.hf import is_hf_root
 from vit.errors import UserValueError
 from vit.preprocessing import DATA_KEYS
@@ -246,106 +246,14 @@ class VitCLI(LightningCLI):
     def after_fit(self) -> None:
         config = self._subcommand_config(self.config)
         mode = calibration_mode(config.get("calibrate"))
-        tta = self.calibrate_best(unknown=mode == "unknown") if mode else "none"  # first: the test uses val's TTA
+        tta = calibrate_run(self, unknown=mode == "unknown") if mode else "none"  # first: the test uses val's TTA
         if config.get("test_after_fit"):
-            self.test_best(tta)
-
-    def calibrate_best(self, unknown: bool = False) -> str:
-        """Fit T (and with ``unknown`` the unknown score) on the best checkpoint and store it in it and in last.ckpt
-        (`vit.deploy.calibration`): each checkpoint read once and written once. Returns the TTA calibration chose on
-        val, in every process."""
-        from vit.data.base import ImageDataModule
-        from vit.tasks import ImageClassifier
-
-        checkpoint = self.best_checkpoint
-        best = checkpoint.best_model_path if checkpoint is not None else ""
-        if self.trainer.fast_dev_run or not best or not isinstance(self.model, ImageClassifier) or \
-                not isinstance(self.datamodule, ImageDataModule):
-            return "none"
-        if self.trainer.world_size > 1 and isinstance(self.datamodule.train_set, IterableDataset):
-            # streamed shards read by one process broadcast to the others, which are not reading: it would hang
-            self.say(f"calibration: streamed data is calibrated in one process; run vit calibrate --ckpt {best} "
-                     "--config CONFIG")
-            return "none"
-        tta = "none"
-        figure_dir = self.trainer.log_dir  # in every process: it broadcasts, and one rank alone would hang the rest
-        if self.trainer.is_global_zero:
-            from vit.deploy.calibration import calibrate_checkpoint
-
-            try:
-                confidence = calibrate_checkpoint(best, self.datamodule, figure_dir=figure_dir,
-                                                  say=self.say, unknown=unknown)
-                tta = confidence.calibration.tta
-            except Exception as e:  # a post-hoc step: the trained checkpoint stands whatever happens here
-                self.say(f"calibration skipped ({type(e).__name__}: {e}); the checkpoint is as trained. "
-                         f"Retry with: vit calibrate --ckpt {best} --config CONFIG --calibrate "
-                         f"{'unknown' if unknown else 'temperature'}")
-            else:
-                try:
-                    self.calibrate_last(best, confidence, unknown)
-                except Exception as e:  # the best checkpoint is calibrated; last.ckpt stands as trained
-                    self.say(f"last.ckpt not calibrated ({type(e).__name__}: {e}); the best checkpoint is")
-        return self.trainer.strategy.broadcast(tta)  # also the barrier: the others test the calibrated checkpoint
-
-    def calibrate_last(self, best: str, confidence: Any, unknown: bool) -> None:
-        """last.ckpt calibrated too, so that every checkpoint a user may pick answers alike: the best one's
-        calibration where it holds the same weights (saved at the same step), else fit on its own weights."""
-        from vit.deploy.calibration import calibrate_checkpoint, save_confidence
-
-        saver = self._subcommand_config(self.config_init).get("last_checkpoint")
-        last = Path(saver.dirpath) / f"{saver.CHECKPOINT_NAME_LAST}{saver.FILE_EXTENSION}" if saver and \
-            saver.dirpath else None
-        if last is None or not last.is_file() or last.resolve() == Path(best).resolve():
-            return
-        step = checkpoint_progress(best)[1]  # the same optimiser step: the same weights (the epoch may read one on)
-        if step is not None and checkpoint_progress(last)[1] == step:
-            save_confidence(last, confidence)
-            self.say(f"calibrated {last} too (the same weights as the best checkpoint: the same calibration)")
-            return
-        lines: list[str] = []
-        calibrate_checkpoint(last, self.datamodule, say=lines.append, unknown=unknown, draw=False)
-        self.say(f"calibrated {last} too, on its own weights: {lines[0].strip() if lines else 'done'}")
-
-    def test_best(self, tta: str = "none") -> None:  # with the TTA calibration chose on val
-        checkpoint = self.best_checkpoint
-        best = checkpoint.best_model_path if checkpoint is not None else ""
-        if self.trainer.fast_dev_run or not best:
-            self.say("test_after_fit: no best checkpoint was saved; testing the final weights")
-            best, tta = None, "none"
-        monitor = (checkpoint.monitor if checkpoint is not None else None) or "val_acc"
-        self.model.test_tta = tta
-        if tta != "none":
-            self.say(f"testing with TTA {tta}: calibration measured it better on val")
-        no_test = no_test_reason(self.datamodule)
-        if no_test:
-            # Nothing held out: report val, named as such (it chose the checkpoint, so it flatters).
-            results = self.trainer.validate(self.model, datamodule=self.datamodule, ckpt_path=best)
-            key, split = monitor, "val"
-        else:
-            results = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best)
-            # Report the test counterpart of the metric the checkpoint was chosen by.
-            key, split = "test_" + monitor.removeprefix("val_"), "test"
-        value = results[0].get(key) if results else None
-        if value is not None:
-            name = "accuracy" if key.endswith("_acc") else key.removeprefix(f"{split}_").replace("_", " ")
-            name = "macro mAP" if name == "map" else name  # a multi-label run's (configs/multilabel_cpu.yaml)
-            accuracy = results[0].get(f"{split}_acc")  # what a classifier's user reads, whatever chose the checkpoint
-            also = f" (accuracy {accuracy:.4f})" if accuracy is not None and name != "accuracy" else ""
-            note = f" (no test split is held out: {no_test}; val chose this checkpoint, so this figure " \
-                "flatters it)" if no_test else ""
-            self.say(f"{split} {name} of {best or 'the final weights'}: {value:.4f}{also}{note}")
+            test_best(self, tta)
 
     def say(self, message: str) -> None:
         """Print once, not once per DDP process."""
         if self.trainer.is_global_zero:
             print(message)
-
-
-def calibration_mode(value: Any) -> str | None:
-    """``--calibrate`` as one word: "temperature", "unknown" (``true``: its old spelling), or None (``false``)."""
-    if value is False or value is None or str(value).lower() in ("false", "none"):
-        return None
-    return "unknown" if value is True or str(value).lower() in ("true", "unknown") else "temperature"
 
 
 def follow_the_weights(config: Any) -> None:
@@ -398,7 +306,15 @@ def data_class(config: Any) -> type | None:
     return imported_class(str((config.get("data") or {}).get("class_path") or ""))
 
 
-FIT_ARGUMENTS = ("ckpt_path", "weights_only")  # Trainer.fit's own, which a run's config.yaml holds
+def run_arguments() -> list[str]:
+    """The arguments of Trainer.fit, validate, test and predict other than the model and data (ckpt_path, and on
+    Lightning 2.6 weights_only, verbose, return_predictions), which the config.yaml a run of each saves holds."""
+    names: list[str] = []
+    for method, model_and_data in LightningCLI.subcommands().items():
+        for name in inspect.signature(getattr(Trainer, method)).parameters:
+            if name != "self" and name not in model_and_data and name not in names:
+                names.append(name)
+    return names
 
 
 class ConfigOnlyCLI(VitCLI):
@@ -407,11 +323,12 @@ class ConfigOnlyCLI(VitCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
-        # a run's own config.yaml names the arguments of Trainer.fit (ckpt_path, and weights_only on Lightning 2.5+):
-        # read it as the run wrote it, and use none of them
-        for name in FIT_ARGUMENTS:
+        # a run's own config.yaml names the arguments of its Trainer method (ckpt_path, and weights_only on
+        # Lightning 2.5+; test's verbose, predict's return_predictions): read it as the run wrote it, use none of them
+        for name in run_arguments():
             parser.add_argument(f"--{name}", type=Any, default=None,
-                                help=f"ignored here: `vit fit`'s {name}, as a run's config.yaml names it")
+                                help=f"ignored here: a `vit fit|validate|test|predict` run's {name}, as its "
+                                "config.yaml names it")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         # LightningCLI warns when args differ from sys.argv; ours are sys.argv less the command's own options.

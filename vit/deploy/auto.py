@@ -42,12 +42,9 @@ Model = Callable[[Tensor], Tensor]
 
 
 def file_digest(path: str | os.PathLike) -> str:
-    """SHA-256 of a file (a checkpoint or an export), in 1 MiB reads."""
-    digest = hashlib.sha256()
+    """SHA-256 of a file (a checkpoint or an export)."""
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def cache_key(digest: str, flags: str, threads: int, batch_size: int) -> str:

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from vit.deploy import auto
+from vit.deploy.altstack import kept_signal_stack
 from vit.deploy.classifier import Classifier, ModelInput
 from vit.deploy.confidence import SCORE_OUTPUT
 from vit.deploy.cpu import describe_cpu, has_amx_bf16, has_native_bf16, has_vnni, reduce_range_for
@@ -194,7 +195,8 @@ class OpenVinoClassifier(ModelInput):
         if threads:
             config["INFERENCE_NUM_THREADS"] = threads
         core = openvino.Core()
-        self.compiled = core.compile_model(core.read_model(model=data), "CPU", config)
+        with kept_signal_stack():  # OpenVINO would leave this thread a dangling one (vit.deploy.altstack)
+            self.compiled = core.compile_model(core.read_model(model=data), "CPU", config)
         self.calibration = exported_calibration({p.key: p.value for p in proto.metadata_props})
         self.thresholds = exported_thresholds({p.key: p.value for p in proto.metadata_props}, self.path)
         self.has_score = SCORE_OUTPUT in {name for output in self.compiled.outputs for name in output.get_names()}
