@@ -360,3 +360,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The integration runs (marked slow) first: with --dist worksteal the short tests then fill in around them,
     and no long fit starts last while the other process has nothing left to take."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order within each
+
+
+@pytest.fixture(autouse=True)
+def signal_stack_kept() -> Iterator[None]:
+    """No test leaves the process's alternate signal stack changed. OpenVINO's CPU plugin load replaced it with one it
+    later unmaps (`vit.deploy.altstack`): a later crash handler then could not run, and the kernel killed the xdist
+    worker with a bare SIGSEGV, tests later. A test that changes it fails here, naming the change; the stack it had
+    is given back so that the tests after it run on a sound one."""
+    from vit.deploy.altstack import kept_signal_stack, signal_stack
+
+    before = signal_stack()
+    with kept_signal_stack():
+        yield
+        after = signal_stack()
+    assert after == before, f"the alternate signal stack changed from {before} to {after} (vit/deploy/altstack.py)"

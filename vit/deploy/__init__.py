@@ -12,6 +12,7 @@
     quantize.py     int8 ONNX (static, calibrated; dynamic)
     fusion.py       onnxruntime's fused attention for an ONNX graph
     cpu.py          the CPU's instruction sets (bf16, VNNI, AMX) that decide engines and int8 ranges
+    altstack.py     the thread's alternate signal stack, kept across OpenVINO's plugin load (it would dangle)
     image_files.py  image paths as a dataset whose unreadable files are rows, not crashes
     predict.py      `predict_files`: records for a list of files, and their CSV/JSON
     confidence.py   the temperature and the "unknown" score as they travel with a model, applied to answers
