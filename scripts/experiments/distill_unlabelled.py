@@ -110,7 +110,7 @@ def run_arm(arm: str, data: Path, seed: int, work: Path, args: argparse.Namespac
         fit += ["--trainer.max_epochs", str(args.nopool_epochs)]
     result = {**vit_fit(fit, out, args.lock), "seed": seed}
     cached.write_text(json.dumps(result))
-    print(f"{data.name} {arm} seed {seed}: {result['acc']:.4f} in {result['seconds']:.0f} s", flush=True)
+    print(f"{data.parent.name} {arm} seed {seed}: {result['acc']:.4f} in {result['seconds']:.0f} s", flush=True)
     return result
 
 
@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--work", type=Path, required=True, help="data, runs and cached results go here")
     parser.add_argument("--datasets", nargs="+", choices=tuple(SIZES), default=["mnist5k"])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first_seed", type=int, default=0, help="start the seeds here (runs in parallel, or later)")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--pool_epochs", type=int, help="fm_pool's epochs (default: the recipe's)")
     parser.add_argument("--nopool_epochs", type=int, help="fm_nopool's epochs (default: the recipe's)")
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for dataset in args.datasets:
         data = build(dataset, args.work / dataset / "data")
         results[dataset] = {arm: [] for arm in args.arms}
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for arm in ("teacher", *[a for a in args.arms if a != "teacher"]):  # the students need the teacher
                 result = run_arm(arm, data, seed, args.work / dataset, args)
                 if arm in args.arms:

@@ -120,9 +120,10 @@ def recipe_args(root: Path, data: Path, *extra: str) -> list[str]:
 
 def test_the_recipe_trains_on_labelled_and_pool_and_its_checkpoint_names_the_teacher(data, tmp_path):
     run = cli(recipe_args(tmp_path, data, f"--data.init_args.unlabelled_root={data / 'pool'}"))
-    assert run.trainer.global_step == 4  # 32 labelled at 8 a batch, the 48 pool images spread over them
+    assert run.trainer.global_step == 4  # 32 labelled at 8 a batch, and 8 pool images a step (unlabelled_ratio 1)
     assert run.datamodule.state_dict()["unlabelled_position"] == [0, 4]
     assert run.model.teacher.source.endswith("best-epoch=0-step=1.ckpt")
+    assert "teacher_ms" in run.trainer.logged_metrics and "train_kl" in run.trainer.logged_metrics
     best = Path(run.best_checkpoint.best_model_path)
     saved = torch.load(best, weights_only=True)
     assert saved["vit"]["teacher"].endswith("best-epoch=0-step=1.ckpt")

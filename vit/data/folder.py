@@ -371,6 +371,14 @@ class ImageFolder(UnlabelledPool, ImageDataModule):
         report_class_counts(self.root, self.class_names, self.class_counts("train"),
                             getattr(self, "multi_label", False))
 
+    # the unlabelled pool's files (`vit.data.pool`, which cannot import this module), read as the labelled ones
+    def pool_headers(self, files: list[str]) -> dict[str, str]:
+        return dict(check_headers(files, self.eval_short_side()))
+
+    def pool_images(self, files: list[str], transform: Callable) -> ImageFiles:
+        return ImageFiles([(f, 0) for f in files], transform, replace_bad=self.skip_bad_images,
+                          max_bad_fraction=self.max_bad_fraction)
+
     def train_sampler(self) -> Sampler | None:
         """With ``balanced_sampling``, every class drawn about equally often (`vit.data.balance`)."""
         if not self.balanced_sampling:

@@ -70,14 +70,8 @@ class PoolImages:
     ``[view_0 (B, C, H, W) uint8, ..., position (3,) int64]`` (position: epoch, batch, worker id; the
     DataModule strips it on the device). Decoding, its bad-file replacement and counts are `ImageFiles`'s."""
 
-    def __init__(self, files: Sequence[str], views: Sequence[Callable], seed: int, *, replace_bad: bool = False,
-                 max_bad_fraction: float = 0.01) -> None:
-        from vit.data.folder import ImageFiles  # folder.py imports this module
-
-        single = views[0] if len(views) == 1 else _Views(views)  # one view: FastTrainTransform's cheap decode
-        self.images = ImageFiles([(f, 0) for f in files], single, replace_bad=replace_bad,
-                                 max_bad_fraction=max_bad_fraction)
-        self.num_views, self.seed = len(views), seed
+    def __init__(self, images: Any, num_views: int, seed: int) -> None:
+        self.images, self.num_views, self.seed = images, num_views, seed  # images: `ImageFiles` of `views_of`
 
     def __len__(self) -> int:
         return len(self.images)
@@ -101,6 +95,12 @@ class PoolImages:
                 _set_rng_states(saved)
         stacked = [collate([(d[v], 0) for d in drawn])[0] for v in range(self.num_views)]
         return [*stacked, torch.tensor([epoch, batch, worker.id if worker else -1])]
+
+
+def views_of(transforms: Sequence[Callable]) -> Callable:
+    """One transform for the pool's dataset: the view itself when there is one (FastTrainTransform then decodes a
+    large JPEG at a fraction of its size), else all views of one decoded image, in order."""
+    return transforms[0] if len(transforms) == 1 else _Views(transforms)
 
 
 class _Views:
@@ -182,7 +182,9 @@ def view_settings(view: str | Augmentation, own: Augmentation) -> Augmentation:
 
 class UnlabelledPool:
     """What an image DataModule needs for an unlabelled pool beside its labelled training split: a mixin before
-    `ImageDataModule` (`ImageFolder` and the DataModules built on it), set up by ``init_pool`` in ``__init__``."""
+    `ImageDataModule` (`ImageFolder` and the DataModules built on it), set up by ``init_pool`` in ``__init__``.
+    The DataModule reads the files: ``pool_headers(files)`` ({bad file: why}) and ``pool_images(files, transform)``
+    (a dataset of (image, 0) that replaces undecodable files with ``skip_bad_images``)."""
 
     unlabelled_root: Path | None = None
     unlabelled_ratio: float | None = None
@@ -200,10 +202,8 @@ class UnlabelledPool:
     def setup_pool(self) -> list[str]:
         """The pool's files, found and header-checked once (bad files: an error, or left out with skip_bad_images)."""
         if self.pool_files is None:
-            from vit.data.folder import check_headers  # folder.py imports this module
-
             files = pool_files(self.unlabelled_root)
-            bad = dict(check_headers(files, self.eval_short_side())) if self.check_images else {}
+            bad = self.pool_headers(files) if self.check_images else {}
             if bad:
                 report = describe_bad_files(sorted(bad.items()), len(files))
                 if not self.skip_bad_images:
@@ -238,8 +238,7 @@ class UnlabelledPool:
         pool_batch = None if self.unlabelled_ratio is None else max(1, round(self.unlabelled_ratio * self.batch_size))
         sampler = PoolSampler(len(files), labelled_batches, seed=self.seed, rank=rank, world=world,
                               pool_batch=pool_batch, resume=self._take_resume)
-        images = PoolImages(files, worker, self.seed, replace_bad=self.skip_bad_images,
-                            max_bad_fraction=self.max_bad_fraction)
+        images = PoolImages(self.pool_images(files, views_of(worker)), len(views), self.seed)
         return DataLoader(images, batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           collate_fn=_unbatched, pin_memory=torch.cuda.is_available(),
                           persistent_workers=self.num_workers > 0)

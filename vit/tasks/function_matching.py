@@ -18,6 +18,7 @@ distillation, the DINOv2-distilled ViTs), the teacher's patch grid pooled to the
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -256,6 +257,17 @@ class FunctionMatching(ImageClassifier):
             targets = lam * onehot + (1 - lam) * onehot[partners[:labelled]]
             parts["labels"] = hp.label_weight * soft_cross_entropy(logits[:labelled], targets)
         return parts
+
+    def on_train_epoch_start(self) -> None:
+        self.epoch_started = time.perf_counter()
+
+    def on_train_epoch_end(self) -> None:
+        """The teachers' share of the epoch (``teacher_ms``, ``features_ms``: their forward's ms a step)."""
+        for name, teacher in (("teacher", self.teacher), ("features", self.feature_teacher)):
+            if teacher is not None:
+                ms, line = teacher.report(time.perf_counter() - self.epoch_started)
+                self.log(f"{name}_ms", ms, sync_dist=True)
+                rank_zero_info(f"epoch {self.current_epoch}: {name}: {line}")
 
     def configure_optimizers(self) -> dict[str, Any]:
         """`ImageClassifier`'s AdamW and schedule, with the feature projections as one more group."""
