@@ -19,7 +19,8 @@ prediction never loads Lightning.
     captions.py     image-caption tables for contrastive training; clip_text.py: CLIP/SigLIP tokenizers, prompts
     shards.py       an image folder written as streaming shards; stream.py: read back, with mid-epoch resume;
                     seeds.py: the per-sample seeds that make a streamed sample's draws the same in any run
-    unlabelled.py   a folder without labels, for MAE pre-training
+    unlabelled.py   a folder without labels, for MAE pre-training; pool.py: unlabelled images beside a labelled
+                    folder (``unlabelled_root``), a second training loader for distillation and semi-supervision
     tokenizers.py   word, character and BPE tokenizers for the text Transformer; corpus.py: parallel text files;
                     translation.py: its batches and DataModules; synthetic.py: toy translation tasks
 """

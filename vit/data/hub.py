@@ -217,13 +217,14 @@ class HFDataset(LabelsFile):
     def state_dict(self) -> dict[str, Any]:
         """Kept in checkpoints: where the data came from (the model card names it), and when streaming, the
         training position."""
-        state: dict[str, Any] = {"data_source": self.source.provenance()}
+        state: dict[str, Any] = {**super().state_dict(), "data_source": self.source.provenance()}  # (+ the pool's)
         if self.streaming:
             state.update(batches_seen=self.batches_seen, position=self._position)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Streaming: the position to resume at (Lightning restores DataModules before the loop's first epoch)."""
+        super().load_state_dict(state_dict)  # an unlabelled pool's position
         self.batches_seen = int(state_dict.get("batches_seen", 0))
         position = state_dict.get("position")
         self._position = tuple(position) if position is not None else None
