@@ -39,6 +39,7 @@ from vit.data.io import (
     scan_class_folders,
     stratified_split,
 )
+from vit.data.pool import UnlabelledPool
 from vit.data.rows import HF_TABLES, tables_in
 from vit.errors import UserError, UserPathError, UserValueError
 from vit.preprocessing import eval_short_side
@@ -173,7 +174,7 @@ class ImageFiles(Dataset):
         return int(self.failures.sum()), [self.samples[i][0] for i in failed]
 
 
-class ImageFolder(ImageDataModule):
+class ImageFolder(UnlabelledPool, ImageDataModule):
     """Your own images: ``root/<class>/<image>`` split into train/val/test by ``val_fraction`` and
     ``test_fraction`` (stratified, seeded; 80/10/10 by default),
     or ``root/train/<class>/...`` and ``root/val/<class>/...`` (``valid/`` or ``validation/``; without one,
@@ -197,6 +198,9 @@ class ImageFolder(ImageDataModule):
         balanced_sampling: draw training images with weights 1 / (images of their class), so every class
             comes up about equally often (works under DDP: Lightning shards the draws across ranks).
         batch_size: images per batch (per device).
+        unlabelled_root: a folder of unlabelled images (any depth) read beside the labelled ones, for a task
+            that reads them (distillation, semi-supervised): `vit.data.pool`.
+        unlabelled_ratio: pool images per labelled image in a step; None reads the whole pool once an epoch.
     """
 
     def __init__(
@@ -210,9 +214,12 @@ class ImageFolder(ImageDataModule):
         balanced_sampling: bool = False,
         *,
         batch_size: int = 64,
+        unlabelled_root: str | None = None,
+        unlabelled_ratio: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
+        self.init_pool(unlabelled_root, unlabelled_ratio)
         # Values only: the folder is read on first use (`class_names`, `setup`), so a wrong root is a plain
         # error from the command rather than a config-validation failure inside jsonargparse.
         if not 0 < val_fraction < 1 or not 0 <= test_fraction < 1 or val_fraction + test_fraction >= 1:

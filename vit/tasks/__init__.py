@@ -11,7 +11,8 @@ pre-training), and how to reload one.
     optim.py          the optimisation settings, parameter groups, schedule; ema.py: the EMA copy
     finetune.py       which parts train, epoch by epoch: Full, LinearProbe, Partial, Staged, Adapters (LoRA/DoRA)
     compat.py         older spellings of the classifier's arguments, read the new way with a warning
-    distill.py      `DistilledClassifier`: a student and its teacher
+    distill.py      `DistilledClassifier`: a student and its teacher; function_matching.py: `FunctionMatching`, a
+                    student that matches its teacher on labelled and unlabelled images (`vit.data.pool`)
     convnet.py      0.1's `ConvNetClassifier` (deprecated: `backbone: timm`)
     contrastive.py  both towers of a CLIP/SigLIP on image-caption pairs
     pretrain.py     `MaskedAutoencoder`: MAE pre-training
@@ -33,6 +34,7 @@ from vit.tasks.compat import upgraded_hparams
 from vit.tasks.contrastive import ContrastiveTask
 from vit.tasks.convnet import ConvNetClassifier
 from vit.tasks.distill import DistilledClassifier
+from vit.tasks.function_matching import FunctionMatching
 from vit.tasks.heads import ClassificationHead, SingleLabelHead
 from vit.tasks.optim import Optimization
 from vit.tasks.pretrain import MaskedAutoencoder
@@ -70,5 +72,5 @@ def load_task(path: str | os.PathLike, task_class: type[Task], map_location: str
 
 
 __all__ = ["TASKS", "BaseTask", "ClassificationHead", "ContrastiveTask", "ConvNetClassifier", "DistilledClassifier",
-           "ImageClassifier", "MaskedAutoencoder", "Optimization", "SingleLabelHead", "Translator", "VisionTask",
-           "load_task"]
+           "FunctionMatching", "ImageClassifier", "MaskedAutoencoder", "Optimization", "SingleLabelHead", "Translator",
+           "VisionTask", "load_task"]
