@@ -64,3 +64,23 @@ def test_without_a_pool_it_trains_on_the_labels_alone(data, tmp_path):
 def test_a_threshold_outside_0_1_or_a_negative_weight_is_refused(threshold, weight):
     with pytest.raises(UserValueError, match="threshold must be in"):
         FixMatch(model="vit_digits_patch2_8", num_classes=2, threshold=threshold, unlabelled_weight=weight)
+
+
+def test_a_run_killed_in_its_second_epoch_resumes_to_the_uninterrupted_weights_and_temperature(data, tmp_path):
+    """Killed after epoch 1's last.ckpt (in epoch 2), resumed with --ckpt_path last: the same weights and T, bit
+    for bit (the pool's position and T travel in the checkpoint). Mid-epoch, `vit.data.pool` resumes the pool's
+    batches bitwise, but the labelled folder loader restarts its epoch (h66's note), so the boundary is tested."""
+    from vit.commands import main
+
+    pool = (f"--data.init_args.unlabelled_root={data / 'pool'}", "--data.init_args.unlabelled_ratio=2",
+            "--trainer.max_epochs=2", "--num_threads=1")
+    cli(recipe_args(tmp_path / "straight", data, *pool))
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(recipe_args(tmp_path / "resumed", data, *pool, "--trainer.callbacks+=tests.dummies.CrashAtStep",
+                         "--trainer.callbacks.init_args.step=5"))
+    cli(recipe_args(tmp_path / "resumed", data, *pool, "--ckpt_path", "last"))
+    straight, resumed = (torch.load(tmp_path / run / "ckpt" / "last.ckpt", weights_only=True)["state_dict"]
+                         for run in ("straight", "resumed"))
+    assert float(straight["temperature"]) != 1.0
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight), [k for k in straight
+                                                                           if not torch.equal(straight[k], resumed[k])]
