@@ -12,6 +12,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 
 from vit.commands import main
+from vit.commands.select import parse_args
 from vit.data.rows import read_table
 
 MODEL = ["--model", "vit_digits_patch4_16"]  # random weights: the plumbing, not the choice, is tested here
@@ -102,3 +103,11 @@ def test_labels_naming_images_outside_the_pool_are_one_line(tmp_path, capsys):
                     "--labelled", str(labelled), *MODEL], capsys)
     assert err == (f"vit select: error: --labelled {labelled} names 1 image(s) outside the pool (e.g. "
                    f"{other / 'd00.png'}); give the labels file of this pool's images")
+
+
+def test_features_come_from_a_checkpoint_or_a_named_model_not_both_nor_neither(capsys):
+    for features in ([], ["--ckpt", "a.ckpt", "--model", "vit_digits_patch4_16"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--from", "pool", "--budget", "1", "--out", "a.csv", *features])
+        assert "give either --ckpt CKPT or --model NAME" in capsys.readouterr().err
+    assert parse_args(["--from", "pool", "--budget", "1", "--out", "a.csv", *MODEL]).budget == 1

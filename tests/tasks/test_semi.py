@@ -16,7 +16,7 @@ from vit.cli.main import cli
 from vit.deploy import load_classifier
 from vit.deploy.calibration import fit_temperature
 from vit.errors import UserValueError
-from vit.tasks import FixMatch
+from vit.tasks.semi import FixMatch
 
 RECIPE = CONFIGS / "semi_small.yaml"
 SMALL = f"{{depth: 1, embed_dim: {TINY_DIM}, num_heads: 2}}"
