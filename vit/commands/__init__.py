@@ -5,7 +5,7 @@ argparse commands in this package that import no Lightning, so ``vit predict --c
 ``vit --help`` start quickly. One module a command (its logic lives in the package it concerns):
 
     predict.py  calibrate.py  export.py  serve.py  attention.py (with faithfulness.py and text_attention.py, its
-    --faithfulness and --text modes)  zeroshot.py  probe.py  shard.py  audit.py  translate.py  average.py
+    --faithfulness and --text modes)  zeroshot.py  probe.py  shard.py  audit.py  translate.py  average.py  select.py
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "shard": ("vit.commands.shard", "write an image folder as streaming shards: vit shard SRC OUT [--max_side 320]"),
     "audit": ("vit.commands.audit", "check a dataset: leakage, duplicates, label issues, skew: vit audit --config CFG"),
     "translate": ("vit.commands.translate", "translate sentences with a Translator checkpoint"),
+    "select": ("vit.commands.select", "choose which images to label next: vit select --from POOL --budget N --out "
+               "to_label.csv (--model M --pretrained W | --ckpt CKPT)"),
     "average": ("vit.commands.average", "average classifier checkpoints' weights (WiSE-FT, soups): vit average "
                 "--ckpt A --ckpt B --alpha 0.5 --out C"),
 }

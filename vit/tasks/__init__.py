@@ -13,6 +13,7 @@ pre-training), and how to reload one.
     compat.py         older spellings of the classifier's arguments, read the new way with a warning
     distill.py      `DistilledClassifier`: a student and its teacher; function_matching.py: `FunctionMatching`, a
                     student that matches its teacher on labelled and unlabelled images (`vit.data.pool`)
+    semi.py         `FixMatch`: semi-supervised on the pool, confidence from calibrated probabilities (semi_losses.py)
     convnet.py      0.1's `ConvNetClassifier` (deprecated: `backbone: timm`)
     contrastive.py  both towers of a CLIP/SigLIP on image-caption pairs
     pretrain.py     `MaskedAutoencoder`: MAE pre-training
@@ -38,6 +39,7 @@ from vit.tasks.function_matching import FunctionMatching
 from vit.tasks.heads import ClassificationHead, SingleLabelHead
 from vit.tasks.optim import Optimization
 from vit.tasks.pretrain import MaskedAutoencoder
+from vit.tasks.semi import FixMatch
 from vit.tasks.translate import Translator
 
 # checkpoint["vit"]["task"] -> the class that writes it: the checkpoints' registry (`TASK_CLASSES`), imported
@@ -72,5 +74,5 @@ def load_task(path: str | os.PathLike, task_class: type[Task], map_location: str
 
 
 __all__ = ["TASKS", "BaseTask", "ClassificationHead", "ContrastiveTask", "ConvNetClassifier", "DistilledClassifier",
-           "FunctionMatching", "ImageClassifier", "MaskedAutoencoder", "Optimization", "SingleLabelHead", "Translator",
-           "VisionTask", "load_task"]
+           "FixMatch", "FunctionMatching", "ImageClassifier", "MaskedAutoencoder", "Optimization", "SingleLabelHead",
+           "Translator", "VisionTask", "load_task"]

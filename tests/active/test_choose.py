@@ -1,0 +1,105 @@
+"""`vit.active.choose`: TypiClust's typical point of each planted cluster, duplicates and labelled clusters skipped,
+and a later round's uncertain batch spread over its confusions; expected values from plain numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vit.active.choose import margins, typical_diverse, typicality, uncertain_diverse
+
+
+def planted(sizes=(40, 30, 20, 12), seed=0) -> tuple[np.ndarray, np.ndarray]:
+    """Well-separated clusters on the unit sphere's neighbourhood (directions far apart), and their members."""
+    rng = np.random.default_rng(seed)
+    centres = np.eye(8)[: len(sizes)] * 10
+    x = np.concatenate([c + rng.normal(scale=0.6, size=(n, 8)) for c, n in zip(centres, sizes)])
+    return x, np.repeat(np.arange(len(sizes)), sizes)
+
+
+def numpy_typical(x: np.ndarray, members: np.ndarray, k: int = 20, allowed: np.ndarray | None = None) -> int:
+    """The member of highest 1 / mean distance to its k nearest other members, by brute force on unit rows."""
+    u = x / np.linalg.norm(x, axis=1, keepdims=True)
+    sub = u[members]
+    d = np.sqrt(((sub[:, None, :] - sub[None, :, :]) ** 2).sum(-1))
+    kk = min(k, len(members) - 1)
+    score = 1 / np.sort(d, axis=1)[:, 1:kk + 1].mean(1)
+    if allowed is not None:
+        score[~allowed[members]] = -np.inf
+    return int(members[np.argmax(score)])
+
+
+def test_typicality_equals_the_inverse_mean_distance_to_the_k_nearest():
+    x = np.random.default_rng(1).normal(size=(25, 3))
+    d = np.sqrt(((x[:, None] - x[None]) ** 2).sum(-1))
+    expected = 1 / np.sort(d, axis=1)[:, 1:6].mean(1)
+    np.testing.assert_allclose(typicality(x, 5), expected, rtol=1e-10)
+
+
+def test_the_cold_start_picks_the_most_typical_image_of_every_planted_cluster():
+    x, cluster = planted()
+    picks = typical_diverse(x, 4, seed=0)
+    expected = {numpy_typical(x, np.flatnonzero(cluster == c)) for c in range(4)}
+    assert {p.index for p in picks} == expected
+    assert [cluster[p.index] for p in picks] == [0, 1, 2, 3]  # the largest cluster first
+    assert all(p.reason.startswith("typical") for p in picks)
+
+
+def test_an_excluded_duplicate_is_never_picked_its_clusters_next_most_typical_is():
+    x, cluster = planted()
+    first = typical_diverse(x, 4, seed=0)
+    excluded = np.zeros(len(x), bool)
+    excluded[first[1].index] = True  # the typical image of cluster 1 is a near-duplicate of one kept elsewhere
+    picks = typical_diverse(x, 4, excluded=excluded, seed=0)
+    assert first[1].index not in {p.index for p in picks}
+    assert picks[1].index == numpy_typical(x, np.flatnonzero(cluster == 1), allowed=~excluded)
+    assert cluster[picks[1].index] == 1
+
+
+def test_a_cluster_with_a_label_already_gets_no_more():
+    x, cluster = planted()
+    labelled = np.zeros(len(x), bool)
+    labelled[np.flatnonzero(cluster == 0)[:1]] = True
+    picks = typical_diverse(x, 3, labelled=labelled, seed=0)
+    assert sorted(cluster[p.index] for p in picks) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("budget", [5, 6])
+def test_more_picks_than_clusters_fill_from_the_densest_and_never_exceed_the_free_images(budget):
+    x = np.random.default_rng(2).normal(size=(6, 4))
+    excluded = np.zeros(6, bool)
+    excluded[0] = True
+    picks = typical_diverse(x, budget, excluded=excluded)
+    assert len(picks) == 5 and 0 not in {p.index for p in picks}  # 5 free images: a budget of 6 gets 5
+    assert len({p.index for p in picks}) == 5
+
+
+def test_margins_are_the_top_probability_less_the_second():
+    p = np.array([[0.7, 0.2, 0.1], [0.4, 0.45, 0.15], [1 / 3, 1 / 3, 1 / 3]])
+    np.testing.assert_allclose(margins(p), [0.5, 0.05, 0.0], atol=1e-12)
+
+
+def test_a_later_round_spreads_its_uncertain_picks_over_separate_confusions():
+    x, cluster = planted(sizes=(8, 40))  # the 20 candidates: cluster 0's 8 and cluster 1's 12 least sure
+    rng = np.random.default_rng(3)
+    top = np.where(cluster == 0, rng.uniform(0.5, 0.52, len(x)), rng.uniform(0.53, 0.56, len(x)))  # 0: least sure
+    p = np.stack([top, 1 - top], 1)
+    labelled = np.zeros(len(x), bool)
+    picks = uncertain_diverse(x, p, 2, labelled=labelled, class_names=["cat", "dog"])
+    assert sorted(cluster[q.index] for q in picks) == [0, 1]  # not the two least sure, both of cluster 0
+    m = np.abs(2 * top - 1)
+    for q in picks:  # each the least sure of its cluster
+        in_cluster = np.flatnonzero(cluster == cluster[q.index])
+        assert q.index == in_cluster[np.argmin(m[in_cluster])]
+        assert "margin" in q.reason and "cat" in q.reason and "dog" in q.reason
+    plain = np.argsort(m)[:2]
+    assert set(cluster[plain]) == {0}  # what margin alone would ask for
+
+
+def test_a_later_round_never_picks_a_labelled_or_excluded_image():
+    x, _ = planted(sizes=(10, 10))
+    p = np.full((20, 2), 0.5)
+    labelled, excluded = np.zeros(20, bool), np.zeros(20, bool)
+    labelled[:8], excluded[8:12] = True, True
+    picks = uncertain_diverse(x, p, 20, labelled=labelled, excluded=excluded)
+    assert sorted(q.index for q in picks) == list(range(12, 20))
