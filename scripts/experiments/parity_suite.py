@@ -133,12 +133,14 @@ def kind_table(kind: str, results: dict[str, dict[str, list[dict[str, Any]]]], a
     for name, arms in results.items():
         if not {arm, "loop"} <= set(arms):
             continue
+        counts = (len(arms["loop"]), len(arms[arm]))
+        seeds = "" if counts == (3, 3) else f" (seeds: loop {counts[0]}, recipe {counts[1]})"
         rec, loop = ([r["acc"] for r in arms[a]] for a in (arm, "loop"))
         (r, se_r), (lo, se_l) = stats(rec), stats(loop)
         floor = arms.get("logreg", [{}])[0].get("acc")
         over = f"{100 * (r - floor - 0.03):+.1f}" if floor is not None else ""
         secs = " / ".join(f"{statistics.fmean(x['seconds'] for x in arms[a]):.0f}" for a in ("loop", arm))
-        lines.append(f"| {name} | {lo:.3f} ± {se_l:.3f} | {r:.3f} ± {se_r:.3f} | {100 * (r - lo):+.1f} | "
+        lines.append(f"| {name}{seeds} | {lo:.3f} ± {se_l:.3f} | {r:.3f} ± {se_r:.3f} | {100 * (r - lo):+.1f} | "
                      f"{verdict(rec, loop)} | {'' if floor is None else f'{floor:.3f}'} | {over} | {secs} |")
     return "\n".join(lines)
 
@@ -167,6 +169,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--variant", default=None, help="run the recipe with --recipe_args as arm recipe@VARIANT")
     parser.add_argument("--recipe_args", default="")
     parser.add_argument("--lock", default=None, help="a file to flock around each run (a shared machine)")
+    parser.add_argument("--cached", action="store_true", help="train nothing: tables of the cached runs only")
     parser.add_argument("--docs", action="store_true", help="write the tables into docs/ (between the markers)")
     parser.add_argument("--_loop", nargs=4, help=argparse.SUPPRESS)  # internal: KIND FOLDER SEED EPOCHS
     opts = parser.parse_args(argv)
@@ -188,6 +191,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 seeds = [0] if arm == "logreg" else range(opts.seeds)
                 for seed in seeds:
                     cache = opts.out / "results" / kind / name / f"{arm}-{seed}.json"
+                    if not cache.exists() and opts.cached:
+                        continue
                     if not cache.exists():
                         cache.parent.mkdir(parents=True, exist_ok=True)
                         cache.write_text(json.dumps(run_one(kind, arm, folder, seed, opts)))
