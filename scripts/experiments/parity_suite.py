@@ -140,7 +140,9 @@ def kind_table(kind: str, results: dict[str, dict[str, list[dict[str, Any]]]], a
         floor = arms.get("logreg", [{}])[0].get("acc")
         over = f"{100 * (r - floor - 0.03):+.1f}" if floor is not None else ""
         secs = " / ".join(f"{statistics.fmean(x['seconds'] for x in arms[a]):.0f}" for a in ("loop", arm))
-        lines.append(f"| {name}{seeds} | {lo:.3f} ± {se_l:.3f} | {r:.3f} ± {se_r:.3f} | {100 * (r - lo):+.1f} | "
+        lo_text, r_text = (f"{m:.3f}" + (f" ± {se:.3f}" if n > 1 else "") for m, se, n in
+                           ((lo, se_l, counts[0]), (r, se_r, counts[1])))
+        lines.append(f"| {name}{seeds} | {lo_text} | {r_text} | {100 * (r - lo):+.1f} | "
                      f"{verdict(rec, loop)} | {'' if floor is None else f'{floor:.3f}'} | {over} | {secs} |")
     return "\n".join(lines)
 
@@ -190,7 +192,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for arm in arms:
                 seeds = [0] if arm == "logreg" else range(opts.seeds)
                 for seed in seeds:
-                    cache = opts.out / "results" / kind / name / f"{arm}-{seed}.json"
+                    shared = "scratch" if arm == "logreg" and kind == "finetune" else kind  # the same pixels
+                    cache = opts.out / "results" / shared / name / f"{arm}-{seed}.json"
                     if not cache.exists() and opts.cached:
                         continue
                     if not cache.exists():

@@ -27,6 +27,9 @@ def test_the_verdict_counts_a_gap_within_one_standard_error_as_a_tie_and_beyond_
     wide = [0.74, 0.80, 0.86]  # the same mean, a wider spread: the gap is within one standard error
     assert math.hypot(standard_error(loop), standard_error(wide)) >= 0.02
     assert suite.verdict(wide, loop) == "tie (within 1 SE)"
+    tight = [0.779, 0.780, 0.781]  # 2 points behind a wide loop: the loop's error counts too
+    assert standard_error(tight) < 0.02 <= math.hypot(standard_error(wide), standard_error(tight))
+    assert suite.verdict(tight, wide) == "tie (within 1 SE)"
     assert suite.verdict([0.81, 0.83, 0.85], loop) == "ahead"
     assert suite.verdict(loop, loop) == "tie (within 1 SE)"  # equal means: not ahead, and no gap
 
