@@ -6,10 +6,11 @@ small-folder recipe and classic classifiers on the raw pixels, over a few seeds.
 
 A folder is ``train/ val/ test/`` of class folders (all arms read the very same files). The arms:
 
-    loop     the reference: timm's VisionTransformer (dim 96, depth 4, 4 heads, patch 8, 32 px, drop path
-             0.1) in 25 plain lines of torchvision + PyTorch (`plain_loop`): Resize -> RandomResizedCrop
-             (scale 0.7-1) -> flip -> normalise at 0.5; AdamW lr 1e-3, wd 0.05 on every parameter;
-             OneCycleLR (10% warm-up); label smoothing 0.1; batch 64; 30 epochs; final weights tested.
+    loop     the reference: timm's VisionTransformer (dim 96, depth 4, 4 heads, drop path 0.1; 32 px in patches
+             of 8, larger images at their own side: `parity_kinds.loop_arch`) in 25 plain lines of torchvision
+             + PyTorch (`plain_loop`): Resize -> RandomResizedCrop (scale 0.7-1) -> flip (unless hflip is off)
+             -> normalise at 0.5; AdamW lr 1e-3, wd 0.05 on every parameter; OneCycleLR (10% warm-up); label
+             smoothing 0.1; batch 64; 30 epochs; final weights tested.
     parity   `vit fit` set up like the loop (`parity_config`): same model, data, optimiser, OneCycle schedule
              (`schedule: onecycle`) and epochs; final weights tested. What still differs is vit's own: no weight
              decay on biases, norms and embeddings (as timm's train.py), and a last batch under half a batch dropped.
@@ -45,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import yaml
+from parity_kinds import loop_arch, native_side
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "scratch_small.yaml"
@@ -54,11 +56,10 @@ LOGREG_C = (0.001, 0.01, 0.1, 1.0)
 SVM_C = (1.0, 10.0, 100.0)
 SVM_GAMMA = (0.25, 0.5, 1.0, 2.0, 4.0)  # times scikit-learn's "scale": 1 / (features x pixel variance)
 NEIGHBOURS = (1, 3, 5, 7)
-ARCH = dict(img_size=32, patch_size=8, embed_dim=96, depth=4, num_heads=4, drop_path_rate=0.1)
 LR, WEIGHT_DECAY, WARMUP, SMOOTHING, BATCH, EPOCHS, SCALE = 1e-3, 0.05, 0.1, 0.1, 64, 30, (0.7, 1.0)
 
 
-def plain_loop(folder: Path, seed: int, epochs: int, workers: int) -> dict[str, Any]:
+def plain_loop(folder: Path, seed: int, epochs: int, workers: int, hflip: bool = True) -> dict[str, Any]:
     """The reference: the loop anyone would write with timm and torchvision. Returns test top-1 and steps."""
     import torch
     import torchvision.transforms as T
@@ -68,14 +69,15 @@ def plain_loop(folder: Path, seed: int, epochs: int, workers: int) -> dict[str, 
 
     torch.manual_seed(seed)
     normalize = T.Normalize([0.5] * 3, [0.5] * 3)
-    size = ARCH["img_size"]
-    train_tf = T.Compose([T.Resize((size, size)), T.RandomResizedCrop(size, scale=SCALE), T.RandomHorizontalFlip(),
-                          T.ToTensor(), normalize])
+    arch = loop_arch(native_side(folder))
+    size = arch["img_size"]
+    train_tf = T.Compose([T.Resize((size, size)), T.RandomResizedCrop(size, scale=SCALE),
+                          *([T.RandomHorizontalFlip()] if hflip else []), T.ToTensor(), normalize])
     test_tf = T.Compose([T.Resize((size, size)), T.ToTensor(), normalize])
     train_set = ImageFolder(folder / "train", train_tf)
     train = DataLoader(train_set, batch_size=BATCH, shuffle=True, num_workers=workers, persistent_workers=workers > 0)
     test = DataLoader(ImageFolder(folder / "test", test_tf), batch_size=256, num_workers=workers)
-    model = VisionTransformer(num_classes=len(train_set.classes), **ARCH)
+    model = VisionTransformer(num_classes=len(train_set.classes), **arch)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, LR, total_steps=epochs * len(train), pct_start=WARMUP)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=SMOOTHING)
@@ -95,7 +97,8 @@ def plain_loop(folder: Path, seed: int, epochs: int, workers: int) -> dict[str, 
 
 def parity_config(folder: Path, seed: int, epochs: int, workers: int, threads: int) -> dict[str, Any]:
     """A `vit fit` config with the loop's model, data, optimiser, schedule and epochs; final weights tested."""
-    model_kwargs = {k: v for k, v in ARCH.items() if k != "img_size"}  # img_size comes from the data
+    arch = loop_arch(native_side(folder))
+    model_kwargs = {k: v for k, v in arch.items() if k != "img_size"}  # img_size comes from the data
     return {
         "seed_everything": seed, "test_after_fit": True, "num_threads": threads,
         "trainer": {"accelerator": "cpu", "devices": 1, "precision": "32-true", "max_epochs": epochs,
@@ -106,18 +109,18 @@ def parity_config(folder: Path, seed: int, epochs: int, workers: int, threads: i
                 "label_smoothing": SMOOTHING}}, "optim": {"lr": LR, "weight_decay": WEIGHT_DECAY,
                                                            "warmup_epochs": WARMUP * epochs, "schedule": "onecycle"}}},
         "data": {"class_path": "vit.data.ImageFolder", "init_args": {
-            "root": str(folder), "img_size": ARCH["img_size"], "batch_size": BATCH, "num_workers": workers,
+            "root": str(folder), "img_size": arch["img_size"], "batch_size": BATCH, "num_workers": workers,
             "mean": [0.5] * 3, "std": [0.5] * 3, "auto_augment": None, "re_prob": 0.0, "color_jitter": 0.0,
             "hflip": 0.5, "scale": list(SCALE), "crop_pct": 1.0, "interpolation": "bilinear"}},
     }
 
 
-def run_vit_fit(args: list[str], workdir: Path) -> dict[str, Any]:
-    """`vit fit ARGS` in its own process and folder: test top-1 (from its report) and steps trained."""
+def run_vit_fit(args: list[str], workdir: Path, metric: str = "test_acc") -> dict[str, Any]:
+    """`vit fit ARGS` in its own process and folder: the test ``metric`` (from its report) and steps trained."""
     done = subprocess.run([sys.executable, "-m", "vit", "fit", *args], cwd=workdir, capture_output=True, text=True)
     # The report's line names the monitored metric ("test accuracy of", "test loss of" with checkpoint.monitor
     # val_loss); the test table always has test_acc.
-    match = re.search(r"^\W*test_acc\W+([0-9.]+)", done.stdout, re.MULTILINE)
+    match = re.search(rf"^\W*{metric}\W+([0-9.]+)", done.stdout, re.MULTILINE)
     if done.returncode or not match:
         raise RuntimeError(f"vit fit {' '.join(args)} failed (exit {done.returncode}):\n{done.stdout[-3000:]}"
                            f"\n{done.stderr[-3000:]}")

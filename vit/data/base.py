@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -42,7 +42,8 @@ class ImageDataModule(LightningDataModule):
     Args:
         batch_size: images per batch (per device).
         num_workers: DataLoader worker processes.
-        img_size: side of the square images the model sees (224).
+        img_size: side of the square images the model sees (224); "auto" (folders and labels files): the
+            images' own typical side within 32-64 (`vit.data.sizing`), for the small from-scratch recipes.
         mean: normalisation mean per channel (ImageNet's).
         std: normalisation standard deviation per channel (ImageNet's).
             (These two, ``img_size``, ``crop_pct`` and ``interpolation``: None is "the pretrained weights' own":
@@ -59,13 +60,14 @@ class ImageDataModule(LightningDataModule):
     """
 
     in_chans = 3
+    sizes_from_images = False  # whether img_size "auto" is resolved from the files (ImageFolder and LabelsFile)
 
     def __init__(
         self,
         *,
         batch_size: int = 128,
         num_workers: int = 4,
-        img_size: int | None = None,
+        img_size: int | Literal["auto"] | None = None,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         auto_augment: str | None = "rand-m9-mstd0.5-inc1",
@@ -79,6 +81,9 @@ class ImageDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         img_size = 224 if img_size is None else img_size
+        if img_size == "auto" and not self.sizes_from_images:
+            raise UserValueError(f"img_size: auto reads the images' sides, which {type(self).__name__} does not: "
+                                 "give a number of pixels")
         mean, std = default_normalisation(self.in_chans, mean, std)  # one owner of the defaults
         crop_pct = 0.875 if crop_pct is None else crop_pct
         interpolation = interpolation or "bicubic"

@@ -41,6 +41,7 @@ from vit.data.io import (
 )
 from vit.data.pool import UnlabelledPool
 from vit.data.rows import HF_TABLES, tables_in
+from vit.data.sizing import SAMPLE, auto_img_size, short_sides
 from vit.errors import UserError, UserPathError, UserValueError
 from vit.preprocessing import eval_short_side
 
@@ -232,6 +233,21 @@ class ImageFolder(UnlabelledPool, ImageDataModule):
         self.skip_bad_images, self.max_bad_fraction, self.check_images = skip_bad_images, max_bad_fraction, check_images
         self.balanced_sampling = balanced_sampling
         self._split_folders: bool | None = None
+
+    sizes_from_images = True
+
+    @property
+    def img_size(self) -> int:
+        """The side the model sees; "auto" is read from the training images on first use (`vit.data.sizing`)."""
+        if self._img_size == "auto":
+            train = self.splits()["train"]
+            self._img_size = auto_img_size(short_sides([path for path, _ in train[::max(1, len(train) // SAMPLE)]]))
+            rank_zero_info(f"img_size auto: {self._img_size} (the training images' typical side, within 32-64)")
+        return self._img_size
+
+    @img_size.setter
+    def img_size(self, value: int | str) -> None:
+        self._img_size = value
 
     @property
     def class_names(self) -> list[str]:

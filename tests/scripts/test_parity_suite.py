@@ -1,0 +1,87 @@
+"""scripts/experiments/parity_suite.py and its sets and loops: the verdict's tie rule on both sides, the docs' tables
+replaced between their markers only, the composites' labels matching their cells, the texture splits sharing no
+pixel, and the loops' patch sizes. (The figures live in docs/small-folders.md and docs/multilabel.md.)"""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests import load_script
+
+
+def standard_error(values: list[float]) -> float:
+    return float(np.std(values, ddof=1) / math.sqrt(len(values)))
+
+
+def test_the_verdict_counts_a_gap_within_one_standard_error_as_a_tie_and_beyond_it_as_behind():
+    suite = load_script("parity_suite")
+    loop = [0.80, 0.82, 0.84]
+    recipe = [0.78, 0.80, 0.82]  # 2 points behind
+    se = math.hypot(standard_error(loop), standard_error(recipe))  # 0.0163: the gap is beyond it
+    assert se < 0.02 and suite.verdict(recipe, loop) == "behind"
+    wide = [0.74, 0.80, 0.86]  # the same mean, a wider spread: the gap is within one standard error
+    assert math.hypot(standard_error(loop), standard_error(wide)) >= 0.02
+    assert suite.verdict(wide, loop) == "tie (within 1 SE)"
+    tight = [0.779, 0.780, 0.781]  # 2 points behind a wide loop: the loop's error counts too
+    assert standard_error(tight) < 0.02 <= math.hypot(standard_error(wide), standard_error(tight))
+    assert suite.verdict(tight, wide) == "tie (within 1 SE)"
+    assert suite.verdict([0.81, 0.83, 0.85], loop) == "ahead"
+    assert suite.verdict(loop, loop) == "tie (within 1 SE)"  # equal means: not ahead, and no gap
+
+
+def test_the_table_reports_means_gaps_and_the_pixel_floor():
+    suite = load_script("parity_suite")
+    runs = {"set": {"loop": [{"acc": a, "seconds": 10} for a in (0.80, 0.82, 0.84)],
+                    "recipe": [{"acc": a, "seconds": 20} for a in (0.85, 0.86, 0.87)],
+                    "logreg": [{"acc": 0.70, "seconds": 1}]}}
+    row = suite.kind_table("scratch", runs).splitlines()[2].split("|")
+    assert row[2].strip() == f"0.820 ± {standard_error([0.80, 0.82, 0.84]):.3f}"
+    assert row[4].strip() == "+4.0" and row[5].strip() == "ahead"
+    assert row[7].strip() == "+13.0" and row[8].strip() == "10 / 20"  # 0.86 - (0.70 + 0.03)
+
+
+def test_write_docs_replaces_only_the_block_of_each_kind(tmp_path):
+    suite = load_script("parity_suite")
+    doc = tmp_path / "doc.md"
+    doc.write_text("before\n<!-- parity-suite:multi -->\nold\n<!-- /parity-suite -->\nmiddle\n"
+                   "<!-- parity-suite:scratch -->\nkept\n<!-- /parity-suite -->\nafter\n")
+    suite.write_docs({"multi": "| new |"}, (doc,))
+    assert doc.read_text() == ("before\n<!-- parity-suite:multi -->\n| new |\n<!-- /parity-suite -->\nmiddle\n"
+                               "<!-- parity-suite:scratch -->\nkept\n<!-- /parity-suite -->\nafter\n")
+
+
+def test_photo_composites_hold_an_item_in_as_many_cells_as_they_have_labels(tmp_path):
+    sets = load_script("parity_sets")
+    root = sets.composites(tmp_path, "photo", 3, {"train": 6, "val": 2, "test": 2})
+    rows = list(csv.DictReader((root / "metadata.csv").open()))
+    assert [r["split"] for r in rows] == ["train"] * 6 + ["val"] * 2 + ["test"] * 2
+    for r in rows:
+        pixels = np.asarray(Image.open(root / r["file_name"]))
+        assert pixels.shape == (84, 84, 3)
+        cells = pixels.reshape(3, 28, 3, 28, 3).transpose(0, 2, 1, 3, 4).reshape(9, -1)
+        filled = int((cells.max(axis=1) > 0).sum())
+        assert 1 <= filled == len(r["labels"].split(";")) <= 3
+
+
+def test_texture_tiles_of_train_val_and_test_share_no_pixel(tmp_path, monkeypatch):
+    sets = load_script("parity_sets")
+    side = sets.SIDE
+    columns_photo = np.tile(np.arange(side, dtype=np.uint8), (side, 1))  # a pixel's value: its column
+    monkeypatch.setattr(sets, "square_gray", lambda name: columns_photo)
+    sets.texture_tiles(tmp_path, ("a",), 64, 8, sets.TEX64_BANDS)
+    columns = {s: {int(v) for p in (tmp_path / s / "a").glob("*.png") for v in np.asarray(Image.open(p)).ravel()}
+               for s in ("train", "val", "test")}
+    assert all(columns.values())
+    assert not columns["train"] & columns["val"] and not columns["val"] & columns["test"]
+    assert not columns["train"] & columns["test"]
+
+
+@pytest.mark.parametrize(("side", "img", "patch"), [(8, 32, 8), (28, 32, 8), (40, 40, 8), (56, 56, 8), (84, 84, 12)])
+def test_the_loops_see_the_images_own_side_in_patches_of_8_or_the_next_divisor(side, img, patch):
+    arch = load_script("parity_kinds").loop_arch(side)
+    assert (arch["img_size"], arch["patch_size"]) == (img, patch) and img % patch == 0
