@@ -169,7 +169,7 @@ def test_a_jpeg_that_fails_only_when_decoded_names_the_options_and_vit_audit(pho
 
 
 def test_on_a_small_folder_one_undecodable_file_is_tolerated_and_two_are_named(tmp_path):
-    from vit.data.folder import ImageFiles
+    from vit.data.files import ImageFiles
 
     good = [(str(tmp_path / f"{i}.png"), 0) for i in range(18)]
     for path, _ in good:

@@ -80,7 +80,7 @@ def test_content_hash_is_the_decoded_pixels():
 def test_a_phones_tagged_original_and_its_upright_export_are_the_same_picture(tmp_path):
     """A portrait photo stored on its side with EXIF orientation 6, and the copy an editor exported upright (no
     tag): training sees one picture, so the audit's exact-copy hash must too, or a train/test leak goes unseen."""
-    from vit.data.folder import ImageFiles
+    from vit.data.files import ImageFiles
 
     pixels = np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8)
     exif = Image.Exif()

@@ -104,7 +104,7 @@ def test_no_test_reason_sees_the_val_images_under_another_name():
     from types import SimpleNamespace as Data
 
     from vit.data.cifar import TransformedSubset
-    from vit.data.folder import ImageFiles
+    from vit.data.files import ImageFiles
 
     files = [(f"{i}.png", i % 2) for i in range(6)]
     val = ImageFiles(files[:4])

@@ -8,8 +8,8 @@ import os
 import numpy as np
 from PIL import Image
 
+from vit.data.files import ImageFiles
 from vit.data.fingerprint import files_fingerprint, fingerprint
-from vit.data.folder import ImageFiles
 
 
 def test_file_fingerprint_follows_paths_labels_and_modification(tmp_path):

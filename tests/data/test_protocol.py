@@ -11,7 +11,7 @@ from torch.utils.data import Dataset, TensorDataset
 from vit.data.base import ImageDataModule
 from vit.data.cifar import TransformedSubset
 from vit.data.digits import Digits
-from vit.data.folder import ImageFiles
+from vit.data.files import ImageFiles
 from vit.data.protocol import (
     CountsReplacements,
     EvaluationSplits,

@@ -7,7 +7,9 @@ prediction never loads Lightning.
     io.py           image files: reading any mode as RGB, scanning class folders, header checks, splits
     transforms.py   timm's training augmentation and evaluation crop; fast.py: its cheaper uint8 CPU side
     protocol.py     what a dataset offers (the Protocols the DataModules' splits follow); fingerprint.py: its hash
-    base.py         what every image DataModule shares: the options linked into the model, and the loaders
+    base.py         what every image DataModule shares: the options linked into the model, and the loaders;
+                    sizing.py: img_size auto, the side read from the training images
+    files.py        a dataset of image files (decoded, bad ones named or replaced), the header check across ranks
     folder.py       class folders (and ImageNet's layout); cifar.py, digits.py: the bundled formats;
                     balance.py: a training split's class counts, the imbalance warning, balanced sampling
     rows.py         a labels table's rows (CSV, TSV, JSONL) read without Lightning; table.py: its DataModule;

@@ -12,28 +12,21 @@ import logging
 import os
 import time
 import unicodedata
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
-from PIL import Image, ImageOps
 from torch.utils.data import Dataset, Sampler
 
 from vit.data.balance import balanced_sampler, report_class_counts
 from vit.data.base import ImageDataModule, no_test_reason
-from vit.data.fast import FastTrainTransform
-from vit.data.fingerprint import files_fingerprint
+from vit.data.files import ImageFiles, check_headers
 from vit.data.io import (
-    check_image_files,
     class_folders,
     describe_bad_files,
-    exif_orientation,
     has_split_folders,
-    load_image,
-    open_image,
     require_folder,
     require_two_classes,
     scan_class_folders,
@@ -42,7 +35,7 @@ from vit.data.io import (
 from vit.data.pool import UnlabelledPool
 from vit.data.rows import HF_TABLES, tables_in
 from vit.data.sizing import SAMPLE, auto_img_size, short_sides
-from vit.errors import UserError, UserPathError, UserValueError
+from vit.errors import UserPathError, UserValueError
 from vit.preprocessing import eval_short_side
 
 log = logging.getLogger(__name__)
@@ -55,124 +48,6 @@ VAL_FOLDERS = ("val", "valid", "validation")
 def nfc(name: str) -> str:
     """``name`` in Unicode's composed form (NFC): macOS's HFS+ and zips made there store names decomposed."""
     return unicodedata.normalize("NFC", name)
-
-
-class UndecodableImageError(UserError, OSError):
-    """An image whose header is fine but whose pixel data cannot be decoded (found while loading)."""
-
-
-class ImageFiles(Dataset):
-    """(path, label) samples decoded to RGB and transformed. The training transform (`FastTrainTransform`) gets
-    each file opened but not decoded and decodes it itself: a JPEG much larger than its crop at a fraction of
-    its size.
-
-    A file that fails to decode raises an error naming it; with ``replace_bad`` it is replaced by the next decodable
-    image of its class instead. Failures are counted per file in shared memory, so the counts of all DataLoader
-    workers add up; once more than ``max_bad_fraction`` of the files have failed, loading stops with an error.
-    """
-
-    def __init__(
-        self, samples: Sequence[tuple[str, int]], transform: Callable | None = None, *,
-        replace_bad: bool = False, max_bad_fraction: float = 0.01, short_side: int | None = None,
-    ) -> None:
-        self.samples = list(samples)
-        self.transform = transform
-        self.short_side = short_side  # the evaluation transform's resize: a large JPEG decodes at that scale
-        self.replace_bad = replace_bad
-        self.max_bad_fraction = max_bad_fraction
-        self.failures = torch.zeros(len(self.samples), dtype=torch.int32).share_memory_()  # per file
-        self.same_class: dict[int, list[int]] = defaultdict(list)
-        for index, (_, label) in enumerate(self.samples):
-            self.same_class[self.group(label)].append(index)
-
-    def group(self, label: Any) -> Any:
-        """Which images may stand in for an undecodable one of ``label``: those of its class."""
-        return label
-
-    def source(self, path: Any) -> Any:
-        """What a sample's path opens as: the file (`vit.data.hub` gives an Arrow row's bytes)."""
-        return path
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def tolerated(self) -> int:
-        """How many undecodable files ``replace_bad`` replaces before it stops: ``max_bad_fraction`` of them,
-        and at least one (on a small folder, one bad file is already over 1%)."""
-        return max(1, int(self.max_bad_fraction * len(self.samples)))
-
-    @property
-    def labels(self) -> list[int]:
-        """The label of every sample, without decoding any image."""
-        return [label for _, label in self.samples]
-
-    def __getitem__(self, index: int) -> tuple[Any, int]:
-        path, label = self.samples[index]
-        try:
-            if isinstance(self.transform, FastTrainTransform):  # it decodes: a big JPEG at a fraction of its size
-                with open_image(self.source(path)) as img:
-                    return self.transform(img), label
-            img = load_image(self.source(path), short_side=self.short_side)
-        except OSError as e:
-            if not self.replace_bad:
-                raise UndecodableImageError(
-                    f"{e}; set data.skip_bad_images: true to train on with another image of its class in its place "
-                    f"(up to {self.tolerated()} of these {len(self)} files, data.max_bad_fraction="
-                    f"{self.max_bad_fraction:g}).\nIts header is fine: only decoding finds this. `vit audit` with "
-                    "the same --config and --data.init_args.root lists every such file."
-                ) from e
-            img, label = self._replacement(index)
-        return (self.transform(img) if self.transform else img), label
-
-    def _replacement(self, index: int) -> tuple[Any, Any]:
-        """The next decodable image of ``index``'s class, and its label; counts every file that failed."""
-        self.failures[index] += 1
-        bad_files = int((self.failures > 0).sum())
-        if bad_files > self.tolerated():
-            files = [self.samples[i][0] for i in self.failures.nonzero().flatten().tolist()]
-            raise UndecodableImageError(
-                f"{bad_files} of {len(self.samples)} images could not be decoded, more than "
-                f"max_bad_fraction={self.max_bad_fraction:g} tolerates here ({self.tolerated()} of {len(self)}); "
-                f"first: {', '.join(files[:5])}\n`vit audit` with the same --config and --data.init_args.root "
-                "lists every file that fails to decode: remove or fix them, or raise data.max_bad_fraction."
-            )
-        group = self.same_class[self.group(self.samples[index][1])]
-        start = group.index(index)
-        for other in group[start + 1:] + group[:start]:
-            if not self.failures[other]:
-                try:
-                    return load_image(self.source(self.samples[other][0]), short_side=self.short_side), \
-                        self.samples[other][1]
-                except OSError:
-                    self.failures[other] += 1
-        raise UndecodableImageError(f"no image of the class of {self.samples[index][0]} can be decoded; `vit audit` "
-                                    "with the same --config and --data.init_args.root lists the files that fail")
-
-    def fingerprint(self) -> str:
-        """A hash of the files (paths, labels, sizes, modification times) and the transform."""
-        return files_fingerprint(type(self).__name__, self.transform, self.samples)
-
-    def item_name(self, index: int) -> str:
-        """The file of item ``index``."""
-        return self.samples[index][0]
-
-    def raw_image(self, index: int) -> Image.Image:
-        """Item ``index`` decoded in its own mode, untransformed, ``.format`` set: as stored, but turned as its EXIF
-        orientation says, as training sees it (`vit audit` then finds a phone's tagged original beside its upright
-        export)."""
-        with Image.open(self.source(self.samples[index][0])) as img:
-            turned = exif_orientation(img) != 1
-            img.load()
-        if not turned:
-            return img
-        shown = ImageOps.exif_transpose(img)
-        shown.format = img.format
-        return shown
-
-    def replacements(self) -> tuple[int, list[str]]:
-        """How many times an image was replaced so far (all workers together), and the files that failed."""
-        failed = self.failures.nonzero().flatten().tolist()
-        return int(self.failures.sum()), [self.samples[i][0] for i in failed]
 
 
 class ImageFolder(UnlabelledPool, ImageDataModule):
@@ -241,7 +116,8 @@ class ImageFolder(UnlabelledPool, ImageDataModule):
         """The side the model sees; "auto" is read from the training images on first use (`vit.data.sizing`)."""
         if self._img_size == "auto":
             train = self.splits()["train"]
-            self._img_size = auto_img_size(short_sides([path for path, _ in train[::max(1, len(train) // SAMPLE)]]))
+            sampled = train[::max(1, len(train) // SAMPLE)]
+            self._img_size = auto_img_size(short_sides([self.image_source(path) for path, _ in sampled]))
             rank_zero_info(f"img_size auto: {self._img_size} (the training images' typical side, within 32-64)")
         return self._img_size
 
@@ -360,6 +236,10 @@ class ImageFolder(UnlabelledPool, ImageDataModule):
                        f"{self.num_classes} classes")
         self._report_class_counts()
 
+    def image_source(self, path: Any) -> Any:
+        """What a sample's path opens as (with PIL): the file; a Hugging Face row's bytes in `vit.data.hub`."""
+        return path
+
     def dataset(self, samples: list[tuple[str, Any]], transform: Callable, **kwargs: Any) -> ImageFiles:
         """One split of ``samples`` (setup's), reading files as this DataModule's options say."""
         return ImageFiles(samples, transform, replace_bad=self.skip_bad_images, max_bad_fraction=self.max_bad_fraction,
@@ -387,14 +267,6 @@ class ImageFolder(UnlabelledPool, ImageDataModule):
         report_class_counts(self.root, self.class_names, self.class_counts("train"),
                             getattr(self, "multi_label", False))
 
-    # the unlabelled pool's files (`vit.data.pool`, which cannot import this module), read as the labelled ones
-    def pool_headers(self, files: list[str]) -> dict[str, str]:
-        return dict(check_headers(files, self.eval_short_side()))
-
-    def pool_images(self, files: list[str], transform: Callable) -> ImageFiles:
-        return ImageFiles([(f, 0) for f in files], transform, replace_bad=self.skip_bad_images,
-                          max_bad_fraction=self.max_bad_fraction)
-
     def train_sampler(self) -> Sampler | None:
         """With ``balanced_sampling``, every class drawn about equally often (`vit.data.balance`)."""
         if not self.balanced_sampling:
@@ -412,19 +284,6 @@ def table_without_classes(root: Path) -> str | None:
         if sum(1 for e in entries if e.is_dir() and not e.name.startswith(".")) >= 2:
             return None
     return next((t for t in HF_TABLES if t in tables), tables[0])
-
-
-def check_headers(paths: Sequence[str], short_side: int | None = None) -> list[tuple[str, str]]:
-    """`check_image_files` once over all ranks: each DDP rank checks its shard, and all share the result."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return check_image_files(paths, short_side=short_side)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    cores = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    shards: list[Any] = [None] * world
-    dist.all_gather_object(shards, check_image_files(paths[rank::world], num_workers=cores, short_side=short_side))
-    return [bad for shard in shards for bad in shard]
 
 
 class ImageNet(ImageFolder):

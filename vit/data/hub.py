@@ -25,8 +25,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image, UnidentifiedImageError
 
 from vit.data.fast import collate
+from vit.data.files import ImageFiles
 from vit.data.fingerprint import fingerprint
-from vit.data.folder import ImageFiles
 from vit.data.hf import HFSource, find_source
 from vit.data.hfrows import ArrowImageColumn, RowNames, by_row, read_hf
 from vit.data.hfstream import ArrowStream, StreamLoader
@@ -156,6 +156,10 @@ class HFDataset(LabelsFile):
             raise UserValueError(f"{report}\nFix or remove these rows, or set data.skip_bad_rows: true to train "
                                  "without them.")
         log.warning("leaving out %s", report)
+
+    def image_source(self, path: Any) -> Any:
+        """A row's image bytes, openable by PIL (what img_size auto reads)."""
+        return ArrowImages([], None, self._images, self._names, {}).source(path)
 
     def _without_bad_files(self, splits: dict[str, list[tuple[Any, Any]]]) -> dict[str, list[tuple[Any, Any]]]:
         """Check every row's image header from its bytes; raise, or leave the bad rows out, listing them."""

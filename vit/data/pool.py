@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader, DistributedSampler, get_worker_info
 
 from vit.data import transforms
 from vit.data.fast import collate
+from vit.data.files import ImageFiles, check_headers
 from vit.data.io import describe_bad_files, find_images, require_folder
 from vit.data.seeds import mixed_seed, seed_transform
 from vit.data.transforms import Augmentation
@@ -183,8 +184,8 @@ def view_settings(view: str | Augmentation, own: Augmentation) -> Augmentation:
 class UnlabelledPool:
     """What an image DataModule needs for an unlabelled pool beside its labelled training split: a mixin before
     `ImageDataModule` (`ImageFolder` and the DataModules built on it), set up by ``init_pool`` in ``__init__``.
-    The DataModule reads the files: ``pool_headers(files)`` ({bad file: why}) and ``pool_images(files, transform)``
-    (a dataset of (image, 0) that replaces undecodable files with ``skip_bad_images``)."""
+    The files are read as the labelled ones are (`vit.data.files`): headers checked at setup, and undecodable files
+    replaced with ``skip_bad_images``."""
 
     unlabelled_root: Path | None = None
     unlabelled_ratio: float | None = None
@@ -203,7 +204,7 @@ class UnlabelledPool:
         """The pool's files, found and header-checked once (bad files: an error, or left out with skip_bad_images)."""
         if self.pool_files is None:
             files = pool_files(self.unlabelled_root)
-            bad = self.pool_headers(files) if self.check_images else {}
+            bad = dict(check_headers(files, self.eval_short_side())) if self.check_images else {}
             if bad:
                 report = describe_bad_files(sorted(bad.items()), len(files))
                 if not self.skip_bad_images:
@@ -238,7 +239,9 @@ class UnlabelledPool:
         pool_batch = None if self.unlabelled_ratio is None else max(1, round(self.unlabelled_ratio * self.batch_size))
         sampler = PoolSampler(len(files), labelled_batches, seed=self.seed, rank=rank, world=world,
                               pool_batch=pool_batch, resume=self._take_resume)
-        images = PoolImages(self.pool_images(files, views_of(worker)), len(views), self.seed)
+        decoded = ImageFiles([(f, 0) for f in files], views_of(worker), replace_bad=self.skip_bad_images,
+                             max_bad_fraction=self.max_bad_fraction)
+        images = PoolImages(decoded, len(views), self.seed)
         return DataLoader(images, batch_size=None, sampler=sampler, num_workers=self.num_workers,
                           collate_fn=_unbatched, pin_memory=torch.cuda.is_available(),
                           persistent_workers=self.num_workers > 0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 LOW, HIGH, PATCH, SAMPLE = 32, 64, 8, 64
 
@@ -30,8 +31,9 @@ def auto_img_size(sides: Sequence[int]) -> int:
     return int(min(HIGH, max(LOW, PATCH * math.floor(typical / PATCH + 0.5))))  # halves round up
 
 
-def short_sides(paths: Iterable[str], limit: int = SAMPLE) -> list[int]:
-    """The short side of the first ``limit`` readable images among ``paths`` (headers only: no decoding)."""
+def short_sides(paths: Iterable[Any], limit: int = SAMPLE) -> list[int]:
+    """The short side of the first ``limit`` readable images among ``paths`` (files, or anything PIL opens: a
+    Hugging Face row's bytes); headers only, no decoding."""
     from PIL import Image
 
     sides = []

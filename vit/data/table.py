@@ -22,8 +22,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import Sampler
 
+from vit.data.files import ImageFiles
 from vit.data.fingerprint import fingerprint
-from vit.data.folder import ImageFiles, ImageFolder
+from vit.data.folder import ImageFolder
 from vit.data.io import require_folder, stratified_split
 from vit.data.rows import TABLE_SUFFIXES, LabelTable, describe_bad_rows, find_table, read_table
 from vit.data.stratify import iterative_split
