@@ -67,7 +67,9 @@ def test_a_threshold_outside_0_1_or_a_negative_weight_is_refused(threshold, weig
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="failed in its one run (h67, 06:20), cause not diagnosed for lack of time", strict=False)
+# A known defect, open in issue 67: resumed at epoch 2, every tensor and T differ from the uninterrupted run's.
+# strict: the day it passes, this mark must go.
+@pytest.mark.xfail(reason="FixMatch's resume is not bitwise yet (issue 67)", strict=True)
 def test_a_run_killed_in_its_second_epoch_resumes_to_the_uninterrupted_weights_and_temperature(data, tmp_path):
     """Killed after epoch 1's last.ckpt (in epoch 2), resumed with --ckpt_path last: the same weights and T, bit
     for bit (the pool's position and T travel in the checkpoint). Mid-epoch, `vit.data.pool` resumes the pool's
