@@ -52,6 +52,7 @@ def check_one_run(output: str, tmp_path: Path, lr: float, batch: int, steps: int
     assert head["initial_lr"] == pytest.approx(2 * lr)  # what the optimiser was given, not only what was printed
 
 
+@pytest.mark.processes
 def test_digits_on_two_nodes(tmp_path):
     output = two_nodes(
         tmp_path, "--config", str(CONFIGS / "digits.yaml"), "--trainer.max_epochs=1",
@@ -61,6 +62,7 @@ def test_digits_on_two_nodes(tmp_path):
     check_one_run(output, tmp_path, lr=0.004, batch=64, steps=3)
 
 
+@pytest.mark.processes
 def test_streaming_shards_on_two_nodes(tmp_path):
     from vit.data.shards import write_shards
 

@@ -211,6 +211,7 @@ def test_tensorboard_logger_config_writes_events(tmp_path):
     assert runs and (runs[0].parent / "config.yaml").is_file()
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_ddp_on_two_cpu_processes_with_ema_through_the_unfreeze(tmp_path):
     """The DDP path (gloo on CPU) with EMA and a staged fine-tune: two ranks train the head alone for an epoch, then

@@ -248,6 +248,7 @@ def test_best_is_the_runs_best_checkpoint_when_save_top_k_keeps_several(tmp_path
     assert newest_checkpoint(tmp_path / "own", "best") == tmp_path / "own" / "epoch=1-val_acc=0.9.ckpt"
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_sigkill_during_vit_fit_then_resume_finishes_every_epoch(tmp_path):
     """A real `vit fit` process killed with SIGKILL mid-run, then `--ckpt_path last`. 15 epochs: the kill lands

@@ -101,6 +101,7 @@ def _fit(tmp_path: Path, run: str, *extra: str) -> list[str]:
             f"--checkpoint.dirpath={tmp_path / run}/ckpt", *extra]
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_a_streamed_run_sigkilled_mid_epoch_resumes_to_the_same_weights_bit_for_bit(tmp_path):
     """`vit fit` streaming 48 training rows (6 batches of 8 an epoch, 2 workers), SIGKILLed at step 4 and resumed

@@ -241,6 +241,7 @@ def test_a_run_crashed_in_each_epoch_resumes_to_the_same_weights_and_validations
     assert _validations(tmp_path / "crashed") == [validated[0], *validated]
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_a_run_sigkilled_in_its_first_epoch_resumes_to_the_same_weights_bit_for_bit(tmp_path):
     """A real `vit fit` process (2 loader workers, as the recipe) SIGKILLed at step 4 of 12, in the first of 2

@@ -239,6 +239,7 @@ def fsdp_rank(rank: int, port: int, out: str, finetune: str) -> None:
         torch.save(full, Path(out, "full.pt"))
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 @pytest.mark.parametrize("finetune", ["lora", "dora"])
 def test_fsdp_trains_the_adapters_and_saves_a_thin_checkpoint_that_loads_merged(tmp_path, finetune):

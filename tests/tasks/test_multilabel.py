@@ -145,6 +145,7 @@ def test_positive_weights_are_negatives_over_positives_capped():
         MultiLabelHead(class_weighting=True).class_weights(torch.tensor([[1.0, 0.0], [5.0, 5.0]]), ["a", "b"])
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_vit_test_on_two_ddp_processes_reports_the_mAP_of_one(quadrant_run, tmp_path):
     """`vit test` of one multi-label checkpoint, on one process and on two (gloo on CPU): the same test macro mAP,

@@ -128,6 +128,7 @@ def test_the_wrong_task_is_a_clear_error(pretrained, capsys):
     assert "holds the MaskedAutoencoder task ('pretrain'), but the ImageClassifier" in err and "Traceback" not in err
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_vit_pretrain_under_ddp_on_two_cpu_processes(tmp_path):
     """Two gloo ranks: each trains on its share, val_loss is synced, rank 0 alone draws and saves."""

@@ -112,6 +112,7 @@ def sharded(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_layer_decay_groups_survive_real_fsdp_shards(sharded):
     groups = json.loads((sharded / "groups.json").read_text())

@@ -275,6 +275,7 @@ def test_a_translation_config_without_a_monitor_keeps_the_best_by_chrf(tmp_path)
     assert Path(run.best_checkpoint.best_model_path).name == "best-epoch=0-step=1.ckpt"
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_ddp_on_two_cpu_processes_splits_the_sentences_between_ranks(tmp_path):
     """The length-bucketing batch sampler under DDP: each rank trains on its own half, and reports once."""
