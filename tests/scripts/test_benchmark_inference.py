@@ -123,3 +123,19 @@ def test_each_backend_is_timed_for_at_least_min_seconds():
     assert calls["torch"] - 2 in (2, 3)
     assert calls["fast"] >= 2 + 12
     assert speed["fast"][0] > 4 * speed["torch"][0]
+
+
+def test_an_auto_set_with_nothing_within_tolerance_is_said_so(capsys):
+    """ViT-S's int8 file: both int8 engines changed a top-1 of eager's, so its auto row has no fixed row of its set
+    to be read against (the benchmark crashed there before)."""
+    from tests import load_script
+
+    bench = load_script("benchmark_inference")
+    rows = [{"backend": "torch", "agree_fp32": 1.0, "img_s_b8": 10.0},
+            {"backend": "onnx-int8", "agree_fp32": 0.8, "img_s_b8": 30.0},
+            {"backend": "openvino-int8", "agree_fp32": 0.9, "img_s_b8": 40.0},
+            {"backend": "auto (int8 file)", "agree_fp32": 0.8, "img_s_b8": 30.0, "chosen": {"b8": "onnx-int8"},
+             "vs_chosen_b8": 1.0}]
+    bench.print_auto(rows, [8])
+    printed = capsys.readouterr().out
+    assert "none of its set is within tolerance of eager" in printed and "3.00x the fastest row" in printed
