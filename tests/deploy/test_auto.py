@@ -71,6 +71,24 @@ def test_a_fast_wrong_backend_is_never_chosen(tmp_path):
     assert chosen["backend"] == "reference"
 
 
+def test_the_candidates_are_timed_in_alternation():
+    """Each built and checked in turn, then timed round by round (a busy moment slows a round of all, not one)."""
+    calls = []
+
+    def build(name):
+        def model(x):
+            calls.append(name)
+            time.sleep(0.002)
+            return x.flatten(1) @ WEIGHT.T
+        return model
+
+    results = auto.measure(["a", "b"], build, IMAGES, 4, budget_s=0.5, say=lambda line: None)
+    runs = [n for i, n in enumerate(calls) if i == 0 or calls[i - 1] != n]  # runs of consecutive calls
+    # checks: a, b; rounds: a b | b a | a b, where neighbouring runs of one name merge
+    assert runs == ["a", "b", "a", "b", "a", "b"]
+    assert auto.ROUNDS == 3 and all(r["img_s"] > 0 for r in results.values())
+
+
 def test_changed_answers_are_dropped_even_with_close_probabilities(tmp_path):
     _, chosen, _ = choice(tmp_path, ["flat", "flat-wrong"])
     wrong_one = chosen["results"]["flat-wrong"]

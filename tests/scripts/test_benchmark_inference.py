@@ -45,6 +45,11 @@ def test_inference_benchmark_times_every_backend_and_scores_the_digits(fitted, t
         assert r["peak_fraction_b8"] == pytest.approx(r["gflop_s_b8"] / result["gemm_peaks"][r["gemm_roof"]])
         assert r["agreement"] == r["agree_fp32"]
     by_name = {r["backend"]: r for r in rows}
+    for name in bench.AUTO_SETS:  # auto against its choice's own row, run by run (one run here: that ratio)
+        auto_row, chosen = by_name[name], by_name[name]["chosen"]
+        for b in (1, 8):
+            assert auto_row[f"vs_chosen_b{b}"] == pytest.approx(auto_row[f"img_s_b{b}"]
+                                                                / by_name[chosen[f"b{b}"]][f"img_s_b{b}"])
     assert by_name["torch"]["ratio_b8"] == 1.0 and by_name["torch"]["max_abs_diff"] == 0.0
     assert by_name["torch"]["median_margin"] > 0  # what a changed answer's margin is printed against
     for name in ("onnx", "openvino"):
@@ -90,3 +95,47 @@ def test_the_calibration_seed_draws_other_training_images(fitted):
     *_, second = bench.config_splits(config, None, 20, classifier, seed=1)
     drawn = config_split_images(config, "train", classifier.eval_transform(), "L", 20, seed=1)[0]
     assert not torch.equal(first, second) and torch.equal(second, drawn)
+
+
+def test_each_backend_is_timed_for_at_least_min_seconds():
+    """A backend 10x faster than eager gets about 10x the passes, so its timing lasts as long as eager's (with
+    passes set by eager's time it lasted a tenth as long, and measured the machine's noise)."""
+    import time
+
+    import torch
+
+    from tests import load_script
+
+    bench = load_script("benchmark_inference")
+    calls = {"torch": 0, "fast": 0}
+
+    def runner(name: str, seconds: float):
+        def run(x):
+            calls[name] += 1
+            time.sleep(seconds)
+            return x
+        return run
+
+    speed = bench.timings({"torch": runner("torch", 0.02), "fast": runner("fast", 0.002)}, torch.zeros(4, 1),
+                          4, 1, 0.06)
+    # warm-up and a timed pass each, then ceil(0.06 / time of a pass) passes: 3 for eager (2 on a busy machine,
+    # where a sleep overshoots), about 25 for "fast"
+    assert calls["torch"] - 2 in (2, 3)
+    assert calls["fast"] >= 2 + 12
+    assert speed["fast"][0] > 4 * speed["torch"][0]
+
+
+def test_an_auto_set_with_nothing_within_tolerance_is_said_so(capsys):
+    """ViT-S's int8 file: both int8 engines changed a top-1 of eager's, so its auto row has no fixed row of its set
+    to be read against (the benchmark crashed there before)."""
+    from tests import load_script
+
+    bench = load_script("benchmark_inference")
+    rows = [{"backend": "torch", "agree_fp32": 1.0, "img_s_b8": 10.0},
+            {"backend": "onnx-int8", "agree_fp32": 0.8, "img_s_b8": 30.0},
+            {"backend": "openvino-int8", "agree_fp32": 0.9, "img_s_b8": 40.0},
+            {"backend": "auto (int8 file)", "agree_fp32": 0.8, "img_s_b8": 30.0, "chosen": {"b8": "onnx-int8"},
+             "vs_chosen_b8": 1.0}]
+    bench.print_auto(rows, [8])
+    printed = capsys.readouterr().out
+    assert "none of its set is within tolerance of eager" in printed and "3.00x the fastest row" in printed
