@@ -89,3 +89,23 @@ def test_a_run_killed_in_its_second_epoch_resumes_to_the_uninterrupted_weights_a
     assert float(straight["temperature"]) != 1.0
     assert all(torch.equal(straight[k], resumed[k]) for k in straight), [k for k in straight
                                                                            if not torch.equal(straight[k], resumed[k])]
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_weights_and_temperature(data, tmp_path):
+    """last.ckpt every 5 steps, killed at step 6 (batch 3 of epoch 2), resumed from step 5 with --ckpt_path last:
+    the labelled loader's order and draws (`vit.data.resume`) and the pool's batches go on where they were."""
+    from vit.commands import main
+
+    args = (f"--data.init_args.unlabelled_root={data / 'pool'}", "--data.init_args.unlabelled_ratio=2",
+            "--trainer.max_epochs=2", "--num_threads=1", "--checkpoint.every_n_train_steps=5", *EVERY_POOL_IMAGE_COUNTS)
+    cli(recipe_args(tmp_path / "straight", data, *args))
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(recipe_args(tmp_path / "resumed", data, *args, "--trainer.callbacks+=tests.dummies.CrashAtStep",
+                         "--trainer.callbacks.init_args.step=6"))
+    assert torch.load(tmp_path / "resumed" / "ckpt" / "last.ckpt", weights_only=True)["global_step"] == 5
+    cli(recipe_args(tmp_path / "resumed", data, *args, "--ckpt_path", "last"))
+    straight, resumed = (torch.load(tmp_path / run / "ckpt" / "last.ckpt", weights_only=True)["state_dict"]
+                         for run in ("straight", "resumed"))
+    assert float(straight["temperature"]) != 1.0
+    assert [k for k in straight if not torch.equal(straight[k], resumed[k])] == []
