@@ -121,7 +121,7 @@ def recipe_args(root: Path, data: Path, *extra: str) -> list[str]:
 def test_the_recipe_trains_on_labelled_and_pool_and_its_checkpoint_names_the_teacher(data, tmp_path):
     run = cli(recipe_args(tmp_path, data, f"--data.init_args.unlabelled_root={data / 'pool'}"))
     assert run.trainer.global_step == 4  # 32 labelled at 8 a batch, and 8 pool images a step (unlabelled_ratio 1)
-    assert run.datamodule.state_dict()["unlabelled_position"] == [0, 4]
+    assert run.datamodule.state_dict()["unlabelled_position"] == [1, 0]  # epoch 0 done: the next one's start
     assert run.model.teacher.source.endswith("best-epoch=0-step=1.ckpt")
     assert "teacher_ms" in run.trainer.logged_metrics and "train_kl" in run.trainer.logged_metrics
     best = Path(run.best_checkpoint.best_model_path)

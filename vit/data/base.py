@@ -130,13 +130,13 @@ class ImageDataModule(LightningDataModule):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Finish uint8 training batches on the device: normalise, and randomly erase while training."""
-        images = batch[0] if isinstance(batch, (tuple, list)) and batch else None
-        if not (isinstance(images, Tensor) and images.dtype == torch.uint8):
-            return batch  # evaluation batches are float already
         training = self.trainer is not None and self.trainer.training
         if training and self._resumable:  # the same draws after a restart (`vit.data.resume`)
             epoch, rank = getattr(self.trainer, "current_epoch", 0), getattr(self.trainer, "global_rank", 0)
             seed_all(self.training_position.step(epoch, rank))
+        images = batch[0] if isinstance(batch, (tuple, list)) and batch else None
+        if not (isinstance(images, Tensor) and images.dtype == torch.uint8):
+            return batch  # evaluation batches are float already
         return [self.batch_transform(images, erase=training), *batch[1:]]
 
     def state_dict(self) -> dict[str, Any]:
