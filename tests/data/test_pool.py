@@ -87,6 +87,17 @@ def test_a_restored_position_resumes_the_epoch_at_the_next_batch_bitwise(folders
     assert torch.equal(epoch_batches(fresh.pool_loader(4), 2)[0][0], straight[0][0])
 
 
+
+def test_a_restored_position_names_its_epoch_before_set_epoch_is_called(folders):
+    """Lightning (2.6) builds a resumed run's first iterator before it calls set_epoch: the position says the epoch."""
+    straight = {epoch: epoch_batches(datamodule(folders).pool_loader(4), epoch) for epoch in (1, 2)}
+    for saved, epoch, first in (([1, 4], 2, 0), ([1, 2], 1, 2)):  # epoch 1 done; 2 batches of epoch 1 done
+        resumed = datamodule(folders)
+        resumed.load_state_dict({"unlabelled_position": saved})
+        rest = list(resumed.pool_loader(4))  # no set_epoch: the sampler's own epoch is still 0
+        assert [int(b[-1][0]) for b in rest] == [epoch] * (4 - first)
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(rest, straight[epoch][first:], strict=True))
+
 def test_two_views_are_drawn_in_order_from_one_image_and_finished_per_view(folders):
     one = epoch_batches(datamodule(folders).pool_loader(4), 0)
     dm = datamodule(folders, views=("train", "strong"))
@@ -141,7 +152,7 @@ def test_a_fit_hands_the_task_labelled_and_pool_batches_together(folders, tmp_pa
     assert len(task.seen) == 4  # the labelled loader's batches; the pool split over them
     assert {s[0] for s in task.seen} == {torch.float32} and {s[3] for s in task.seen} == {torch.float32}
     assert sum(s[2][0] for s in task.seen) == POOL
-    assert dm.state_dict()["unlabelled_position"] == [0, 4]
+    assert dm.state_dict()["unlabelled_position"] == [1, 0]  # epoch 0 is done: saved as epoch 1's start
 
 
 def test_the_bad_file_guard_covers_the_pool(folders):

@@ -121,7 +121,7 @@ def recipe_args(root: Path, data: Path, *extra: str) -> list[str]:
 def test_the_recipe_trains_on_labelled_and_pool_and_its_checkpoint_names_the_teacher(data, tmp_path):
     run = cli(recipe_args(tmp_path, data, f"--data.init_args.unlabelled_root={data / 'pool'}"))
     assert run.trainer.global_step == 4  # 32 labelled at 8 a batch, and 8 pool images a step (unlabelled_ratio 1)
-    assert run.datamodule.state_dict()["unlabelled_position"] == [0, 4]
+    assert run.datamodule.state_dict()["unlabelled_position"] == [1, 0]  # epoch 0 done: the next one's start
     assert run.model.teacher.source.endswith("best-epoch=0-step=1.ckpt")
     assert "teacher_ms" in run.trainer.logged_metrics and "train_kl" in run.trainer.logged_metrics
     best = Path(run.best_checkpoint.best_model_path)
@@ -177,3 +177,23 @@ def test_a_frozen_random_vit_b16_teaches_features(data, tmp_path):
         expected = (1 - cos(s_pooled, t_pooled, dim=-1).mean()) + \
             (1 - cos(s_patches, t_patches, dim=-1).mean())
     assert math.isclose(parts["features"].item(), expected.item(), abs_tol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason="open (r1): with 2 workers the weights differ after the resume; cause not found", strict=True)
+def test_a_run_killed_mid_epoch_with_two_workers_resumes_to_the_uninterrupted_weights(data, tmp_path):
+    """last.ckpt every 5 steps, killed at step 6 (batch 3 of epoch 2), resumed from step 5: the same weights, bit
+    for bit, with 2 loader workers (each sample's draws are its own, not the worker's) and mixup drawn each step."""
+    from vit.commands import main
+
+    args = (f"--data.init_args.unlabelled_root={data / 'pool'}", "--data.init_args.num_workers=2",
+            "--trainer.max_epochs=2", "--checkpoint.every_n_train_steps=5", "--trainer.limit_val_batches=1")
+    cli(recipe_args(tmp_path / "straight", data, *args))
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(recipe_args(tmp_path / "resumed", data, *args, "--trainer.callbacks+=tests.dummies.CrashAtStep",
+                         "--trainer.callbacks.init_args.step=6"))
+    assert torch.load(tmp_path / "resumed" / "ckpt" / "last.ckpt", weights_only=True)["global_step"] == 5
+    cli(recipe_args(tmp_path / "resumed", data, *args, "--ckpt_path", "last"))
+    straight, resumed = (torch.load(tmp_path / run / "ckpt" / "last.ckpt", weights_only=True)["state_dict"]
+                         for run in ("straight", "resumed"))
+    assert [k for k in straight if not torch.equal(straight[k], resumed[k])] == []

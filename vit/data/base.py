@@ -22,6 +22,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from vit.data import transforms
 from vit.data.fast import collate
 from vit.data.protocol import EvaluationSplits, ImageFileSamples, IndexedSubset, LabelledImages
+from vit.data.resume import EpochOrder, SeededSamples, TrainingPosition
+from vit.data.seeds import seed_all
 from vit.data.transforms import Augmentation
 from vit.errors import UserValueError
 from vit.preprocessing import Preprocessing, default_normalisation
@@ -103,6 +105,8 @@ class ImageDataModule(LightningDataModule):
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
+        self.training_position = TrainingPosition()  # the shuffled training loader's, for a mid-epoch resume
+        self._resumable = False  # whether the training loader is `vit.data.resume`'s (not a custom sampler's)
 
     @property
     def num_classes(self) -> int:
@@ -126,11 +130,26 @@ class ImageDataModule(LightningDataModule):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Finish uint8 training batches on the device: normalise, and randomly erase while training."""
+        training = self.trainer is not None and self.trainer.training
+        if training and self._resumable:  # the same draws after a restart (`vit.data.resume`)
+            epoch, rank = getattr(self.trainer, "current_epoch", 0), getattr(self.trainer, "global_rank", 0)
+            seed_all(self.training_position.step(epoch, rank))
         images = batch[0] if isinstance(batch, (tuple, list)) and batch else None
         if not (isinstance(images, Tensor) and images.dtype == torch.uint8):
             return batch  # evaluation batches are float already
-        training = self.trainer is not None and self.trainer.training
         return [self.batch_transform(images, erase=training), *batch[1:]]
+
+    def state_dict(self) -> dict[str, Any]:
+        """In the checkpoint: the shuffled training loader's position (`vit.data.resume`)."""
+        if not self._resumable:
+            return {}
+        return {"training_position": self.training_position.state_dict(getattr(self.trainer, "num_training_batches",
+                                                                               None))}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restored before Lightning builds the loaders: the next training loader starts where the run stopped."""
+        if "training_position" in state_dict:
+            self.training_position.load_state_dict(state_dict["training_position"])
 
     def eval_transform(self) -> Callable:
         """timm's evaluation transform: resize, centre crop (crop_pct), normalise."""
@@ -172,8 +191,13 @@ class ImageDataModule(LightningDataModule):
         sampler = self.train_sampler() if train else None
         ranks = getattr(self.trainer, "world_size", None) or 1  # (a trainer stand-in may lack it)
         drop = train and drops_last_batch(math.ceil(len(dataset) / ranks), self.batch_size)
+        if train and sampler is None:  # shuffled: resumable mid-epoch, bit for bit (`vit.data.resume`)
+            seed, rank = self.training_position.loader_seed(), getattr(self.trainer, "global_rank", 0)
+            sampler = EpochOrder(len(dataset), self.batch_size, seed=seed, rank=rank, world=ranks,
+                                 resume=self.training_position.take)
+            dataset, self._resumable = SeededSamples(dataset, seed), True
         return DataLoader(
-            dataset, batch_size=self.batch_size, shuffle=train and sampler is None, sampler=sampler,
+            dataset, batch_size=self.batch_size, sampler=sampler,
             num_workers=self.num_workers, drop_last=drop, collate_fn=collate,
             pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0,
         )

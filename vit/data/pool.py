@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_info
 from torch import Tensor
@@ -39,6 +37,7 @@ from vit.data import transforms
 from vit.data.fast import collate
 from vit.data.files import ImageFiles, check_headers
 from vit.data.io import describe_bad_files, find_images, require_folder
+from vit.data.resume import kept_rng, resume_point
 from vit.data.seeds import mixed_seed, seed_transform
 from vit.data.transforms import Augmentation
 from vit.errors import UserValueError
@@ -88,12 +87,8 @@ class PoolImages:
     def __getitem__(self, item: tuple[int, int, list[tuple[int, int]]]) -> list[Tensor]:
         epoch, batch, members = item
         worker = get_worker_info()
-        saved = None if worker is not None else _rng_states()  # in the main process: leave training's RNGs alone
-        try:
+        with kept_rng(worker is None):  # in the main process: leave training's RNGs alone
             drawn = [self._views(p, i) for p, i in members]
-        finally:
-            if saved is not None:
-                _set_rng_states(saved)
         stacked = [collate([(d[v], 0) for d in drawn])[0] for v in range(self.num_views)]
         return [*stacked, torch.tensor([epoch, batch, worker.id if worker else -1])]
 
@@ -112,16 +107,6 @@ class _Views:
 
     def __call__(self, img: Any) -> tuple[Tensor, ...]:
         return tuple(view(img) for view in self.views)
-
-
-def _rng_states() -> tuple:
-    return random.getstate(), np.random.get_state(), torch.get_rng_state()
-
-
-def _set_rng_states(states: tuple) -> None:
-    random.setstate(states[0])
-    np.random.set_state(states[1])
-    torch.set_rng_state(states[2])
 
 
 def _unbatched(item: Any) -> Any:
@@ -164,8 +149,11 @@ class PoolSampler(DistributedSampler):
                 for q in range(first, first + self.pool_batch)]
 
     def __iter__(self) -> Any:
-        resume = self.resume()
-        start = resume[1] if resume is not None and resume[0] == self.epoch else 0
+        # The epoch from the restored position, not from set_epoch: Lightning (2.6) builds a resumed run's first
+        # iterator before its set_epoch, and the epoch-0 pass it then read was empty at an epoch boundary.
+        resume, start = self.resume(), 0
+        if resume is not None:
+            self.epoch, start = resume_point(resume, self.batches)
         epoch = self.epoch
         return ((epoch, b, self.members(epoch, b)) for b in range(start, self.batches))
 
@@ -274,13 +262,15 @@ class UnlabelledPool:
         training = self.trainer is not None and self.trainer.training
         if training:
             self._pool_next = (int(position[0]), int(position[1]) + 1)
+        labelled = super().on_after_batch_transfer(batch["labelled"], dataloader_idx)  # (seeds the step's draws)
         views = [step(view, erase=training) for step, view in zip(self._pool_device, views)]
-        return {"labelled": super().on_after_batch_transfer(batch["labelled"], dataloader_idx), "unlabelled": views}
+        return {"labelled": labelled, "unlabelled": views}
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        if self._pool_next is not None:
-            state["unlabelled_position"] = list(self._pool_next)
+        if self._pool_next is not None:  # an epoch's end is saved as the next one's start, under limit_train_batches
+            batches = getattr(self.trainer, "num_training_batches", None)
+            state["unlabelled_position"] = list(resume_point(self._pool_next, batches) if batches else self._pool_next)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -127,6 +127,9 @@ class DistilledClassifier(ImageClassifier):
             loss = soft_distillation(base, dist, teacher, hp.distill_alpha, hp.distill_tau)
         return loss, (cls + dist) / 2
 
+    def on_train_start(self) -> None:
+        self.epoch_started = time.perf_counter()  # a run resumed mid-epoch starts no epoch
+
     def on_train_epoch_start(self) -> None:
         self.epoch_started = time.perf_counter()
 

@@ -258,6 +258,9 @@ class FunctionMatching(ImageClassifier):
             parts["labels"] = hp.label_weight * soft_cross_entropy(logits[:labelled], targets)
         return parts
 
+    def on_train_start(self) -> None:
+        self.epoch_started = time.perf_counter()  # a run resumed mid-epoch starts no epoch
+
     def on_train_epoch_start(self) -> None:
         self.epoch_started = time.perf_counter()
 
