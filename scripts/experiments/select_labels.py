@@ -103,7 +103,9 @@ def run(name: str, data: tuple, cache: Path, args: argparse.Namespace) -> dict:
     if not mae.is_file():
         ns = argparse.Namespace(decoder=[64, 2, 4], pixel_targets=False, mae_lr=1.5e-3, mae_batch=128,
                                 mae_epochs=args.mae_epochs[name])
-        mae.write_bytes(pretrain(pool, ns, cache).read_bytes())
+        run = cache / f"mae_{name}_run"  # pretrain() always names its file mae_digits.ckpt: one folder per pool
+        run.mkdir(exist_ok=True)
+        mae.write_bytes(pretrain(pool, ns, run).read_bytes())
     from sklearn.preprocessing import StandardScaler
 
     pool_x, test_x = encode(mae, pool), encode(mae, test)
