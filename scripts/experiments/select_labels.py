@@ -10,10 +10,15 @@ labelling images drawn at random? On scikit-learn's digits and on mnist5k, at 1,
               random: ``budget`` images drawn uniformly from the pool, seed = the draw. Neither sees a label.
     fit       the same linear probe for both: standardised features (scaler fit on the whole pool, labels unused),
               a multinomial logistic regression with C = 1 on the chosen images and their labels; test top-1.
+              With ``--fit``, also the MAE fine-tuned on the chosen images (`vit.tasks.ImageClassifier` with
+              `pretrain_digits.py`'s "MAE fine-tune": layer decay 0.75, its affine augmentation, the whole labelled
+              set a batch, 200 steps at lr 3e-3, nothing chosen on a validation set: with 1 label a class there
+              is none), seeded by the seed; each result cached in ``--cache``.
 
 Seeds 0, 1, 2 vary the choice and the draw; the MAE is pre-trained once per pool (seed 0) and cached.
 
     python scripts/experiments/select_labels.py --json select.json     # ~12 min on 1 thread (two MAEs: ~9 min)
+    python scripts/experiments/select_labels.py --fit                  # + 36 fine-tunings, ~10 s each
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ import logging
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pretrain_digits import MODEL, normalise, pretrain  # siblings: the folder is on sys.path when run
+from pretrain_digits import MODEL, accuracy, batches, learn, normalise, pretrain  # siblings: on sys.path when run
 from small_folders import read_mnist
 
 from vit.active.choose import typical_diverse
@@ -78,13 +84,28 @@ def probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: 
     return float(np.mean(clf.predict(test_x) == test_y))
 
 
+def fine_tune(mae: Path, pool: torch.Tensor, pool_y: np.ndarray, idx: Any, test: tuple, cached: Path,
+              seed: int) -> float:
+    """Test top-1 of the MAE fine-tuned on ``pool[idx]`` (cached as a one-number JSON)."""
+    if cached.is_file():
+        return json.loads(cached.read_text())
+    idx = torch.as_tensor(np.asarray(idx))
+    train = batches(pool[idx], torch.as_tensor(pool_y)[idx], len(idx), augment=True)  # one batch a step
+    model = learn("MAE fine-tune", 3e-3, mae, train, 200, cached.parent, seed)
+    acc = accuracy(model, *test)
+    cached.write_text(json.dumps(acc))
+    return acc
+
+
 def run(name: str, data: tuple, cache: Path, args: argparse.Namespace) -> dict:
     pool, pool_y, test, test_y = data
     mae = cache / f"mae_{name}.ckpt"
     if not mae.is_file():
         ns = argparse.Namespace(decoder=[64, 2, 4], pixel_targets=False, mae_lr=1.5e-3, mae_batch=128,
                                 mae_epochs=args.mae_epochs[name])
-        mae.write_bytes(pretrain(pool, ns, cache).read_bytes())
+        run = cache / f"mae_{name}_run"  # pretrain() always names its file mae_digits.ckpt: one folder per pool
+        run.mkdir(exist_ok=True)
+        mae.write_bytes(pretrain(pool, ns, run).read_bytes())
     from sklearn.preprocessing import StandardScaler
 
     pool_x, test_x = encode(mae, pool), encode(mae, test)
@@ -94,18 +115,27 @@ def run(name: str, data: tuple, cache: Path, args: argparse.Namespace) -> dict:
     results: dict = {"all_labels_probe": everything}
     for per_class in BUDGETS:
         budget = per_class * CLASSES
-        row: dict = {"select": [], "random": [], "select_classes": [], "random_classes": []}
+        row: dict = {"select": [], "random": [], "select_classes": [], "random_classes": [], "select_fit": [],
+                     "random_fit": []}
         for seed in args.seeds:
             chosen = [p.index for p in typical_diverse(pool_x, budget, seed=seed)]
             drawn = np.random.default_rng(seed).choice(len(pool_y), budget, replace=False)
             for arm, idx in (("select", chosen), ("random", drawn)):
                 row[arm].append(probe(pool_s[idx], pool_y[idx], test_s, test_y))
                 row[f"{arm}_classes"].append(len(np.unique(pool_y[idx])))
+                if args.fit:
+                    test_set = (test, torch.as_tensor(test_y))
+                    path = cache / f"fit_{name}_{per_class}_{arm}_{seed}.json"
+                    row[f"{arm}_fit"].append(fine_tune(mae, pool, pool_y, idx, test_set, path, seed))
         results[str(per_class)] = row
         s, r = statistics.mean(row["select"]), statistics.mean(row["random"])
         print(f"{name} {per_class}/class: select {s:.3f} {row['select']} (classes {row['select_classes']}), "
               f"random {r:.3f} {row['random']} (classes {row['random_classes']}), {100 * (s - r):+.1f} points",
               flush=True)
+        if args.fit:
+            s, r = statistics.mean(row["select_fit"]), statistics.mean(row["random_fit"])
+            print(f"{name} {per_class}/class, MAE fine-tuned: select {s:.3f} {row['select_fit']}, random {r:.3f} "
+                  f"{row['random_fit']}, {100 * (s - r):+.1f} points", flush=True)
     print(f"{name}: the probe on every pool label: {everything:.3f}")
     return results
 
@@ -116,6 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--datasets", nargs="+", default=["digits", "mnist5k"])
     parser.add_argument("--cache", type=Path, default=Path("logs/select_labels"))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--fit", action="store_true", help="also fine-tune the MAE on the chosen images")
     args = parser.parse_args(argv)
     args.mae_epochs = {"digits": 300, "mnist5k": 100}  # about the same steps: 3,300 and 3,100
     torch.set_num_threads(1)

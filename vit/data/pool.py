@@ -21,6 +21,7 @@ worker. Under DDP each rank reads its own shard of every pass's permutation (pad
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -160,13 +161,13 @@ class PoolSampler(DistributedSampler):
 
 def view_settings(view: str | Augmentation, own: Augmentation) -> Augmentation:
     """The augmentation of a named view ("train": the DataModule's own; "weak", "strong"), or the one given."""
-    if isinstance(view, Augmentation):
-        return view
     if view == "train":
         return own
-    if view not in VIEWS:
+    if not isinstance(view, Augmentation) and view not in VIEWS:
         raise UserValueError(f"unknown unlabelled view {view!r}: use 'train', 'weak', 'strong' or an Augmentation")
-    return VIEWS[view]
+    view = view if isinstance(view, Augmentation) else VIEWS[view]
+    # data.hflip 0 says a mirrored image is another class (digits, text): the pool's views keep it off too
+    return view if own.hflip else dataclasses.replace(view, hflip=0.0)
 
 
 class UnlabelledPool:

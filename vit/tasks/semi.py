@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
+from vit.data.transforms import Augmentation
 from vit.errors import UserValueError
 from vit.tasks.classify import ImageClassifier
 from vit.tasks.semi_losses import pseudo_labels, unlabelled_loss
@@ -32,17 +33,25 @@ class FixMatch(ImageClassifier):
         threshold: τ, the calibrated confidence a pool image's pseudo-label needs to count.
         unlabelled_weight: λ_u, the weight of the pool's loss.
         calibrate: read the confidence at the temperature fit on val (False: the raw softmax).
+        teacher: what labels the weak view: "model", the weights being trained (FixMatch as published), or
+            "ema", their EMA (``optim.ema_decay``; Semi-ViT's EMA-Teacher, Cai et al., 2022), the weights that
+            validation, and so the temperature, read.
+        weak_view, strong_view: the pool's two augmentations (default: `vit.data.pool`'s WEAK and STRONG).
         **kwargs: the `ImageClassifier` options (``model``, ``optim``, ...).
     """
 
     unlabelled_views = ("weak", "strong")  # `vit.data.pool`'s two augmentations of each pool image
 
     def __init__(self, threshold: float = 0.95, unlabelled_weight: float = 1.0, calibrate: bool = True,
-                 **kwargs: Any) -> None:
+                 teacher: str = "model", weak_view: Augmentation | None = None,
+                 strong_view: Augmentation | None = None, **kwargs: Any) -> None:
         if not 0 < threshold <= 1 or unlabelled_weight < 0:
             raise UserValueError(f"threshold must be in (0, 1] and unlabelled_weight >= 0, got {threshold} and "
                                  f"{unlabelled_weight}")
+        if teacher not in ("model", "ema"):
+            raise UserValueError(f"teacher must be 'model' or 'ema' (needs optim.ema_decay), got {teacher!r}")
         super().__init__(**kwargs)
+        self.unlabelled_views = (weak_view or "weak", strong_view or "strong")
         self.register_buffer("temperature", torch.ones(()))  # in the checkpoint: a resumed run reads the same T
         self._val_logits: list[Tensor] = []
         self._val_labels: list[Tensor] = []
@@ -52,8 +61,14 @@ class FixMatch(ImageClassifier):
             return super().training_step(batch, batch_idx)
         (x, y), (weak, strong) = batch["labelled"], batch["unlabelled"]
         self.check_images(x)
-        logits = self.model(torch.cat([x, weak, strong]))
-        labelled, (weak_logits, strong_logits) = logits[: len(x)], logits[len(x):].chunk(2)
+        if self.hparams.teacher == "ema" and self.model_ema is not None:
+            with torch.no_grad():  # the EMA weights label the weak view: the T fit on val is theirs too
+                weak_logits = self.model_ema.module(weak)
+            logits = self.model(torch.cat([x, strong]))
+            labelled, strong_logits = logits[: len(x)], logits[len(x):]
+        else:
+            logits = self.model(torch.cat([x, weak, strong]))
+            labelled, (weak_logits, strong_logits) = logits[: len(x)], logits[len(x):].chunk(2)
         supervised = self.train_loss(labelled, y)
         thresholds = torch.full((logits.shape[-1],), self.hparams.threshold, device=logits.device)
         label, confidence, mask = pseudo_labels(weak_logits, float(self.temperature), thresholds)
@@ -69,15 +84,22 @@ class FixMatch(ImageClassifier):
             self._val_logits.append(logits.detach().float().cpu())
             self._val_labels.append(self.unpack(batch)[1].cpu())
 
+    def update_temperature(self, logits: Tensor, labels: Tensor) -> None:
+        """T fit on val's ``logits``; where every val image is right, which says nothing of T (`fit_temperature`'s 1
+        is its no-answer), the last T stays. A few labels leave a few val images (10 of 100 digits), all right from
+        mid-run on: T back at 1 let the under-confident raw softmax pass no pool image for the rest of the run."""
+        from vit.deploy.calibration import fit_temperature
+
+        if not bool((logits.argmax(-1) == labels).all()):
+            self.temperature.fill_(fit_temperature(logits, labels))
+
     def on_validation_epoch_end(self) -> None:
         super().on_validation_epoch_end()
         if self._val_logits and self.hparams.calibrate:
-            from vit.deploy.calibration import fit_temperature
-
             logits, labels = torch.cat(self._val_logits), torch.cat(self._val_labels)
             logits = self.all_gather(logits).flatten(0, -2) if self.trainer.world_size > 1 else logits
             labels = self.all_gather(labels).flatten() if self.trainer.world_size > 1 else labels
-            self.temperature.fill_(fit_temperature(logits, labels))
+            self.update_temperature(logits, labels)
             self.log("pool_temperature", self.temperature, sync_dist=False)
             rank_zero_info(f"FixMatch: confidence read at T = {float(self.temperature):.3f} (fit on val)")
         self._val_logits, self._val_labels = [], []
