@@ -70,7 +70,14 @@ def test_a_threshold_outside_0_1_or_a_negative_weight_is_refused(threshold, weig
 
 
 @pytest.mark.slow
-def test_a_run_killed_in_its_second_epoch_resumes_to_the_uninterrupted_weights_and_temperature(data, tmp_path):
+@pytest.mark.parametrize("max_steps", [
+    "-1",
+    # An open defect (issue 67), found at the merge: with the recipe's own max_steps (600; epochs end the run
+    # either way) a run resumed at the epoch boundary differs in every tensor and in T; mid-epoch it does not.
+    pytest.param("600", marks=pytest.mark.xfail(reason="epoch-boundary resume with max_steps set", strict=True)),
+])
+def test_a_run_killed_in_its_second_epoch_resumes_to_the_uninterrupted_weights_and_temperature(data, tmp_path,
+                                                                                                max_steps):
     """Killed after epoch 1's last.ckpt (in epoch 2), resumed with --ckpt_path last: the same weights and T, bit
     for bit (the pool's position and T travel in the checkpoint). It failed when the pool's sampler read its epoch
     from set_epoch: Lightning builds a resumed run's first iterator before calling it, so the pool read an empty
@@ -78,7 +85,7 @@ def test_a_run_killed_in_its_second_epoch_resumes_to_the_uninterrupted_weights_a
     from vit.commands import main
 
     pool = (f"--data.init_args.unlabelled_root={data / 'pool'}", "--data.init_args.unlabelled_ratio=2",
-            "--trainer.max_epochs=2", "--num_threads=1", *EVERY_POOL_IMAGE_COUNTS)
+            "--trainer.max_epochs=2", f"--trainer.max_steps={max_steps}", "--num_threads=1", *EVERY_POOL_IMAGE_COUNTS)
     cli(recipe_args(tmp_path / "straight", data, *pool))
     with pytest.raises(RuntimeError, match="simulated crash"):
         main(recipe_args(tmp_path / "resumed", data, *pool, "--trainer.callbacks+=tests.dummies.CrashAtStep",
