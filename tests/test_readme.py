@@ -163,4 +163,6 @@ def test_the_readme_digits_commands_run_as_written(tmp_path, monkeypatch, capsys
     for argv in commands:
         cli = run([*argv, "--trainer.enable_progress_bar", "false"])
         metric = "test_acc" if argv[0] == "test" else "val_acc"
-        assert cli.trainer.callback_metrics[metric] > 0.3  # a trained checkpoint: chance is 0.1
+        # a trained checkpoint: chance is 0.1; 3 epochs gave 0.25-0.41 test top-1 over seeds 0-3, before and after
+        # the resumable loader changed the draw order (0.3 failed on one seed of each)
+        assert cli.trainer.callback_metrics[metric] > 0.2

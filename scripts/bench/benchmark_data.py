@@ -143,9 +143,11 @@ def stages(loaders: dict[str, DataLoader], files: list[str], repeat: int,
     also our steps on the same images' stored bytes, decoded from memory (pre-resized: fewer pixels)."""
     from vit.data import fast
     from vit.data.io import load_image, open_image
+    from vit.data.resume import SeededSamples
     from vit.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Augmentation, batch_transform
 
-    ours = loaders["ours"].dataset.transform  # FastTrainTransform
+    dataset = loaders["ours"].dataset  # the files, behind the resumable per-sample seeding (SeededSamples)
+    ours = (dataset.dataset if isinstance(dataset, SeededSamples) else dataset).transform  # FastTrainTransform
     c = ours.crop
 
     def decode_for_crop(img: Image.Image) -> tuple[Image.Image, tuple]:

@@ -87,3 +87,22 @@ def test_the_steps_are_counted_and_their_draws_seeded_by_the_count(folder):
     again.train_dataloader()
     again.on_after_batch_transfer(batch, 0)
     assert torch.equal(torch.rand(1), draws[2])  # the third step draws what it drew in the first run
+
+
+def test_a_position_resumes_in_its_epoch_until_the_epochs_last_batch_is_done():
+    from vit.data.resume import resume_point
+
+    assert resume_point((3, 0), batches=5) == (3, 0)
+    assert resume_point((3, 4), batches=5) == (3, 4)  # one batch left: the same epoch
+    assert resume_point((3, 5), batches=5) == (4, 0)  # all done: the next epoch's start
+
+
+def test_epoch_order_starts_after_the_restored_batches_in_the_restored_epoch():
+    from vit.data.resume import EpochOrder
+
+    order = EpochOrder(10, 3, seed=1, resume=lambda: (2, 1))  # epoch 2, one batch of 3 done
+    order.set_epoch(7)  # what Lightning may have said before the restore: the position wins
+    assert list(order) == [(2, i) for i in _shuffle(10, seed=1, epoch=2)[3:]]
+    fresh = EpochOrder(10, 3, seed=1)
+    fresh.set_epoch(7)
+    assert list(fresh) == [(7, i) for i in _shuffle(10, seed=1, epoch=7)]

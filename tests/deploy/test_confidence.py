@@ -113,7 +113,9 @@ def test_serve_answers_as_predict_does_on_the_checkpoint_the_onnx_and_openvino(c
             assert [a["answer"] for a in got] == answers, backend
             assert [a["top_k"][0]["name"] for a in got] == [str(i) for i in probs.argmax(1)], backend
             np.testing.assert_allclose([a["top_k"][0]["probability"] for a in got], probs.max(1), atol=1e-5)
-            np.testing.assert_allclose([a["score"] for a in got], scores, rtol=1e-4, atol=1e-4)
+            # the score sums five layers' standardised float32 quadratic forms (numpy's: float64): torch's is within
+            # 1e-5, onnxruntime's einsum rounds otherwise, 2.4e-4 off on this model; the decision is held exactly above
+            np.testing.assert_allclose([a["score"] for a in got], scores, rtol=1e-4, atol=1e-3, err_msg=backend)
 
 
 @pytest.mark.parametrize("name", ["vit_digits_patch4_16", "deit_tiny_distilled_patch16_224", "resnet10t"])

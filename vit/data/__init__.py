@@ -8,7 +8,8 @@ prediction never loads Lightning.
     transforms.py   timm's training augmentation and evaluation crop; fast.py: its cheaper uint8 CPU side
     protocol.py     what a dataset offers (the Protocols the DataModules' splits follow); fingerprint.py: its hash
     base.py         what every image DataModule shares: the options linked into the model, and the loaders;
-                    sizing.py: img_size auto, the side read from the training images
+                    sizing.py: img_size auto, the side read from the training images; resume.py: the training
+                    loader's seeded order and per-sample draws, so a run resumes mid-epoch bit for bit
     files.py        a dataset of image files (decoded, bad ones named or replaced), the header check across ranks
     folder.py       class folders (and ImageNet's layout); cifar.py, digits.py: the bundled formats;
                     balance.py: a training split's class counts, the imbalance warning, balanced sampling
