@@ -72,6 +72,17 @@ def test_a_restored_position_resumes_each_rank_at_its_next_batch_bitwise(folder,
     assert len(shards[0]) == len(shards[1]) == -(-n // 2)  # each rank its half
 
 
+def test_the_position_is_taken_at_the_first_sample_not_at_iter(folder):
+    """A loader with workers calls iter(sampler) twice before its first batch and reads the second (torch 2.14.1);
+    the resumed epoch must not be spent on the first."""
+    state = {"training_position": {"seed": 0, "batches_seen": 7, "position": [1, 2]}}
+    sampler = datamodule(folder, state=state).train_dataloader().sampler
+    iter(sampler)  # the first, discarded iterator
+    rest = list(sampler)
+    n = len(datamodule(folder).train_set)
+    assert rest == [(1, i) for i in _shuffle(n, seed=0, epoch=1)[2 * 4:]]
+
+
 def test_the_steps_are_counted_and_their_draws_seeded_by_the_count(folder):
     dm = datamodule(folder)
     batch = [torch.zeros(2, 3, 8, 8, dtype=torch.uint8), torch.zeros(2)]

@@ -150,13 +150,18 @@ class PoolSampler(DistributedSampler):
                 for q in range(first, first + self.pool_batch)]
 
     def __iter__(self) -> Any:
+        # A generator: the restored position is taken at the first batch asked for, not at iter(). With workers, a
+        # DataLoader's first iterator calls iter(sampler) twice and reads the second (torch 2.14.1:
+        # _BaseDataLoaderIter.__init__, then _MultiProcessingDataLoaderIter's _reset): an eager __iter__ spent the
+        # position on the first, and the resumed epoch restarted at its batch 0 (FunctionMatching, 2 workers).
         # The epoch from the restored position, not from set_epoch: Lightning (2.6) builds a resumed run's first
         # iterator before its set_epoch, and the epoch-0 pass it then read was empty at an epoch boundary.
         resume, start = self.resume(), 0
         if resume is not None:
             self.epoch, start = resume_point(resume, self.batches)
         epoch = self.epoch
-        return ((epoch, b, self.members(epoch, b)) for b in range(start, self.batches))
+        for b in range(start, self.batches):
+            yield epoch, b, self.members(epoch, b)
 
 
 def view_settings(view: str | Augmentation, own: Augmentation) -> Augmentation:

@@ -57,12 +57,14 @@ class EpochOrder(DistributedSampler):
         self.batch_size, self.resume = batch_size, resume
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
+        # A generator, so the position is taken at the first sample asked for: a loader with workers calls iter()
+        # twice and reads the second (`vit.data.pool.PoolSampler.__iter__` says where)
         position, start = self.resume(), 0
         if position is not None:
             self.epoch, start = resume_point(position, -(-self.num_samples // self.batch_size))
         epoch = self.epoch
-        order = list(super().__iter__())[start * self.batch_size:]
-        return iter([(epoch, i) for i in order])
+        for i in list(super().__iter__())[start * self.batch_size:]:
+            yield epoch, i
 
 
 class SeededSamples(Dataset):
