@@ -47,6 +47,7 @@ from vit.cli.parser import VitArgumentParser, imported_class
 from vit.cli.training import (
     AtomicCheckpointIO,
     BestCheckpoint,
+    EpochEndResume,
     LastCheckpoint,
     RandomState,
     TrainingCurves,
@@ -183,7 +184,7 @@ class VitCLI(LightningCLI):
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             plugins.append(AtomicCheckpointIO())  # checkpoints that survive a kill during the save
         try:
-            return super().instantiate_trainer(callbacks=callbacks, plugins=plugins, **kwargs)
+            trainer = super().instantiate_trainer(callbacks=callbacks, plugins=plugins, **kwargs)
         except MisconfigurationException as e:  # Lightning's word for trainer settings this machine cannot run
             settings = ", ".join(f"{k}: {trainer_config.get(k)}" for k in ("accelerator", "devices", "strategy",
                                                                           "precision") if trainer_config.get(k))
@@ -192,6 +193,8 @@ class VitCLI(LightningCLI):
                 "--trainer.accelerator cpu --trainer.precision 32-true (configs/finetune/folder_cpu.yaml is a "
                 "CPU fine-tuning recipe)."
             ) from e
+        trainer._checkpoint_connector = EpochEndResume(trainer)  # an epoch's end resumes with max_steps set too
+        return trainer
 
     @property
     def best_checkpoint(self) -> ModelCheckpoint | None:

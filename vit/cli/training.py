@@ -9,6 +9,7 @@
   run resumed at an epoch boundary continues exactly as the uninterrupted run would have.
 * `TrainingReport`: counts and reports what a run worked around: optimiser steps the fp16
   GradScaler skipped, and undecodable images replaced (``skip_bad_images``).
+* `EpochEndResume`: a checkpoint of an epoch's end resumes at the next epoch's start with ``max_steps`` set too.
 * `VitTrainer`: Lightning's Trainer with a ``pretrain`` method, so `vit pretrain` is a subcommand of its own.
 """
 
@@ -23,7 +24,9 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loops.loop import _Loop
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -239,6 +242,30 @@ def _train_dataset(trainer: Trainer) -> Any:
     return dataset if isinstance(dataset, CountsReplacements) else None
 
 
+# ---- resuming at an epoch's end ----------------------------------------------------------------------------
+class EpochEndResume(_CheckpointConnector):
+    """Lightning's checkpoint connector, resuming a checkpoint of an epoch's end at the next epoch's start, with
+    ``max_steps`` set as without it (`vit fit` installs it on its trainer).
+
+    lightning 2.6.x (2.6.6 here, with torch 2.14.1): with ``max_steps`` set the fit loop restarts whatever the
+    checkpoint (``_FitLoop.restarting``: ``... or self._iteration_based_training()``). A checkpoint saved in
+    ``on_train_epoch_end`` (`LastCheckpoint`'s; the epoch processed, not yet completed) then reruns that epoch's
+    end: the epoch is counted twice, and where that makes ``max_epochs`` the run stops without training on (the
+    recipes' ``max_steps``: a FixMatch run killed after an epoch ended with that epoch's weights). Without
+    ``max_steps`` Lightning resumes it as not restarting (``RESUMED_ON_EPOCH_END``): so does this. An epoch
+    cut short by ``max_steps`` (its last batch not reached) is left to Lightning.
+    """
+
+    def restore_loops(self) -> None:
+        super().restore_loops()
+        loop = self.trainer.fit_loop
+        epochs = loop.epoch_progress.total
+        if (self.trainer.state.fn == TrainerFn.FITTING and loop.restarting and loop._iteration_based_training()
+                and epochs.ready == epochs.started == epochs.processed == epochs.completed + 1
+                and loop.epoch_loop.batch_progress.is_last_batch):
+            _Loop.restarting.fset(loop, False)  # past _FitLoop's setter, which would set it again
+
+
 # ---- `vit pretrain` ----------------------------------------------------------------------------
 class VitTrainer(Trainer):
     """Lightning's Trainer, plus ``pretrain``: LightningCLI builds one subcommand per Trainer method."""
@@ -251,7 +278,8 @@ class VitTrainer(Trainer):
         self.fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
 
 
-__all__ = ["AtomicCheckpointIO", "BestCheckpoint", "LastCheckpoint", "RandomState", "TrainingReport", "VitTrainer"]
+__all__ = ["AtomicCheckpointIO", "BestCheckpoint", "EpochEndResume", "LastCheckpoint", "RandomState", "TrainingReport",
+           "VitTrainer"]
 
 
 class TrainingCurves(Callback):
