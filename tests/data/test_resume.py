@@ -10,6 +10,7 @@ import torch
 
 from tests.formats import write_class_folders
 from vit.data import ImageFolder
+from vit.data.resume import EpochOrder
 
 
 @pytest.fixture(autouse=True)
@@ -77,6 +78,7 @@ def test_the_position_is_taken_at_the_first_sample_not_at_iter(folder):
     the resumed epoch must not be spent on the first."""
     state = {"training_position": {"seed": 0, "batches_seen": 7, "position": [1, 2]}}
     sampler = datamodule(folder, state=state).train_dataloader().sampler
+    assert isinstance(sampler, EpochOrder)
     iter(sampler)  # the first, discarded iterator
     rest = list(sampler)
     n = len(datamodule(folder).train_set)
