@@ -15,8 +15,8 @@ HIGH or more at HIGH (8x8 patches: at most 4x the tokens, and the time, of 32).
 ``auto_augment: auto`` (configs/finetune/folder_cpu.yaml) is the augmentation's strength for the same typical side:
 
     images drawn at UPSAMPLED x their own side or more (small images: digits, icons, scans) get SMALL (no
-    RandAugment, no random erasing, crops of 70-100% of the image); the rest get POLICY with the config's
-    re_prob and scale
+    RandAugment, no random erasing, crops of 70-100% of the image; timm's colour jitter, at the config's
+    strength, then applies); the rest get POLICY with the config's re_prob and scale
 
 RandAugment at magnitude 9 and crops down to 8% of the image make new views of a photo, but of a 40-px digit drawn at
 96 they leave fragments and smears. Measured on scikit-learn's digits at 40 px fine-tuned at 96 from a random
