@@ -125,26 +125,39 @@ def verdict(recipe: list[float], loop: list[float]) -> str:
     return "tie (within 1 SE)" if lo - r <= math.hypot(se_r, se_l) else "behind"
 
 
-def kind_table(kind: str, results: dict[str, dict[str, list[dict[str, Any]]]], arm: str = "recipe") -> str:
-    """The markdown table of one kind: a row a set."""
+def kind_table(kind: str, results: dict[str, dict[str, list[dict[str, Any]]]], arm: str = "recipe",
+               sets: tuple[str, ...] | list[str] | None = None) -> str:
+    """The markdown table of one kind: a row a set (each of ``sets``, run or not), with the seeds behind each
+    cell; what did not run says "not run"."""
     what = "macro mAP" if kind == "multi" else "top-1"
     lines = [f"| set | plain loop ({what}) | recipe | recipe - loop | verdict | logistic regression | "
-             "recipe - (logreg + 3) | wall s (loop / recipe) |", "|---|---:|---:|---:|---|---:|---:|---:|"]
-    for name, arms in results.items():
-        if not {arm, "loop"} <= set(arms):
-            continue
-        counts = (len(arms["loop"]), len(arms[arm]))
-        seeds = "" if counts == (3, 3) else f" (seeds: loop {counts[0]}, recipe {counts[1]})"
-        rec, loop = ([r["acc"] for r in arms[a]] for a in (arm, "loop"))
-        (r, se_r), (lo, se_l) = stats(rec), stats(loop)
+             "recipe - (logreg + 3) | wall s (loop / recipe) | seeds (loop / recipe) |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---|"]
+    for name in sets if sets is not None else list(results):
+        arms = results.get(name, {})
+        accs = {a: [r["acc"] for r in arms.get(a, [])] for a in (arm, "loop")}
+        cells = {a: cell(accs[a]) for a in (arm, "loop")}
         floor = arms.get("logreg", [{}])[0].get("acc")
-        over = f"{100 * (r - floor - 0.03):+.1f}" if floor is not None else ""
-        secs = " / ".join(f"{statistics.fmean(x['seconds'] for x in arms[a]):.0f}" for a in ("loop", arm))
-        lo_text, r_text = (f"{m:.3f}" + (f" ± {se:.3f}" if n > 1 else "") for m, se, n in
-                           ((lo, se_l, counts[0]), (r, se_r, counts[1])))
-        lines.append(f"| {name}{seeds} | {lo_text} | {r_text} | {100 * (r - lo):+.1f} | "
-                     f"{verdict(rec, loop)} | {'' if floor is None else f'{floor:.3f}'} | {over} | {secs} |")
+        gap = verdict_text = over = "not run"
+        if accs[arm] and accs["loop"]:
+            gap = f"{100 * (stats(accs[arm])[0] - stats(accs['loop'])[0]):+.1f}"
+            verdict_text = verdict(accs[arm], accs["loop"])
+        if accs[arm] and floor is not None:
+            over = f"{100 * (stats(accs[arm])[0] - floor - 0.03):+.1f}"
+        secs = " / ".join(f"{statistics.fmean(x['seconds'] for x in arms[a]):.0f}" if arms.get(a) else "-"
+                          for a in ("loop", arm))
+        seeds = " / ".join(",".join(str(r.get("seed", "?")) for r in arms.get(a, [])) or "-" for a in ("loop", arm))
+        lines.append(f"| {name} | {cells['loop']} | {cells[arm]} | {gap} | {verdict_text} | "
+                     f"{'not run' if floor is None else f'{floor:.3f}'} | {over} | {secs} | {seeds} |")
     return "\n".join(lines)
+
+
+def cell(values: list[float]) -> str:
+    """A mean, with its standard error when there are several seeds; "not run" for none."""
+    if not values:
+        return "not run"
+    mean, se = stats(values)
+    return f"{mean:.3f}" + (f" ± {se:.3f}" if len(values) > 1 else "")
 
 
 def write_docs(tables: dict[str, str], docs: tuple[Path, ...] = DOCS) -> None:
@@ -199,11 +212,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     if not cache.exists():
                         cache.parent.mkdir(parents=True, exist_ok=True)
                         cache.write_text(json.dumps(run_one(kind, arm, folder, seed, opts)))
-                    run = json.loads(cache.read_text())
+                    run = {**json.loads(cache.read_text()), "seed": seed}
                     results.setdefault(name, {}).setdefault(arm, []).append(run)
                     print(f"{kind} {name} {arm} seed {seed}: {run['acc']:.4f} ({run['seconds']:.0f} s)", flush=True)
         everything[kind] = results
-        table = kind_table(kind, results, next((a for a in arms if a.startswith("recipe")), "recipe"))
+        table = kind_table(kind, results, next((a for a in arms if a.startswith("recipe")), "recipe"), names)
         print(f"\n{kind} (loop: {KINDS[kind]['loop']})\n{table}\n", flush=True)
         if opts.docs:
             write_docs({kind: table})

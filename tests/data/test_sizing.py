@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from vit.data import Digits, ImageFolder, LabelsFile
-from vit.data.sizing import auto_img_size, short_sides
+from vit.data.sizing import auto_augmentation, auto_img_size, short_sides
 from vit.errors import UserValueError
 
 
@@ -74,3 +74,29 @@ def test_a_labels_file_with_auto_reads_its_listed_images(tmp_path):
 def test_auto_on_a_datamodule_without_files_is_refused_by_name():
     with pytest.raises(UserValueError, match="Digits does not"):
         Digits(img_size="auto")
+
+
+RANDAUGMENT = "rand-m9-mstd0.5-inc1"
+
+
+@pytest.mark.parametrize(("side", "img_size", "small"), [
+    (40, 96, True), (48, 96, True),  # drawn at 2.4x and at exactly 2x: small images
+    (49, 96, False), (64, 96, False), (224, 224, False),  # under 2x: the policy
+])
+def test_auto_augmentation_drops_randaugment_for_images_drawn_at_twice_their_side(side, img_size, small):
+    expected = ({"auto_augment": None, "re_prob": 0.0, "scale": (0.7, 1.0)} if small else {"auto_augment": RANDAUGMENT})
+    assert auto_augmentation([side], img_size) == expected
+    assert auto_augmentation([], img_size) == {"auto_augment": RANDAUGMENT}  # nothing readable: the policy
+
+
+@pytest.mark.parametrize(("side", "small"), [(40, True), (64, False)])
+def test_a_folder_with_auto_augment_builds_its_transforms_from_the_rule(tmp_path, side, small):
+    data = ImageFolder(root=str(write_folder(tmp_path, side)), img_size=96, auto_augment="auto", re_prob=0.25)
+    data.setup("fit")
+    ops = [type(t).__name__ for t in (data.train_set.transform.ops.transforms if data.train_set.transform.ops
+                                      else [])]
+    crop = data.train_set.transform.crop
+    assert data.auto_augment == (None if small else RANDAUGMENT)
+    assert ("RandAugment" in ops) != small
+    assert tuple(crop.scale) == ((0.7, 1.0) if small else (0.08, 1.0))
+    assert data.batch_transform.re_prob == (0.0 if small else 0.25)  # the device's erasing follows the rule too

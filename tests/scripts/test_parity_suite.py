@@ -45,6 +45,19 @@ def test_the_table_reports_means_gaps_and_the_pixel_floor():
     assert row[7].strip() == "+13.0" and row[8].strip() == "10 / 20"  # 0.86 - (0.70 + 0.03)
 
 
+def test_the_table_names_every_set_with_its_seeds_and_says_not_run_for_what_did_not():
+    suite = load_script("parity_suite")
+    runs = {"ran": {"loop": [{"acc": 0.80, "seconds": 10, "seed": 0}],
+                    "recipe": [{"acc": a, "seconds": 20, "seed": s} for s, a in enumerate((0.85, 0.86, 0.87))]},
+            "half": {"recipe": [{"acc": 0.9, "seconds": 5, "seed": 1}]}}
+    ran, half, missing = (r.split("|") for r in suite.kind_table("multi", runs, sets=["ran", "half", "none"])
+                          .splitlines()[2:])
+    assert ran[3].strip() == f"0.860 ± {standard_error([0.85, 0.86, 0.87]):.3f}" and ran[2].strip() == "0.800"
+    assert ran[6].strip() == "not run" and ran[9].strip() == "0 / 0,1,2"  # no logistic regression; the seeds
+    assert [c.strip() for c in half[2:6]] == ["not run", "0.900", "not run", "not run"] and half[9].strip() == "- / 1"
+    assert missing[1].strip() == "none" and missing[2].strip() == missing[3].strip() == "not run"
+
+
 def test_write_docs_replaces_only_the_block_of_each_kind(tmp_path):
     suite = load_script("parity_suite")
     doc = tmp_path / "doc.md"

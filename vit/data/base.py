@@ -10,16 +10,18 @@ by the time the model sees them: training images leave the workers as uint8, and
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from vit.data import transforms
+from vit.data import sizing, transforms
 from vit.data.fast import collate
 from vit.data.protocol import EvaluationSplits, ImageFileSamples, IndexedSubset, LabelledImages
 from vit.data.resume import EpochOrder, SeededSamples, TrainingPosition
@@ -51,7 +53,9 @@ class ImageDataModule(LightningDataModule):
             (These two, ``img_size``, ``crop_pct`` and ``interpolation``: None is "the pretrained weights' own":
             under `vit fit`, the values of ``model.init_args.pretrained``'s timm tag or file (`vit.preprocessing`),
             said in the run's first lines; else the default named here.)
-        auto_augment: timm policy, e.g. "rand-m9-mstd0.5-inc1" (RandAugment) or "autoaug"; None = off.
+        auto_augment: timm policy, e.g. "rand-m9-mstd0.5-inc1" (RandAugment) or "autoaug"; None = off; "auto"
+            (folders and labels files): RandAugment m9, but for images drawn at 2x their side or more none, no
+            erasing and crops of 70-100% (`vit.data.sizing.auto_augmentation`).
         re_prob: random-erasing probability.
         hflip: horizontal flip probability.
         color_jitter: colour-jitter strength, 0 = off (timm skips it when auto_augment is set).
@@ -62,7 +66,8 @@ class ImageDataModule(LightningDataModule):
     """
 
     in_chans = 3
-    sizes_from_images = False  # whether img_size "auto" is resolved from the files (ImageFolder and LabelsFile)
+    # whether "auto" (img_size, auto_augment) is read from the files (ImageFolder and LabelsFile)
+    sizes_from_images = False
 
     def __init__(
         self,
@@ -83,9 +88,11 @@ class ImageDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         img_size = 224 if img_size is None else img_size
-        if img_size == "auto" and not self.sizes_from_images:
-            raise UserValueError(f"img_size: auto reads the images' sides, which {type(self).__name__} does not: "
-                                 "give a number of pixels")
+        for key, value, instead in (("img_size", img_size, "a number of pixels"),
+                                    ("auto_augment", auto_augment, "a timm policy or null")):
+            if value == "auto" and not self.sizes_from_images:
+                raise UserValueError(f"{key}: auto reads the images' sides, which {type(self).__name__} does not: "
+                                     f"give {instead}")
         mean, std = default_normalisation(self.in_chans, mean, std)  # one owner of the defaults
         crop_pct = 0.875 if crop_pct is None else crop_pct
         interpolation = interpolation or "bicubic"
@@ -96,8 +103,7 @@ class ImageDataModule(LightningDataModule):
         self.img_size = img_size
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
-        self.augmentation = Augmentation(auto_augment, re_prob, hflip, color_jitter, tuple(scale))
-        self.batch_transform = transforms.batch_transform(self.augmentation, self.mean, self.std)  # the device's share
+        self.augmentation = Augmentation(auto_augment, re_prob, hflip, color_jitter, tuple(scale))  # and batch's
         self.crop_pct = crop_pct
         self.interpolation = interpolation
         self.seed = seed
@@ -118,6 +124,25 @@ class ImageDataModule(LightningDataModule):
         """How this data prepares an image for the model (normalisation, crop, interpolation): the record the CLI
         links into the classifier, whose checkpoint keeps it for prediction."""
         return Preprocessing(self.mean, self.std, self.crop_pct, self.interpolation)
+
+    @property
+    def augmentation(self) -> Augmentation:
+        """The training augmentation; ``auto_augment: auto`` is resolved from the training images on first use
+        (`vit.data.sizing.auto_augmentation`)."""
+        if self._augmentation.auto_augment == "auto":
+            chosen = sizing.auto_augmentation(self.image_sides(), self.img_size)
+            self.augmentation = dataclasses.replace(self._augmentation, **chosen)
+            rank_zero_info(f"auto_augment auto: {chosen} (for images of their typical side drawn at {self.img_size})")
+        return self._augmentation
+
+    @augmentation.setter
+    def augmentation(self, value: Augmentation) -> None:
+        self._augmentation = value
+        self.batch_transform = transforms.batch_transform(value, self.mean, self.std)  # the device's share
+
+    def image_sides(self) -> list[int]:
+        """The short sides of a sample of the training images (the DataModules that read files: ``auto``)."""
+        return []
 
     @property
     def auto_augment(self) -> str | None:

@@ -115,11 +115,16 @@ class ImageFolder(UnlabelledPool, ImageDataModule):
     def img_size(self) -> int:
         """The side the model sees; "auto" is read from the training images on first use (`vit.data.sizing`)."""
         if self._img_size == "auto":
-            train = self.splits()["train"]
-            sampled = train[::max(1, len(train) // SAMPLE)]
-            self._img_size = auto_img_size(short_sides([self.image_source(path) for path, _ in sampled]))
+            self._img_size = auto_img_size(self.image_sides())
             rank_zero_info(f"img_size auto: {self._img_size} (the training images' typical side, within 32-64)")
         return self._img_size
+
+    def image_sides(self) -> list[int]:
+        """The short sides of up to SAMPLE training images spread over the split, read once (headers only)."""
+        if getattr(self, "_sides", None) is None:
+            train = self.splits()["train"]
+            self._sides = short_sides([self.image_source(path) for path, _ in train[::max(1, len(train) // SAMPLE)]])
+        return self._sides
 
     @img_size.setter
     def img_size(self, value: int | str) -> None:
