@@ -55,6 +55,22 @@ def test_each_epoch_reads_every_pool_image_once_and_each_rank_its_own_share():
     assert PoolSampler(POOL, 3, seed=0).members(0, 0) != PoolSampler(POOL, 3, seed=0).members(1, 0)  # reshuffled
 
 
+
+@pytest.mark.parametrize("pool_batch", [None, 2])
+def test_an_epochs_batches_name_it_so_no_two_epochs_draw_the_same_crops(pool_batch):
+    """Each pool image's crop is seeded from (seed, pass, index): an epoch's batches must carry that epoch and
+    read its own pass (one pass an epoch), or the next part of the stream (a ratio); a (pass, index) drawn twice
+    is the same crop of the same image twice."""
+    sampler, drawn = PoolSampler(POOL, 3, seed=0, pool_batch=pool_batch), []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        assert [(e, b) for e, b, _ in batches] == [(epoch, b) for b in range(3)]
+        drawn += [m for _, _, members in batches for m in members]
+        if pool_batch is None:
+            assert {p for p, _ in drawn[-POOL:]} == {epoch}
+    assert len(set(drawn)) == len(drawn)  # 72 draws of pass 0-2, or 18 of pass 0: none twice
+
 def test_every_worker_yields_pool_batches_the_same_as_one_process(folders):
     dm = datamodule(folders)
     labelled_batches = dm._labelled_batches()
