@@ -20,6 +20,7 @@ from vit.deploy import load_classifier
 from vit.errors import UserPathError, UserValueError
 from vit.tasks.function_matching import (
     feature_matching_loss,
+    feature_normalisation,
     function_matching_loss,
     mix_images,
     soft_cross_entropy,
@@ -205,3 +206,20 @@ def test_a_run_killed_at_an_epoch_end_then_mid_epoch_with_two_workers_resumes_to
     assert resumed["global_step"] == straight["global_step"] == 8
     straight, resumed = straight["state_dict"], resumed["state_dict"]
     assert [k for k in straight if not torch.equal(straight[k], resumed[k])] == []
+
+
+@pytest.mark.parametrize(("features", "model", "mean", "std"), [
+    ("vit_small_patch14_dinov2.lvd142m", "vit_small_patch14_dinov2", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    ("siglip.safetensors", "vit_base_patch16_siglip_224", (0.5,) * 3, (0.5,) * 3),  # a file: its architecture's
+    ("vit_base_patch16_clip_224.openai", "vit_base_patch16_clip_224", (0.48145466, 0.4578275, 0.40821073),
+     (0.26862954, 0.26130258, 0.27577711)),
+    ("weights.safetensors", "vit_unknown_to_timm", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),  # ImageNet's
+])
+def test_a_feature_teacher_sees_the_normalisation_it_was_trained_on(tmp_path, features, model, mean, std):
+    """The statistics each backbone's authors trained with (DINOv2 and CLIP's repositories, SigLIP's big_vision
+    config), not ImageNet's for all: a SigLIP was fed inputs shifted by up to 0.4 of their range."""
+    if features.endswith(".safetensors"):  # a weights file: its name says nothing of its training
+        features = str(tmp_path / features)
+        Path(features).touch()
+    got = feature_normalisation(features, model)
+    assert got[0] == pytest.approx(mean) and got[1] == pytest.approx(std)

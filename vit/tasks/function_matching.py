@@ -117,6 +117,22 @@ def load_feature_teacher(source: str, model: str, img_size: int | None, mean: Se
     return Teacher(_Features(network), f"{source} ({model}, features)", None, tuple(network.img_size), renorm)
 
 
+def feature_normalisation(source: str, model: str) -> tuple[Sequence[float], Sequence[float]]:
+    """The (mean, std) a foundation backbone was trained on: timm's pretrained_cfg of the tag ``source``
+    (``vit_small_patch14_dinov2.lvd142m``: ImageNet's), else of the architecture ``model``
+    (``vit_base_patch16_siglip_224``: 0.5), else ImageNet's. A SigLIP fed ImageNet's statistics sees shifted inputs."""
+    from timm.models import get_pretrained_cfg
+
+    from vit.preprocessing import IMAGENET_MEAN, IMAGENET_STD
+
+    for name in (source, model):
+        if name and not Path(name).exists():  # a file's name says nothing of its training
+            cfg = get_pretrained_cfg(name)
+            if cfg is not None and cfg.mean is not None:
+                return tuple(cfg.mean), tuple(cfg.std)
+    return IMAGENET_MEAN, IMAGENET_STD
+
+
 def pooled_width(network: nn.Module) -> int:
     """The width of a ViT's pooled features (its head's input): the token width, or a CLIP projection's."""
     with torch.no_grad():
@@ -196,10 +212,9 @@ class FunctionMatching(ImageClassifier):
                                         num_classes=hp.num_classes, in_chans=self.model.in_chans,
                                         class_names=self.class_names, mean=self.mean, std=self.std)
         if stage == "fit" and self.feature_teacher is None and hp.features is not None:
-            from vit.preprocessing import IMAGENET_MEAN, IMAGENET_STD
-
             self.feature_teacher = load_feature_teacher(hp.features, hp.features_model, hp.features_img_size,
-                                                        self.mean, self.std, IMAGENET_MEAN, IMAGENET_STD)
+                                                        self.mean, self.std, *feature_normalisation(hp.features,
+                                                                                                    hp.features_model))
         if stage == "fit":
             rank_zero_info(f"function matching (tau {hp.tau}, label_weight {hp.label_weight}, {hp.mix} "
                            f"alpha {hp.mix_alpha}) from {self.teacher_names()}")
