@@ -134,3 +134,23 @@ def test_the_card_is_titled_by_model_and_run_names_the_real_architecture_and_no_
     assert f"as timm's `{config['architecture']}`" not in text
     assert str(fitted) not in text and not re.search(r"(?<![\w:/.…])/(tmp|home|Users|root|work)/", text)
     assert "…/" in text  # the config's absolute folders (the fixture's are in tmp) are cut, not left out
+
+
+def test_the_card_says_when_vit_averages_in_the_mirror_and_timm_does_not(calibrated, tmp_path):
+    """A stored tta "flip" is the one calibration choice that can move `vit predict`'s top class away from the
+    export's under timm or transformers: the card says so, with the validation figures that chose it; a model
+    without it says nothing of it."""
+    from huggingface_hub import ModelCard
+
+    ckpt, _ = calibrated
+    saved = torch.load(ckpt, map_location="cpu", weights_only=False)
+    assert saved["confidence"].get("tta", "none") == "none"
+    main(["export", "--ckpt", str(ckpt), "--format", "hub", "--out", str(tmp_path / "plain")])
+    assert "test-time augmentation" not in ModelCard.load(tmp_path / "plain" / "README.md").text
+
+    saved["confidence"]["tta"] = "flip"
+    saved["confidence"]["report"]["tta"] = {"none": {"top1": 0.9}, "flip": {"top1": 0.925}}
+    torch.save(saved, tmp_path / "flip.ckpt")
+    main(["export", "--ckpt", str(tmp_path / "flip.ckpt"), "--format", "hub", "--out", str(tmp_path / "flip")])
+    text = ModelCard.load(tmp_path / "flip" / "README.md").text
+    assert "test-time augmentation" in text and "(0.9250 of validation images right against 0.9000)" in text

@@ -227,6 +227,13 @@ def _confidence(classifier: Classifier) -> list[str]:
                  "and transformers return the plain logits, so divide them by T yourself"]
     lines.append("- `config.json` carries it (`calibration`), and `vit predict` on this folder applies it; T never "
                  "changes the top class")
+    if c.tta == "flip":  # the one stored choice that can move the top class away from timm's and transformers'
+        tta = report.get("tta", {})
+        measured = (f" ({tta['flip']['top1']:.4f} of validation images right against {tta['none']['top1']:.4f})"
+                    if "flip" in tta else "")
+        lines.append("- test-time augmentation: `vit predict` and `vit serve` average each image's logits with its "
+                     f"mirror's, which answered more validation images right{measured}; timm and transformers see "
+                     "the image once, so on a near tie their top class can differ")
     if "before" in report:
         lines.append(f"- validation ECE {report['before']['ece']:.4f} before, {report['after']['ece']:.4f} after")
     if c.threshold is not None:
