@@ -214,6 +214,8 @@ def test_a_run_killed_at_an_epoch_end_then_mid_epoch_with_two_workers_resumes_to
     ("vit_base_patch16_clip_224.openai", "vit_base_patch16_clip_224", (0.48145466, 0.4578275, 0.40821073),
      (0.26862954, 0.26130258, 0.27577711)),
     ("weights.safetensors", "vit_unknown_to_timm", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),  # ImageNet's
+    ("vit_small_patch14_dinov2.no_such_tag", "vit_small_patch14_dinov2", (0.485, 0.456, 0.406),
+     (0.229, 0.224, 0.225)),  # timm raises for an unknown tag: loading the weights names it, not this
 ])
 def test_a_feature_teacher_sees_the_normalisation_it_was_trained_on(tmp_path, features, model, mean, std):
     """The statistics each backbone's authors trained with (DINOv2 and CLIP's repositories, SigLIP's big_vision

@@ -118,19 +118,15 @@ def load_feature_teacher(source: str, model: str, img_size: int | None, mean: Se
 
 
 def feature_normalisation(source: str, model: str) -> tuple[Sequence[float], Sequence[float]]:
-    """The (mean, std) a foundation backbone was trained on: timm's pretrained_cfg of the tag ``source``
-    (``vit_small_patch14_dinov2.lvd142m``: ImageNet's), else of the architecture ``model``
-    (``vit_base_patch16_siglip_224``: 0.5), else ImageNet's. A SigLIP fed ImageNet's statistics sees shifted inputs."""
-    from timm.models import get_pretrained_cfg
-
+    """The (mean, std) a foundation backbone was trained on, as ``pretrained:`` reads them
+    (`vit.checkpoints.pretrained_cfg`: a timm tag's, a hub folder's, else the architecture ``model``'s default:
+    ImageNet's for DINOv2, 0.5 for SigLIP); ImageNet's where the source says nothing. A SigLIP fed ImageNet's
+    statistics sees shifted inputs."""
+    from vit.checkpoints.pretrained_cfg import pretrained_preprocessing
     from vit.preprocessing import IMAGENET_MEAN, IMAGENET_STD
 
-    for name in (source, model):
-        if name and not Path(name).exists():  # a file's name says nothing of its training
-            cfg = get_pretrained_cfg(name)
-            if cfg is not None and cfg.mean is not None:
-                return tuple(cfg.mean), tuple(cfg.std)
-    return IMAGENET_MEAN, IMAGENET_STD
+    found = pretrained_preprocessing(source, model)
+    return (found[0]["mean"], found[0]["std"]) if found else (IMAGENET_MEAN, IMAGENET_STD)
 
 
 def pooled_width(network: nn.Module) -> int:
