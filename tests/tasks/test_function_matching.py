@@ -211,6 +211,8 @@ def test_a_run_killed_at_an_epoch_end_then_mid_epoch_with_two_workers_resumes_to
 @pytest.mark.parametrize(("features", "model", "mean", "std"), [
     ("vit_small_patch14_dinov2.lvd142m", "vit_small_patch14_dinov2", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
     ("siglip.safetensors", "vit_base_patch16_siglip_224", (0.5,) * 3, (0.5,) * 3),  # a file: its architecture's
+    # a tag's own statistics win over its architecture's default (timm's vit_base_patch16_224: augreg's 0.5)
+    ("vit_base_patch16_224.dino", "vit_base_patch16_224", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
     ("vit_base_patch16_clip_224.openai", "vit_base_patch16_clip_224", (0.48145466, 0.4578275, 0.40821073),
      (0.26862954, 0.26130258, 0.27577711)),
     ("weights.safetensors", "vit_unknown_to_timm", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),  # ImageNet's
