@@ -171,15 +171,17 @@ def test_the_best_checkpoint_holds_the_weights_validation_scored_and_last_ckpt_t
 class ScriptedScores(LightningModule):
     """A module whose validation scores are given, one per epoch."""
 
-    def __init__(self, scores: list[float]) -> None:
+    def __init__(self, scores: list[float], losses: list[float] | None = None) -> None:
         super().__init__()
-        self.lin, self.scores = torch.nn.Linear(1, 1), scores
+        self.lin, self.scores, self.losses = torch.nn.Linear(1, 1), scores, losses
 
     def training_step(self, batch, batch_idx):
         return self.lin(batch[0]).mean()
 
     def validation_step(self, batch, batch_idx):
         self.log("val_acc", self.scores[self.current_epoch])
+        if self.losses is not None:
+            self.log("val_loss", self.losses[self.current_epoch])
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -241,6 +243,46 @@ def test_best_is_the_runs_best_checkpoint_when_save_top_k_keeps_several(tmp_path
     own = sorted(p.name for p in (tmp_path / "own").iterdir())
     assert own == ["epoch=1-val_acc=0.9.ckpt", "epoch=2-val_acc=0.6.ckpt"]  # the newest is epoch 2's
     assert newest_checkpoint(tmp_path / "own", "best") == tmp_path / "own" / "epoch=1-val_acc=0.9.ckpt"
+
+
+@pytest.mark.parametrize(("scores", "losses", "tie_break", "kept"), [
+    ([0.9, 0.8, 0.9, 0.9], [0.5, 0.4, 0.3, 0.35], "val_loss", 2),  # equal val_acc: the lowest val_loss, epoch 2
+    ([0.9, 0.8, 0.9, 0.9], [0.5, 0.4, 0.6, 0.5], "val_loss", 0),  # a tie with a higher (or equal) loss keeps
+    ([0.9, 0.8, 0.9, 0.9], [0.5, 0.4, 0.3, 0.35], None, 0),  # no tie_break: Lightning's first of equals
+    ([0.7, 0.9, 0.9, 0.8], [0.1, 0.5, 0.4, 0.05], "val_loss", 2),  # a better score wins whatever its loss; the
+])                                                                 # tie is judged against the kept one's loss
+def test_a_tie_on_the_monitor_goes_to_the_lower_val_loss(tmp_path, scores, losses, tie_break, kept):
+    """On a 120-image validation split val_acc repeats; Lightning kept the first of equal scores (a texture run
+    kept epoch 0, test 0.787, over epoch 21's equal val_acc at a far lower val loss, test 0.95)."""
+    from vit.cli.training import BestCheckpoint
+
+    loader = DataLoader(TensorDataset(torch.ones(1, 1)), batch_size=1)
+    keep = BestCheckpoint(dirpath=tmp_path, filename="best-{epoch}", monitor="val_acc", mode="max", save_top_k=1,
+                          tie_break=tie_break)
+    Trainer(max_epochs=len(scores), callbacks=[keep], logger=False, enable_progress_bar=False,
+            enable_model_summary=False).fit(ScriptedScores(scores, losses), loader, loader)
+    assert [p.name for p in tmp_path.glob("best-*.ckpt")] == [f"best-epoch={kept}.ckpt"]
+    assert keep.tie_value == (pytest.approx(losses[kept]) if tie_break else None)
+
+
+def test_a_resumed_run_breaks_ties_against_the_kept_checkpoints_loss(tmp_path):
+    """Killed after epoch 1 and resumed: epoch 2 ties epoch 1's val_acc with a higher loss than epoch 1's (0.3)
+    but lower than epoch 0's (0.5): kept only if the tie value was lost with the process."""
+    from vit.cli.training import BestCheckpoint, LastCheckpoint
+
+    loader = DataLoader(TensorDataset(torch.ones(1, 1)), batch_size=1)
+    module = ScriptedScores([0.8, 0.9, 0.9], [0.5, 0.3, 0.4])
+
+    def fit(epochs: int, resume: str | None = None) -> BestCheckpoint:
+        keep = BestCheckpoint(dirpath=tmp_path, filename="best-{epoch}", monitor="val_acc", mode="max")
+        Trainer(max_epochs=epochs, callbacks=[keep, LastCheckpoint(dirpath=str(tmp_path))], logger=False,
+                enable_progress_bar=False, enable_model_summary=False).fit(module, loader, loader, ckpt_path=resume)
+        return keep
+
+    assert fit(2).tie_value == pytest.approx(0.3)
+    keep = fit(3, str(tmp_path / "last.ckpt"))
+    assert [p.name for p in tmp_path.glob("best-*.ckpt")] == ["best-epoch=1.ckpt"]
+    assert keep.tie_value == pytest.approx(0.3)
 
 
 @pytest.mark.processes
