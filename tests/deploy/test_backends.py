@@ -101,3 +101,22 @@ def test_predict_and_export_take_the_new_options(trained, digit_pngs, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"--calibration .*nowhere: expected a folder"):
         run(["export", "--ckpt", str(trained["ckpt"]), "--format", "onnx", "--out", str(tmp_path), "--int8",
               "static", "--calibration", str(tmp_path / "nowhere")])
+
+
+def test_openvino_compiles_a_batch_size_met_twice_for_its_fixed_shape(trained, monkeypatch):
+    """A batch size runs the dynamic-batch model at its first sighting and its own fixed-shape model from the
+    second on (int8 kernels are chosen for known shapes: 1.22x on an AMX Xeon); at most STATIC_SHAPES sizes.
+    The fixed-shape model's logits are the dynamic one's (fp32: within 1e-5)."""
+    pytest.importorskip("openvino")
+    monkeypatch.setattr(backends.OpenVinoClassifier, "STATIC_SHAPES", 2)
+    model = load_classifier(trained["fp32"], backend="openvino", threads=1)
+    x = trained["images"][:8]
+    first = model(x)
+    assert model.static == {}  # one sighting: no compile (a folder's last short batch never pays for one)
+    again = model(x)
+    assert sorted(model.static) == [8] and model.compiled_for(8) is model.static[8]
+    torch.testing.assert_close(again, first, atol=1e-5, rtol=0)
+    for size in (3, 3, 5, 5):  # 3 takes the second place; 5 finds the cache full and stays dynamic
+        torch.testing.assert_close(model(x[:size]), first[:size], atol=1e-5, rtol=0)
+    assert sorted(model.static) == [3, 8]
+    assert model.compiled_for(5) is model.compiled
