@@ -181,7 +181,8 @@ class OpenVinoClassifier(ModelInput):
     A batch size met a second time gets its own model compiled for that fixed shape (up to `STATIC_SHAPES`
     sizes; others, and first sightings such as a folder's last short batch, run the dynamic-batch model):
     OpenVINO picks its int8 kernels for known shapes, ViT-S/16 int8 at batch 8 ran 1.22x faster static on an
-    AMX Xeon, bf16 1.03x (docs/speed.md). Same arithmetic, same answers.
+    AMX Xeon, bf16 1.03x (docs/speed.md). fp32 logits stay within 1e-5; bf16 and int8 kernels chosen for a fixed
+    shape round differently, so their logits move by their usual error (a near-tie may flip, as between runs).
     """
 
     STATIC_SHAPES = 4
