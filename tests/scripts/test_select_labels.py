@@ -1,5 +1,5 @@
 """scripts/experiments/select_labels.py: LP-FT's start is the probe itself, and the validation slice the recipes were
-compared on holds no chosen image."""
+compared on holds no chosen image; lpft_x10's steps grow with the chosen images."""
 
 import numpy as np
 import pytest
@@ -59,3 +59,8 @@ def test_the_validation_slice_is_fixed_and_holds_nothing_chosen(script):
     assert len(held) == len(set(held.tolist())) == 100 and not np.isin(held, taken).any()
     assert np.array_equal(held, script.validation(labels, np.array([3, 17, 250]), size=100))  # the same draw
     assert len(script.validation(labels, taken, size=1000)) == 297  # all that is left, no more
+
+
+def test_lpft_x10_steps_scale_with_the_chosen_images(script):
+    assert [script.RECIPES["lpft_x10"].sized(n).steps for n in (10, 20, 50)] == [100, 200, 500]
+    assert script.RECIPES["lpft_200"].sized(50).steps == 200  # a fixed recipe stays fixed
