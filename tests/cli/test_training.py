@@ -245,24 +245,28 @@ def test_best_is_the_runs_best_checkpoint_when_save_top_k_keeps_several(tmp_path
     assert newest_checkpoint(tmp_path / "own", "best") == tmp_path / "own" / "epoch=1-val_acc=0.9.ckpt"
 
 
-@pytest.mark.parametrize(("scores", "losses", "tie_break", "kept"), [
-    ([0.9, 0.8, 0.9, 0.9], [0.5, 0.4, 0.3, 0.35], "val_loss", 2),  # equal val_acc: the lowest val_loss, epoch 2
-    ([0.9, 0.8, 0.9, 0.9], [0.5, 0.4, 0.6, 0.5], "val_loss", 0),  # a tie with a higher (or equal) loss keeps
-    ([0.9, 0.8, 0.9, 0.9], [0.5, 0.4, 0.3, 0.35], None, 0),  # no tie_break: Lightning's first of equals
-    ([0.7, 0.9, 0.9, 0.8], [0.1, 0.5, 0.4, 0.05], "val_loss", 2),  # a better score wins whatever its loss; the
-])                                                                 # tie is judged against the kept one's loss
-def test_a_tie_on_the_monitor_goes_to_the_lower_val_loss(tmp_path, scores, losses, tie_break, kept):
+@pytest.mark.parametrize(("scores", "losses", "tie_break", "top_k", "kept"), [
+    ([0.9, 0.8, 0.9, 0.9], [0.5, 0.4, 0.3, 0.35], "val_loss", 1, [2]),  # equal val_acc: the lowest val_loss
+    ([0.9, 0.8, 0.9, 0.9], [0.5, 0.4, 0.6, 0.5], "val_loss", 1, [0]),  # a tie with a higher (or equal) loss keeps
+    ([0.9, 0.8, 0.9, 0.9], [0.5, 0.4, 0.3, 0.35], None, 1, [0]),  # no tie_break: Lightning's first of equals
+    ([0.7, 0.9, 0.9, 0.8], [0.1, 0.5, 0.4, 0.05], "val_loss", 1, [2]),  # a better score wins whatever its loss;
+    ([0.9, 0.8, 0.9], None, "val_loss", 1, [0]),  # no val_loss logged: the first of equals, no error
+    ([0.9, 0.9, 0.9], [0.5, 0.3, 0.1], "val_loss", 2, [0, 1]),  # several kept: Lightning's rule, untouched
+])
+def test_a_tie_on_the_monitor_goes_to_the_lower_val_loss(tmp_path, scores, losses, tie_break, top_k, kept):
     """On a 120-image validation split val_acc repeats; Lightning kept the first of equal scores (a texture run
-    kept epoch 0, test 0.787, over epoch 21's equal val_acc at a far lower val loss, test 0.95)."""
+    kept epoch 0, test 0.787, over epoch 21's equal val_acc at a far lower val loss, test 0.95). A tie is judged
+    against the kept checkpoint's loss, not the last one's."""
     from vit.cli.training import BestCheckpoint
 
     loader = DataLoader(TensorDataset(torch.ones(1, 1)), batch_size=1)
-    keep = BestCheckpoint(dirpath=tmp_path, filename="best-{epoch}", monitor="val_acc", mode="max", save_top_k=1,
+    keep = BestCheckpoint(dirpath=tmp_path, filename="best-{epoch}", monitor="val_acc", mode="max", save_top_k=top_k,
                           tie_break=tie_break)
     Trainer(max_epochs=len(scores), callbacks=[keep], logger=False, enable_progress_bar=False,
             enable_model_summary=False).fit(ScriptedScores(scores, losses), loader, loader)
-    assert [p.name for p in tmp_path.glob("best-*.ckpt")] == [f"best-epoch={kept}.ckpt"]
-    assert keep.tie_value == (pytest.approx(losses[kept]) if tie_break else None)
+    assert sorted(p.name for p in tmp_path.glob("best-*.ckpt")) == [f"best-epoch={k}.ckpt" for k in kept]
+    if top_k == 1:
+        assert keep.tie_value == (pytest.approx(losses[kept[0]]) if tie_break and losses else None)
 
 
 def test_a_resumed_run_breaks_ties_against_the_kept_checkpoints_loss(tmp_path):

@@ -79,7 +79,7 @@ class BestCheckpoint(ModelCheckpoint):
         self.tie_value: float | None = None  # the kept checkpoint's tie_break value
 
     def check_monitor_top_k(self, trainer: Trainer, current: torch.Tensor | None = None) -> bool:
-        tie = self._tie_value(trainer, current)
+        tie = self._tie_value(trainer)
         better = super().check_monitor_top_k(trainer, current)
         if not better and tie is not None and self.best_k_models:
             kept = self.best_k_models[self.kth_best_model_path]
@@ -89,11 +89,10 @@ class BestCheckpoint(ModelCheckpoint):
             self.tie_value = tie
         return better
 
-    def _tie_value(self, trainer: Trainer, current: torch.Tensor | None) -> float | None:
-        """This validation's tie_break value, where a tie can be broken by it."""
-        if (current is None or self.tie_break is None or self.tie_break == self.monitor or self.save_top_k != 1
-                or self.tie_break not in trainer.callback_metrics):
-            return None
+    def _tie_value(self, trainer: Trainer) -> float | None:
+        """This validation's tie_break value, where a tie can be broken by it (a tie on tie_break itself cannot)."""
+        if self.save_top_k != 1 or self.tie_break == self.monitor or self.tie_break not in trainer.callback_metrics:
+            return None  # (a tie_break of None is in no run's metrics)
         value = float(trainer.callback_metrics[self.tie_break])
         return value if value == value else None  # NaN breaks no tie
 
