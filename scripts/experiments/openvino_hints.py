@@ -27,10 +27,10 @@ from vit.deploy.export import onnx_bytes
 from vit.deploy.quantize import quantize_static_int8
 
 SETTINGS = {  # name: (extra config, static batch, async streams)
-    "default (as vit runs it)": ({}, None, 0),
+    "dynamic batch (a first sighting)": ({}, None, 0),
+    "fixed batch 8 (as vit runs a repeated size)": ({}, 8, 0),
     "LATENCY hint": ({"PERFORMANCE_HINT": "LATENCY"}, None, 0),
     "pinning on": ({"ENABLE_CPU_PINNING": True}, None, 0),
-    "static shape 8": ({}, 8, 0),
     "2 streams, async (4+4)": ({"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": 2}, 4, 2),
 }
 
