@@ -12,10 +12,10 @@ from vit.data.balance import CLASS_WEIGHTING, MULTI_LABEL_HEAD, balanced_sampler
 from vit.errors import UserValueError
 
 
-def warned(counts: list[int], multi_label: bool = False) -> list[str]:
+def warned(counts: list[int], multi_label: bool = False, balanced: bool = False) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        report_class_counts("data", ["a", "b", "c"], counts, multi_label)
+        report_class_counts("data", ["a", "b", "c"], counts, multi_label, balanced=balanced)
     return [str(w.message) for w in caught if "imbalanced" in str(w.message)]
 
 
@@ -24,6 +24,13 @@ def test_the_warning_fires_under_a_tenth_of_the_largest_class_and_not_at_it():
     assert "'b' has 9 training images, under 10% of the largest class's 100" in message
     assert message.endswith(imbalance_advice(False))
     assert warned([100, 10, 50]) == []  # exactly a tenth: balanced enough
+
+
+def test_no_advice_to_turn_on_the_balanced_sampling_that_is_on(caplog):
+    # a user who followed the advice is told the classes are drawn evenly, not given the same advice again
+    with caplog.at_level("INFO"):
+        assert warned([100, 9, 50], balanced=True) == []
+    assert "'b' has 9 training images" in caplog.text and "drawn evenly (balanced_sampling)" in caplog.text
 
 
 @pytest.mark.parametrize("multi_label", [False, True])

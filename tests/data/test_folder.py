@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -408,6 +409,11 @@ def test_balanced_sampling_draws_an_imbalanced_folder_about_evenly(tmp_path):
     plain = ImageFolder(str(root), val_fraction=0.2, test_fraction=0.0, num_workers=0, img_size=8, check_images=False)
     with pytest.warns(UserWarning, match=r"imbalanced classes: 'few' has 4 training images, under 10% of .* 80"):
         plain.setup("fit")
+    evened = ImageFolder(str(root), val_fraction=0.2, test_fraction=0.0, num_workers=0, img_size=8,
+                         balanced_sampling=True, check_images=False)
+    with warnings.catch_warnings():  # the advice's own option on: said as done, not advised again
+        warnings.filterwarnings("error", message=".*imbalanced")
+        evened.setup("fit")
     assert plain.train_sampler() is None
 
 

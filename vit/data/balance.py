@@ -25,9 +25,11 @@ def imbalance_advice(multi_label: bool) -> str:
     return f"--data.init_args.balanced_sampling true, or {CLASS_WEIGHTING}"
 
 
-def report_class_counts(root: Path | str, names: Sequence[str], counts: Sequence[int], multi_label: bool) -> None:
-    """Print the training images per class, and warn when the classes are far from balanced; a class with no
-    training image is an error."""
+def report_class_counts(root: Path | str, names: Sequence[str], counts: Sequence[int], multi_label: bool,
+                        balanced: bool = False) -> None:
+    """Print the training images per class, and warn when the classes are far from balanced (unless ``balanced``:
+    the sampler already draws them evenly, so the advice would name what is on); a class with no training image is
+    an error."""
     if 0 in counts:  # (all its files bad, or its only rows held out): nothing to learn it from
         missing = [name for name, n in zip(names, counts) if n == 0]
         raise UserValueError(f"{root}: no training image of class {', '.join(map(repr, missing[:5]))}"
@@ -43,8 +45,12 @@ def report_class_counts(root: Path | str, names: Sequence[str], counts: Sequence
     smallest, largest = min(counts), max(counts)
     if smallest < 0.1 * largest:
         small = names[list(counts).index(smallest)]
-        rank_zero_warn(f"{root}: imbalanced classes: {small!r} has {smallest} training images, under 10% of the "
-                       f"largest class's {largest}; consider {imbalance_advice(multi_label)}")
+        found = (f"{root}: imbalanced classes: {small!r} has {smallest} training images, under 10% of the "
+                 f"largest class's {largest}")
+        if balanced:
+            rank_zero_info(f"{found}; drawn evenly (balanced_sampling)")
+        else:
+            rank_zero_warn(f"{found}; consider {imbalance_advice(multi_label)}")
 
 
 def balanced_sampler(counts: Sequence[int], labels: Sequence[int]) -> WeightedRandomSampler:

@@ -270,7 +270,7 @@ class ImageFolder(UnlabelledPool, ImageDataModule):
 
     def _report_class_counts(self) -> None:
         report_class_counts(self.root, self.class_names, self.class_counts("train"),
-                            getattr(self, "multi_label", False))
+                            getattr(self, "multi_label", False), balanced=bool(self.balanced_sampling))
 
     def train_sampler(self) -> Sampler | None:
         """With ``balanced_sampling``, every class drawn about equally often (`vit.data.balance`)."""
