@@ -224,6 +224,13 @@ def test_the_multilabel_recipes_run_as_written(name, tmp_path, capsys):
     assert saved["multi_label"] is True and len(saved["thresholds"]) == 10
     assert load_classifier(run.best_checkpoint.best_model_path).thresholds == saved["thresholds"]
     assert "test macro mAP of" in capsys.readouterr().out
+    # curves.png's middle panel: each epoch's val_map (as Lightning's CSV logger wrote them) at its epoch's end
+    (curves,) = [c for c in run.trainer.callbacks if type(c).__name__ == "TrainingCurves"]
+    with open(Path(run.trainer.log_dir) / "metrics.csv") as table:
+        logged = [row for row in csv.DictReader(table) if row["val_map"]]
+    assert [v for _, v in curves.val["val_map"]] == [pytest.approx(float(r["val_map"])) for r in logged]
+    steps = run.trainer.num_training_batches
+    assert [s for s, _ in curves.val["val_map"]] == [steps, 2 * steps]  # after each epoch's last step
 
 
 def test_clip_captions_recipe_trains_both_towers_and_its_checkpoint_starts_a_zeroshot_fit(tmp_path):

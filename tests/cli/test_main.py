@@ -357,7 +357,7 @@ def test_the_curves_plot_what_was_logged(tmp_path):
     for step in range(1, 5):
         curves.on_train_batch_start(Step(step - 1, {}), None, None, 0)
         curves.on_train_batch_end(Step(step, {"train_loss": 2.0 / step}), None, None, None, 0)
-    curves.on_validation_epoch_end(Step(4, {"val_loss": 0.6, "val_acc": 0.8, "val_acc_balanced": 0.7}), None)
+    curves.on_validation_end(Step(4, {"val_loss": 0.6, "val_acc": 0.8, "val_acc_balanced": 0.7}), None)
     assert curves.train_loss == [(s, pytest.approx(2.0 / s)) for s in range(1, 5)]
     assert curves.lr == [(s, pytest.approx(0.1 * (s - 1) + 0.01)) for s in range(1, 5)]
     assert curves.val == {"val_loss": [(4, pytest.approx(0.6))], "val_acc": [(4, pytest.approx(0.8))],

@@ -336,7 +336,9 @@ class TrainingCurves(Callback):
         if loss is not None:
             self.train_loss.append((trainer.global_step, float(loss)))
 
-    def on_validation_epoch_end(self, trainer: Trainer, pl_module: Any) -> None:
+    def on_validation_end(self, trainer: Trainer, pl_module: Any) -> None:
+        # (Not on_validation_epoch_end: callbacks' run before the task's, where a multi-label task logs val_map, and
+        # Lightning gathers the epoch's metrics only after both: that hook saw none, or the epoch before's.)
         if trainer.sanity_checking:
             return
         for name, value in trainer.callback_metrics.items():
