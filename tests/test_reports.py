@@ -54,6 +54,11 @@ def test_the_label_error_captions_stay_inside_their_panels():
         assert box.x0 >= column.x0 * fig.bbox.width - 1 and box.x1 <= right + 1, (k, box, right)
         assert box.y0 >= axes[k].get_window_extent(renderer).y1 - 1  # above its image, not over it
     assert all(not a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    images = [ax.get_window_extent(renderer) for ax in axes[:8]]  # a row's captions clear of the row above
+    assert not [(i, j) for i, box in enumerate(boxes) for j, image in enumerate(images)
+                if i != j and box.overlaps(image)]
+    title = fig._suptitle.get_window_extent(renderer)  # the figure's title clear of the first row's captions
+    assert all(not title.overlaps(box) for box in boxes), [title, boxes[:6]]
 
 
 def test_the_curves_middle_panel_shows_a_multi_label_runs_map_and_says_so():
