@@ -20,7 +20,8 @@ labelling images drawn at random? On scikit-learn's digits and on mnist5k, at 1,
               the pool (simulation labels, no chosen or test image) at seed 3, a seed the table does not report, by
               the mean top-1 over both arms: "staged" first of five; then, with lpft_200 and lpft_x10 added for
               lpft_1e-3's underfit, "lpft_x10" first of seven (docs/few-labels.md). Neither meets issue 67's bar on
-              test (mnist5k at 5 labels a class: +2.6 each). Each result is cached in ``--cache``.
+              test (mnist5k at 5 labels a class: +2.6 each; lpft_x10 on another machine: +3.2 there, +2.0 at 2).
+              Each result is cached in ``--cache``. Variants of the choice itself: select_variants.py.
 
 Seeds 0, 1, 2 vary the choice and the draw; the MAE is pre-trained once per pool (seed 0) and cached.
 

@@ -1,5 +1,6 @@
 """`vit.active.choose`: TypiClust's typical point of each planted cluster, duplicates and labelled clusters skipped,
-and a later round's uncertain batch spread over its confusions; expected values from plain numpy."""
+outlier clusters last (TypiClust's round robin), and a later round's uncertain batch spread over its confusions;
+expected values from plain numpy and scikit-learn's metrics."""
 
 from __future__ import annotations
 
@@ -103,3 +104,49 @@ def test_a_later_round_never_picks_a_labelled_or_excluded_image():
     labelled[:8], excluded[8:12] = True, True
     picks = uncertain_diverse(x, p, 20, labelled=labelled, excluded=excluded)
     assert sorted(q.index for q in picks) == list(range(12, 20))
+
+
+def with_outliers() -> tuple[np.ndarray, np.ndarray]:
+    """Three planted clusters (40, 30, 20) and three lone images far from them and from each other (cluster -1)."""
+    x, cluster = planted(sizes=(40, 30, 20))
+    outliers = np.eye(8)[5:8] * 10
+    return np.concatenate([x, outliers]), np.concatenate([cluster, [-1, -1, -1]])
+
+
+def test_kmeans_labels_recover_the_planted_clusters_and_isolate_the_outliers():
+    from sklearn.metrics import adjusted_rand_score
+
+    from vit.active.choose import kmeans_labels, normalised
+
+    x, cluster = with_outliers()
+    truth = np.where(cluster >= 0, cluster, 3 + np.arange(len(x)) - (len(x) - 3))  # each outlier its own cluster
+    assert adjusted_rand_score(truth, kmeans_labels(normalised(x), 6, seed=0)) == 1.0
+
+
+def test_outlier_clusters_give_no_image_while_a_large_cluster_has_one_typiclust_round_robin():
+    x, cluster = with_outliers()
+    picks = typical_diverse(x, 6, seed=0)  # 6 clusters: 3 planted, 3 single outliers (5 images or fewer)
+    assert [cluster[p.index] for p in picks] == [0, 1, 2, 0, 1, 2]  # fewest chosen first, then the largest
+    for c in range(3):
+        members = np.flatnonzero(cluster == c)
+        first, second = [p.index for p in picks if cluster[p.index] == c]
+        assert first == numpy_typical(x, members)
+        assert second == numpy_typical(x, members[members != first])  # its density without the first pick
+    assert "already" in picks[3].reason and "unlabelled cluster" in picks[0].reason
+    old_rule = typical_diverse(x, 6, seed=0, min_cluster=0)  # every cluster its one pick: the outliers too
+    assert sorted(cluster[p.index] for p in old_rule) == [-1, -1, -1, 0, 1, 2]
+
+
+
+@pytest.mark.parametrize("small, expected", [(5, [0, 1, 0]), (6, [0, 1, 2])])
+def test_a_cluster_of_min_cluster_images_is_an_outlier_one_more_is_not(small, expected):
+    x, cluster = planted(sizes=(40, 7, small))  # TypiClust drops clusters of 5 or fewer, keeps 6
+    assert [cluster[p.index] for p in typical_diverse(x, 3, seed=0)] == expected
+
+
+def test_an_outlier_cluster_gives_its_images_once_the_larger_have_none_free():
+    x, cluster = planted(sizes=(40, 5))
+    excluded = cluster == 0
+    picks = typical_diverse(x, 2, excluded=excluded, seed=0)  # clusters: the 40, the 5
+    assert [cluster[p.index] for p in picks] == [1, 1]
+    assert picks[0].index == numpy_typical(x, np.flatnonzero(cluster == 1))

@@ -4,10 +4,12 @@
     picks = uncertain_diverse(features, probabilities, budget, labelled=mask)      # later rounds: a trained model
 
 Cold start, TypiClust (Hacohen et al., 2022): k-means the L2-normalised features into as many clusters as there
-will be labels (those already given plus ``budget``); take the largest clusters that hold no labelled image yet,
-and in each its most *typical* image: the densest, the inverse mean distance to its ``k`` nearest neighbours in
-its cluster. At a few labels a class, an outlier or a second image of a well-covered mode teaches the model less
-than the centre of a mode nobody labelled; uncertainty sampling loses to random there (the model knows nothing).
+will be labels (those already given plus ``budget``); each pick comes from the cluster with the fewest labelled or
+chosen images, the largest first, and is its most *typical* image: the densest, the inverse mean distance to its
+``k`` nearest neighbours in its cluster (labelled and chosen images left out). Clusters of ``MIN_CLUSTER`` images
+or fewer are outliers and give an image only when no larger cluster has one left, as in TypiClust's code. At a few
+labels a class, an outlier or a second image of a well-covered mode teaches the model less than the centre of a
+mode nobody labelled; uncertainty sampling loses to random there (the model knows nothing).
 
 Later rounds: the margin between the top two calibrated probabilities says which images the model is unsure of,
 but the ``budget`` least sure are often copies of one confusion. So the ``CANDIDATES`` x budget least sure are
@@ -26,6 +28,8 @@ from typing import NamedTuple
 import numpy as np
 
 TYPICAL_NEIGHBOURS = 20  # TypiClust's k
+RESTARTS = 3  # k-means++ starts, the lowest inertia kept (10 and 30 were tried: docs/few-labels.md)
+MIN_CLUSTER = 5  # TypiClust's: clusters this small or smaller (outliers) are chosen from last
 CANDIDATES = 10  # later rounds: cluster the CANDIDATES x budget least sure images
 
 
@@ -53,12 +57,13 @@ def typicality(x: np.ndarray, k: int = TYPICAL_NEIGHBOURS) -> np.ndarray:
     return 1.0 / np.maximum(distances[:, 1:].mean(1), 1e-12)  # column 0: the row itself (or an equal row)
 
 
-def kmeans_labels(x: np.ndarray, clusters: int, seed: int) -> np.ndarray:
-    """The k-means cluster of each row (k-means++ start, the best of 3 runs)."""
+def kmeans_labels(x: np.ndarray, clusters: int, seed: int, restarts: int = RESTARTS) -> np.ndarray:
+    """The k-means cluster of each row: of ``restarts`` k-means++ starts (scikit-learn's ``n_init``), the one of
+    lowest inertia."""
     from sklearn.cluster import KMeans
 
     clusters = min(clusters, len(np.unique(x, axis=0)))
-    return KMeans(n_clusters=clusters, n_init=3, random_state=seed).fit_predict(x)
+    return KMeans(n_clusters=clusters, n_init=restarts, random_state=seed).fit_predict(x)
 
 
 def _masks(n: int, labelled: np.ndarray | None, excluded: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -68,34 +73,38 @@ def _masks(n: int, labelled: np.ndarray | None, excluded: np.ndarray | None) -> 
 
 
 def typical_diverse(features: np.ndarray, budget: int, *, labelled: np.ndarray | None = None,
-                    excluded: np.ndarray | None = None, k: int = TYPICAL_NEIGHBOURS, seed: int = 0) -> list[Pick]:
-    """``budget`` images, each the most typical of a large cluster with no labelled image (TypiClust); when
-    clusters run out (near-duplicates, tiny pools), the most typical images left fill the budget."""
+                    excluded: np.ndarray | None = None, k: int = TYPICAL_NEIGHBOURS, seed: int = 0,
+                    restarts: int = RESTARTS, min_cluster: int = MIN_CLUSTER) -> list[Pick]:
+    """``budget`` images by TypiClust's rule: each pick from the cluster with the fewest labelled or chosen images,
+    the largest first, its most typical image not yet labelled or chosen. Clusters of ``min_cluster`` images or
+    fewer (outliers) give images only when no larger cluster has one left."""
     x = normalised(features)
     labelled, excluded = _masks(len(x), labelled, excluded)
     free = ~labelled & ~excluded
     budget = min(budget, int(free.sum()))
     if budget == 0:
         return []
-    assign = kmeans_labels(x, int(labelled.sum()) + budget, seed)
-    covered = set(assign[labelled].tolist())
+    assign = kmeans_labels(x, int(labelled.sum()) + budget, seed, restarts)
     sizes = np.bincount(assign)
-    order = sorted(set(assign.tolist()) - covered, key=lambda c: (-sizes[c], c))  # largest uncovered first
-    picks, taken = [], np.zeros(len(x), bool)
-    for c in order:
-        members = np.flatnonzero(assign == c)
-        score = typicality(x[members], k)
-        score[~free[members]] = -np.inf
-        if np.isfinite(score.max()):
+    counts = np.bincount(assign[labelled], minlength=len(sizes))  # labels in each cluster, then picks too
+    large = [c for c in range(len(sizes)) if sizes[c] > min_cluster]
+    small = [c for c in range(len(sizes)) if sizes[c] <= min_cluster]
+    given = labelled.copy()  # labelled or chosen: out of the cluster's density, as TypiClust drops them
+    picks: list[Pick] = []
+    for candidates in (large, small):
+        while len(picks) < budget:
+            open_clusters = [c for c in candidates if (free & ~given)[assign == c].any()]
+            if not open_clusters:
+                break
+            c = min(open_clusters, key=lambda c: (counts[c], -sizes[c], c))
+            members = np.flatnonzero((assign == c) & ~given)
+            score = typicality(x[members], k)
+            score[~free[members]] = -np.inf
             i = int(members[int(np.argmax(score))])
-            picks.append(Pick(i, f"typical: the densest image of an unlabelled cluster of {sizes[c]}"))
-            taken[i] = True
-        if len(picks) == budget:
-            return picks
-    score = typicality(x, k)  # fill: the most typical images not taken, over the whole pool
-    score[~free | taken] = -np.inf
-    for i in np.argsort(-score, kind="stable")[:budget - len(picks)].tolist():
-        picks.append(Pick(int(i), "typical: among the densest images left (no unlabelled cluster left)"))
+            reason = (f"typical: the densest image of an unlabelled cluster of {sizes[c]}" if counts[c] == 0 else
+                      f"typical: the densest image left of a cluster of {sizes[c]} with {counts[c]} already")
+            picks.append(Pick(i, reason))
+            given[i], counts[c] = True, counts[c] + 1
     return picks
 
 
