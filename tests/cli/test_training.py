@@ -608,11 +608,16 @@ def test_epochs_or_steps_on_the_command_line_win_over_the_floor(tmp_path, capsys
     assert f"step_floor: off ({given[0].split('=')[0]} given on the command line" in capsys.readouterr().out
 
 
-def test_a_run_resumed_under_the_floor_trains_the_same_epochs_on_the_same_schedule(tmp_path):
-    cli(["fit", *floor_run(tmp_path / "straight")])
-    with pytest.raises(RuntimeError, match="simulated crash"):  # in epoch 2, after epoch 1's last.ckpt
-        main(["fit", *floor_run(tmp_path / "resumed"), *crash_at(5)])
-    resumed = cli(["fit", *floor_run(tmp_path / "resumed"), "--ckpt_path", "last"])
+@pytest.mark.parametrize("saves", [[], ["--checkpoint.every_n_train_steps=1"]])
+def test_a_run_resumed_under_the_floor_trains_the_same_epochs_on_the_same_schedule(tmp_path, saves):
+    """Killed in epoch 2 (of the floor's 4; the config says 1), resumed from last.ckpt of epoch 1's end (step 4) or,
+    with a save every step, of step 5 (epoch 2's first of 2 batches): the same 4 epochs, the same schedule, the
+    same weights bitwise."""
+    cli(["fit", *floor_run(tmp_path / "straight", *saves)])
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(["fit", *floor_run(tmp_path / "resumed", *saves), *crash_at(6 if saves else 5)])
+    assert torch.load(tmp_path / "resumed/ckpt/last.ckpt", weights_only=True)["global_step"] == (5 if saves else 4)
+    resumed = cli(["fit", *floor_run(tmp_path / "resumed", *saves), "--ckpt_path", "last"])
     assert (resumed.trainer.max_epochs, resumed.trainer.global_step) == (4, 8)
     plans = [torch.load(tmp_path / run / "ckpt" / "last.ckpt", weights_only=False)["vit"]["schedule_steps"]
              for run in ("straight", "resumed")]
