@@ -25,7 +25,14 @@ from tests.dummies import CrashAtStep
 from tests.helpers import TINY_DIM, quick_trainer
 from vit.checkpoints.io import DamagedCheckpointError, save_checkpoint
 from vit.cli.main import cli
-from vit.cli.training import AtomicCheckpointIO, EpochEndResume, RandomState, TrainingReport
+from vit.cli.training import (
+    AtomicCheckpointIO,
+    EpochEndResume,
+    RandomState,
+    StepFloor,
+    TrainingReport,
+    floor_epochs,
+)
 from vit.commands import main
 from vit.commands import run as run_vit  # raises what main turns into `error: ...` and exit 1
 from vit.deploy import load_classifier
@@ -518,3 +525,102 @@ def test_an_epoch_cut_short_by_max_steps_resumes_at_its_next_batch(tmp_path):
     resumed._checkpoint_connector = EpochEndResume(resumed)
     resumed.fit(_Tiny(), ckpt_path=ckpt)
     assert batches[:2] == [(0, 2), (1, 0)]
+
+
+# ---- StepFloor: more epochs on a small training set ---------------------------------------------------------
+@pytest.mark.parametrize(("epochs", "per_epoch", "min_steps", "cap", "expected"), [
+    (40, 10, 400, 4, 40),   # exactly min_steps: as written
+    (40, 11, 400, 4, 40),   # over
+    (40, 9, 400, 4, 45),    # 360 steps: 400 / 9 = 44.4, so 45 epochs (405 steps)
+    (40, 3, 400, 4, 134),   # 400 / 3 = 133.3: 134 epochs, under the cap of 160
+    (40, 2, 400, 4, 160),   # 200 epochs would reach it: capped at 4 x 40
+    (40, 1, 400, 2.5, 100),  # a fractional cap: 2.5 x 40
+    (3, 1, 400, 4, 12),
+])
+def test_floor_epochs_reaches_min_steps_within_the_cap(epochs, per_epoch, min_steps, cap, expected):
+    assert floor_epochs(epochs, per_epoch, min_steps, cap) == expected
+
+
+class _Planned(LightningModule):
+    """A linear model on ``rows`` random rows, batch 4, that records the steps its schedule is planned over."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__()
+        self.rows, self.layer, self.planned = rows, torch.nn.Linear(2, 1), None
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        self.planned = self.trainer.estimated_stepping_batches
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        rows = torch.randn(self.rows, 2, generator=torch.Generator().manual_seed(0))
+        return DataLoader(TensorDataset(rows), batch_size=4)
+
+
+@pytest.mark.parametrize(("rows", "epochs", "steps"), [
+    (24, 2, 12),  # 6 steps an epoch x 2 = 12 = min_steps: as written
+    (20, 3, 15),  # just under: 5 x 2 = 10 < 12, so 3 epochs (15 steps)
+    (4, 8, 8),    # 1 step an epoch: 12 epochs would reach it, capped at 4 x 2
+])
+def test_step_floor_sets_the_epochs_before_the_schedule_is_planned(tmp_path, rows, epochs, steps):
+    trainer = quick_trainer(tmp_path, max_epochs=2, callbacks=[StepFloor(min_steps=12, max_factor=4)])
+    model = _Planned(rows)
+    trainer.fit(model)
+    assert (trainer.max_epochs, trainer.global_step, model.planned) == (epochs, steps, steps)
+
+
+def test_step_floor_leaves_a_run_of_max_steps_and_an_unset_floor_alone(tmp_path):
+    for floor, max_steps in ((StepFloor(min_steps=12), 5), (StepFloor(), -1)):
+        trainer = quick_trainer(tmp_path, max_epochs=2, max_steps=max_steps, callbacks=[floor])
+        trainer.fit(_Planned(4))
+        assert trainer.max_epochs == 2 and floor.chosen is None
+
+
+def floor_run(root: Path, *extra: str) -> list[str]:
+    """A tiny digits run of 2 steps an epoch whose epochs come from a config file (1) and the step floor
+    (min_steps 7, at most 5x): 4 epochs, 8 steps, unless the command line names the epochs."""
+    from tests.conftest import quiet_run
+
+    config = root / "floor.yaml"
+    root.mkdir(parents=True, exist_ok=True)
+    config.write_text("trainer:\n  max_epochs: 1\nstep_floor:\n  min_steps: 7\n  max_factor: 5\n")
+    run = [a for a in short_digits_run(root, steps=2) if a != "--trainer.max_epochs=1"]
+    return [*run, *quiet_run(root, str(config))[0:2], "--test_after_fit=false", "--num_threads=1", *extra]
+
+
+def test_vit_fit_trains_the_floors_epochs_and_says_why(tmp_path, capsys, caplog):
+    with caplog.at_level(logging.INFO):
+        run = cli(["fit", *floor_run(tmp_path)])
+    assert (run.trainer.max_epochs, run.trainer.global_step) == (4, 8)
+    assert ("step_floor: 2 optimiser steps an epoch x trainer.max_epochs 1 = 2 steps, under step_floor.min_steps 7: "
+            "training 4 epochs (8 steps)") in caplog.text + capsys.readouterr().out
+
+
+@pytest.mark.parametrize("given", [["--trainer.max_epochs=2"], ["--trainer.max_epochs", "2"],
+                                   ["--trainer.max_steps=3"]])
+def test_epochs_or_steps_on_the_command_line_win_over_the_floor(tmp_path, capsys, given):
+    run = cli(["fit", *floor_run(tmp_path, *given)])
+    expected = (2, 4) if "max_epochs" in given[0] else (1, 2)  # max_steps 3 within 1 epoch of 2 steps: 2
+    assert (run.trainer.max_epochs, run.trainer.global_step) == expected
+    assert f"step_floor: off ({given[0].split('=')[0]} given on the command line" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("saves", [[], ["--checkpoint.every_n_train_steps=1"]])
+def test_a_run_resumed_under_the_floor_trains_the_same_epochs_on_the_same_schedule(tmp_path, saves):
+    """Killed in epoch 2 (of the floor's 4; the config says 1), resumed from last.ckpt of epoch 1's end (step 4) or,
+    with a save every step, of step 5 (epoch 2's first of 2 batches): the same 4 epochs, the same schedule, the
+    same weights bitwise."""
+    cli(["fit", *floor_run(tmp_path / "straight", *saves)])
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(["fit", *floor_run(tmp_path / "resumed", *saves), *crash_at(6 if saves else 5)])
+    assert torch.load(tmp_path / "resumed/ckpt/last.ckpt", weights_only=True)["global_step"] == (5 if saves else 4)
+    resumed = cli(["fit", *floor_run(tmp_path / "resumed", *saves), "--ckpt_path", "last"])
+    assert (resumed.trainer.max_epochs, resumed.trainer.global_step) == (4, 8)
+    plans = [torch.load(tmp_path / run / "ckpt" / "last.ckpt", weights_only=False)["vit"]["schedule_steps"]
+             for run in ("straight", "resumed")]
+    assert plans == [8, 8]
+    straight, again = weights(tmp_path / "straight/ckpt/last.ckpt"), weights(tmp_path / "resumed/ckpt/last.ckpt")
+    assert max((straight[k] - again[k]).abs().max().item() for k in straight) == 0.0

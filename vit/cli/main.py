@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,6 +51,7 @@ from vit.cli.training import (
     EpochEndResume,
     LastCheckpoint,
     RandomState,
+    StepFloor,
     TrainingCurves,
     TrainingReport,
     VitTrainer,
@@ -114,6 +116,9 @@ class VitCLI(LightningCLI):
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         parser.link_arguments("checkpoint.dirpath", "last_checkpoint.dirpath")
         parser.link_arguments("checkpoint.every_n_train_steps", "last_checkpoint.every_n_train_steps")
+        # More epochs on a small training set, for at least step_floor.min_steps optimiser steps (off unless set;
+        # the command line's --trainer.max_epochs or --trainer.max_steps turns it off: see StepFloor).
+        parser.add_lightning_class_args(StepFloor, "step_floor")
         # No default model or data class: jsonargparse carries a default class's init_args
         # over to another class with the same argument names (lr, weight_decay, ...), which
         # would silently change e.g. a Translator's optimiser. A config names both.
@@ -208,6 +213,7 @@ class VitCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if subcommand:
             config = self.config[subcommand]
+            self._explicit_length_wins(config, sys.argv[1:] if args is None else args)
             if config.get("checkpoint.monitor") == "val_acc":  # fit's default, for a task that logs no accuracy
                 if subcommand == "pretrain":
                     config["checkpoint.monitor"], config["checkpoint.mode"] = "val_loss", "min"
@@ -217,6 +223,15 @@ class VitCLI(LightningCLI):
                 config["ckpt_path"] = checkpoint_by_name(config, config["ckpt_path"])
             check_checkpoint_exists(config)
             check_checkpoint_task(config)
+
+    def _explicit_length_wins(self, config: Any, args: Any) -> None:
+        """An epoch or step count given on the command line is what the run trains: no step floor."""
+        given = [a.split("=", 1)[0] for a in args if isinstance(a, str)] if isinstance(args, list | tuple) else []
+        named = [a for a in ("--trainer.max_epochs", "--trainer.max_steps") if a in given]
+        if named and config.get("step_floor.min_steps") is not None:
+            print(f"step_floor: off ({named[0]} given on the command line; step_floor.min_steps "
+                  f"{config.get('step_floor.min_steps')} would have raised the epochs of a small training set)")
+            config["step_floor.min_steps"] = None
 
     def before_fit(self) -> None:
         self._monitor_what_the_data_logs()

@@ -9,6 +9,8 @@
   run resumed at an epoch boundary continues exactly as the uninterrupted run would have.
 * `TrainingReport`: counts and reports what a run worked around: optimiser steps the fp16
   GradScaler skipped, and undecodable images replaced (``skip_bad_images``).
+* `StepFloor`: on a small training set, more epochs (up to a cap), so that a from-scratch recipe takes at least
+  ``min_steps`` optimiser steps (``step_floor.*``; configs/scratch_small.yaml, configs/multilabel_cpu.yaml).
 * `EpochEndResume`: a checkpoint of an epoch's end resumes at the next epoch's start with ``max_steps`` set too.
 * `VitTrainer`: Lightning's Trainer with a ``pretrain`` method, so `vit pretrain` is a subcommand of its own.
 """
@@ -16,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -215,6 +218,61 @@ class RandomState(Callback):
             random.seed(seed)
             np.random.seed(seed)
             torch.manual_seed(seed)  # also every CUDA device
+
+
+# ---- a small training set's epochs -------------------------------------------------------------
+def floor_epochs(epochs: int, steps_per_epoch: int, min_steps: int, max_factor: float) -> int:
+    """The epochs to train: ``epochs``, or more where ``epochs`` x ``steps_per_epoch`` is under ``min_steps``:
+    the fewest epochs that reach ``min_steps``, at most ``max_factor`` x ``epochs`` (rounded down)."""
+    if steps_per_epoch <= 0 or epochs * steps_per_epoch >= min_steps:
+        return epochs
+    return max(epochs, min(math.ceil(min_steps / steps_per_epoch), int(max_factor * epochs)))
+
+
+class StepFloor(Callback):
+    """A from-scratch recipe's epochs on a small training set: at least ``min_steps`` optimiser steps in all, by
+    training more epochs than ``trainer.max_epochs`` (at most ``max_factor`` times as many); a larger set trains
+    ``trainer.max_epochs`` as written. ``min_steps`` null (the default): off.
+
+    Why: a recipe's epochs are counted for a few thousand images; 600 images at batch 64 are 10 steps an epoch,
+    400 optimiser steps in 40 epochs, too few for a ViT from scratch (docs/small-folders.md has the measurements).
+    The count is set in ``setup``, after the data's own setup and before ``configure_optimizers`` plans the lr
+    schedule over ``trainer.estimated_stepping_batches``, so the schedule spans the epochs trained. It depends on
+    the training set's length alone, so a resumed run (``--ckpt_path last``) computes the same count. `vit fit`
+    turns it off where the command line gives ``--trainer.max_epochs`` or ``--trainer.max_steps``: an explicit
+    count wins. A run with ``max_steps`` set, or whose epoch length is unknown (a stream), is left as it is.
+    """
+
+    def __init__(self, min_steps: int | None = None, max_factor: float = 4.0) -> None:
+        if min_steps is not None and min_steps < 1:
+            raise ValueError(f"step_floor.min_steps must be a positive number of steps or null, not {min_steps}")
+        if max_factor < 1:
+            raise ValueError(f"step_floor.max_factor must be 1 or more, not {max_factor}")
+        self.min_steps, self.max_factor = min_steps, max_factor
+        self.chosen: int | None = None  # the epochs set, once set
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        loop = trainer.fit_loop
+        if stage != "fit" or self.min_steps is None or loop.max_epochs is None or loop.max_epochs < 1:
+            return
+        if loop.max_steps not in (None, -1):
+            return  # steps were asked for: they say how long the run is
+        loop.setup_data()  # as Trainer.estimated_stepping_batches does (configure_optimizers reuses the loader)
+        batches = trainer.num_training_batches
+        if math.isinf(batches) or batches < 1:
+            return
+        per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
+        epochs = loop.max_epochs
+        self.chosen = floor_epochs(epochs, per_epoch, self.min_steps, self.max_factor)
+        if self.chosen != epochs:
+            loop.max_epochs = self.chosen
+            rank_zero_info(
+                f"step_floor: {per_epoch} optimiser steps an epoch x trainer.max_epochs {epochs} = "
+                f"{per_epoch * epochs} steps, under step_floor.min_steps {self.min_steps}: training "
+                f"{self.chosen} epochs ({per_epoch * self.chosen} steps"
+                + (f", capped at step_floor.max_factor {self.max_factor:g} x {epochs}" if
+                   per_epoch * self.chosen < self.min_steps else "")
+                + "). --trainer.max_epochs N on the command line trains N epochs instead")
 
 
 # ---- what a run worked around ------------------------------------------------------------------
