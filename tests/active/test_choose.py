@@ -150,3 +150,13 @@ def test_an_outlier_cluster_gives_its_images_once_the_larger_have_none_free():
     picks = typical_diverse(x, 2, excluded=excluded, seed=0)  # clusters: the 40, the 5
     assert [cluster[p.index] for p in picks] == [1, 1]
     assert picks[0].index == numpy_typical(x, np.flatnonzero(cluster == 1))
+
+
+def test_a_label_and_a_pick_count_alike_in_the_round_robin():
+    # clusters of 30, 20, 12, 10, the last two excluded whole, one label in the 20: by TypiClust's rule the 30 gives
+    # the first pick (none yet), then ties the 20 at one each and, larger, gives the second; the 20 the third
+    x, cluster = planted(sizes=(30, 20, 12, 10))
+    labelled = np.zeros(len(x), bool)
+    labelled[np.flatnonzero(cluster == 1)[0]] = True
+    picks = typical_diverse(x, 3, labelled=labelled, excluded=cluster >= 2, seed=0)
+    assert [cluster[p.index] for p in picks] == [0, 0, 1]
