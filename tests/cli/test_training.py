@@ -624,3 +624,14 @@ def test_a_run_resumed_under_the_floor_trains_the_same_epochs_on_the_same_schedu
     assert plans == [8, 8]
     straight, again = weights(tmp_path / "straight/ckpt/last.ckpt"), weights(tmp_path / "resumed/ckpt/last.ckpt")
     assert max((straight[k] - again[k]).abs().max().item() for k in straight) == 0.0
+
+
+def test_a_step_floor_out_of_range_is_a_users_error_naming_its_key():
+    from vit.cli.training import StepFloor
+    from vit.errors import UserValueError
+
+    with pytest.raises(UserValueError, match="step_floor.min_steps must be a positive number of steps or null, not 0"):
+        StepFloor(min_steps=0)
+    with pytest.raises(UserValueError, match="step_floor.max_factor must be 1 or more, not 0.99"):
+        StepFloor(min_steps=1, max_factor=0.99)
+    assert (StepFloor(min_steps=1, max_factor=1).min_steps, StepFloor().min_steps) == (1, None)  # the other sides

@@ -35,6 +35,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from vit.checkpoints.io import save_checkpoint
 from vit.data.protocol import CountsReplacements
+from vit.errors import UserValueError
 
 log = logging.getLogger(__name__)
 
@@ -245,9 +246,9 @@ class StepFloor(Callback):
 
     def __init__(self, min_steps: int | None = None, max_factor: float = 4.0) -> None:
         if min_steps is not None and min_steps < 1:
-            raise ValueError(f"step_floor.min_steps must be a positive number of steps or null, not {min_steps}")
+            raise UserValueError(f"step_floor.min_steps must be a positive number of steps or null, not {min_steps}")
         if max_factor < 1:
-            raise ValueError(f"step_floor.max_factor must be 1 or more, not {max_factor}")
+            raise UserValueError(f"step_floor.max_factor must be 1 or more, not {max_factor}")
         self.min_steps, self.max_factor = min_steps, max_factor
         self.chosen: int | None = None  # the epochs set, once set
 
