@@ -630,8 +630,9 @@ def test_a_step_floor_out_of_range_is_a_users_error_naming_its_key():
     from vit.cli.training import StepFloor
     from vit.errors import UserValueError
 
-    with pytest.raises(UserValueError, match="step_floor.min_steps must be a positive number of steps or null, not 0"):
+    with pytest.raises(UserValueError,
+                       match=r"step_floor\.min_steps must be a positive number of steps or null, not 0$"):
         StepFloor(min_steps=0)
-    with pytest.raises(UserValueError, match="step_floor.max_factor must be 1 or more, not 0.99"):
+    with pytest.raises(UserValueError, match=r"step_floor\.max_factor must be 1 or more, not 0\.99"):
         StepFloor(min_steps=1, max_factor=0.99)
     assert (StepFloor(min_steps=1, max_factor=1).min_steps, StepFloor().min_steps) == (1, None)  # the other sides
