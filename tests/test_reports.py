@@ -57,6 +57,7 @@ def test_the_label_error_captions_stay_inside_their_panels():
     images = [ax.get_window_extent(renderer) for ax in axes[:8]]  # a row's captions clear of the row above
     assert not [(i, j) for i, box in enumerate(boxes) for j, image in enumerate(images)
                 if i != j and box.overlaps(image)]
+    assert not [(i, j) for i, a in enumerate(images) for j, b in enumerate(images) if i < j and a.overlaps(b)]
     title = fig._suptitle.get_window_extent(renderer)  # the figure's title clear of the first row's captions
     assert all(not title.overlaps(box) for box in boxes), [title, boxes[:6]]
 
